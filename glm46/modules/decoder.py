@@ -1,0 +1,32 @@
+"""A pre-norm decoder layer: attention, then a dense SwiGLU (first k layers) or the MoE."""
+
+import torch
+from torch import nn
+
+from .attention import Attention
+from .config import GLM46Config
+from .kv_cache import KVCache
+from .mlp import MLP
+from .moe import MoE
+from .norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: GLM46Config, layer_idx: int):
+        super().__init__()
+        self.self_attn = Attention(config, layer_idx)
+        self.is_moe = layer_idx >= config.first_k_dense_replace
+        self.mlp = MoE(config) if self.is_moe else MLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [B, T, hidden] -> x [B, T, hidden], and the expert token counts [E] of an MoE layer."""
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
+        h = self.post_attention_layernorm(x)
+        if self.is_moe:
+            h, counts = self.mlp(h)
+            return x + h, counts
+        return x + self.mlp(h), None

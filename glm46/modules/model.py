@@ -1,0 +1,174 @@
+"""GLM46ForCausalLM: the GLM-4.5/4.6 decoder, its MTP layers, an untied lm_head, and KV-cache generation.
+
+Parameter names follow transformers' in-memory Glm4Moe layout (`model.layers.N.mlp.experts.gate_up_proj`,
+...), so HF import/export (glm46.hf) is a renaming plus the per-expert split of the Hub files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .config import GLM46Config
+from .decoder import DecoderLayer
+from .experts import GroupedExperts
+from .kv_cache import KVCache
+from .loss import chunked_cross_entropy, shift_labels
+from .mtp import MTPLayer
+from .norm import RMSNorm
+from .rope import RotaryEmbedding
+from .router import TopkRouter
+from .sampling import sample_next_token
+
+
+@dataclass
+class CausalLMOutput:
+    logits: torch.Tensor | None = None  # [B, T, V]; None when a loss was asked for
+    mtp_logits: list[torch.Tensor] = field(default_factory=list)  # depth k: [B, T, V], position i predicts i+k+1
+    loss: torch.Tensor | None = None  # mean next-token CE over labelled tokens
+    mtp_loss: torch.Tensor | None = None  # mean over MTP depths of their CE
+    expert_counts: torch.Tensor | None = None  # [MoE layers (main, then MTP), E] tokens routed to each expert
+
+
+def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Tensor:
+    """Position ids [B, T] of input_ids placed after the tokens already in the cache."""
+    start = cache.length if cache is not None else 0
+    positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
+    return positions.unsqueeze(0).expand(input_ids.shape[0], -1)
+
+
+class GLM46Model(nn.Module):
+    """Embedding, decoder layers and final norm."""
+
+    def __init__(self, config: GLM46Config):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], expert counts per MoE layer."""
+        h = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(position_ids, h.dtype)
+        counts = []
+        for layer in self.layers:
+            h, layer_counts = layer(h, cos, sin, cache)
+            if layer_counts is not None:
+                counts.append(layer_counts)
+        if cache is not None:
+            cache.advance(input_ids.shape[1])
+        return self.norm(h), counts
+
+
+class GLM46ForCausalLM(nn.Module):
+    def __init__(self, config: GLM46Config):
+        super().__init__()
+        self.config = config
+        self.model = GLM46Model(config)
+        self.mtp_layers = nn.ModuleList(MTPLayer(config, k) for k in range(1, config.num_nextn_predict_layers + 1))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.loss_chunk_size = 4096
+        if not any(p.is_meta for p in self.parameters()):
+            self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self, modules=None) -> None:
+        """transformers' Glm4Moe initialisation: N(0, initializer_range) weights, zero biases, unit norms."""
+        std = self.config.initializer_range
+        for module in modules if modules is not None else self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, GroupedExperts):
+                nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
+                nn.init.normal_(module.down_proj, mean=0.0, std=std)
+            elif isinstance(module, TopkRouter):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                nn.init.zeros_(module.e_score_correction_bias)
+            elif isinstance(module, (RMSNorm, RotaryEmbedding)):
+                module.reset_parameters()
+
+    def routers(self) -> list[TopkRouter]:
+        """The routers in the order of `expert_counts`: main-model MoE layers, then MTP layers."""
+        blocks = [*self.model.layers, *(mtp.block for mtp in self.mtp_layers)]
+        return [block.mlp.gate for block in blocks if block.is_moe]
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> CausalLMOutput:
+        """input_ids [B, T]; labels [B, T] are next-token targets aligned with the inputs (labels[:, i] is
+        token i+1; -100 for none). With labels, returns losses and no logits; otherwise full logits.
+        MTP runs when there is no cache (training, scoring), not during generation."""
+        if position_ids is None:
+            position_ids = positions_after(cache, input_ids)
+        hidden, counts = self.model(input_ids, position_ids, cache)
+
+        mtp_hidden = []
+        if cache is None:
+            h = hidden
+            for k, mtp in enumerate(self.mtp_layers, start=1):
+                # Token i+k at position i; the last k positions wrap around and have no target.
+                embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
+                cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
+                h, mtp_counts = mtp(h, embeds, cos, sin)
+                mtp_hidden.append(h)
+                counts.append(mtp_counts)
+
+        out = CausalLMOutput(expert_counts=torch.stack(counts) if counts else None)
+        if labels is None:
+            out.logits = self.lm_head(hidden)
+            out.mtp_logits = [self.lm_head(h) for h in mtp_hidden]
+            return out
+        weight = self.lm_head.weight
+        out.loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size)
+        if mtp_hidden:
+            mtp_losses = [
+                chunked_cross_entropy(h, weight, shift_labels(labels, k), self.loss_chunk_size)
+                for k, h in enumerate(mtp_hidden, start=1)
+            ]
+            out.mtp_loss = torch.stack(mtp_losses).mean()
+        return out
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        eos_token_id: int | list[int] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Continue prompts of equal length [B, T] by up to max_new_tokens with the KV cache -> [B, T + new].
+
+        temperature 0 is greedy. A row that emits an EOS token is padded with that token afterwards.
+        """
+        batch, prompt_len = input_ids.shape
+        dtype = self.model.embed_tokens.weight.dtype
+        cache = KVCache(self.config, batch, prompt_len + max_new_tokens, dtype, input_ids.device)
+        eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+        eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+        tokens, step_input = [input_ids], input_ids
+        for _ in range(max_new_tokens):
+            hidden, _ = self.model(step_input, positions_after(cache, step_input), cache)
+            logits = self.lm_head(hidden[:, -1])
+            next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
+            next_token = torch.where(finished, tokens[-1][:, -1], next_token)
+            finished |= torch.isin(next_token, eos)
+            step_input = next_token[:, None]
+            tokens.append(step_input)
+            if finished.all():
+                break
+        return torch.cat(tokens, dim=1)
