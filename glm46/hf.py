@@ -210,7 +210,7 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
         log.warning("%s: ignored %d tensors the model has no place for: %s", path, len(unexpected), unexpected[:10])
     if missing:
         log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
-        model.init_weights(modules=list(model.mtp_layers.modules()))
+        model.init_weights(model.mtp_layers.modules())
     model.model.rotary_emb.reset_parameters()
     return model
 

@@ -6,6 +6,7 @@ Parameter names follow transformers' in-memory Glm4Moe layout (`model.layers.N.m
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -30,6 +31,24 @@ class CausalLMOutput:
     loss: torch.Tensor | None = None  # mean next-token CE over labelled tokens
     mtp_loss: torch.Tensor | None = None  # mean over MTP depths of their CE
     expert_counts: torch.Tensor | None = None  # [MoE layers (main, then MTP), E] tokens routed to each expert
+
+
+@torch.no_grad()
+def initialize(modules: Iterable[nn.Module], std: float) -> None:
+    """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms."""
+    for module in modules:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, GroupedExperts):
+            nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
+            nn.init.normal_(module.down_proj, mean=0.0, std=std)
+        elif isinstance(module, TopkRouter):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.zeros_(module.e_score_correction_bias)
+        elif isinstance(module, (RMSNorm, RotaryEmbedding)):
+            module.reset_parameters()
 
 
 def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Tensor:
@@ -76,23 +95,8 @@ class GLM46ForCausalLM(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
-    @torch.no_grad()
-    def init_weights(self, modules=None) -> None:
-        """transformers' Glm4Moe initialisation: N(0, initializer_range) weights, zero biases, unit norms."""
-        std = self.config.initializer_range
-        for module in modules if modules is not None else self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, GroupedExperts):
-                nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
-                nn.init.normal_(module.down_proj, mean=0.0, std=std)
-            elif isinstance(module, TopkRouter):
-                nn.init.normal_(module.weight, mean=0.0, std=std)
-                nn.init.zeros_(module.e_score_correction_bias)
-            elif isinstance(module, (RMSNorm, RotaryEmbedding)):
-                module.reset_parameters()
+    def init_weights(self, modules: Iterable[nn.Module] | None = None) -> None:
+        initialize(self.modules() if modules is None else modules, self.config.initializer_range)
 
     def routers(self) -> list[TopkRouter]:
         """The routers in the order of `expert_counts`: main-model MoE layers, then MTP layers."""

@@ -1,0 +1,22 @@
+# The two commands of the README: `make run` (install + the main job) and `make test` (install + tests).
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+
+.PHONY: install run test test-fast
+
+# torch first, pinned, so this machine takes its local CPU build (a loose range could pull a
+# multi-GB CUDA build); DeepSpeed then compiles against that torch (it needs no build isolation);
+# the package's own ranges are then already satisfied.
+install:
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.19,<0.20"
+	$(PIP) install --quiet -e ".[dev]"
+
+run: install
+	$(PYTHON) run.py -m task=estimate model=tiny,glm46_355b
+
+test: install
+	$(PYTHON) -m pytest
+
+test-fast:
+	$(PYTHON) -m pytest -m "not slow"

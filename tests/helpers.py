@@ -1,0 +1,48 @@
+"""Small models and configs shared by the tests."""
+
+import torch
+
+from glm46.modules import GLM46Config, GLM46ForCausalLM
+
+
+
+TINY = dict(
+    vocab_size=160,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    first_k_dense_replace=1,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+    initializer_range=0.1,
+)
+
+
+def tiny_config(**overrides) -> GLM46Config:
+    return GLM46Config(**{**TINY, **overrides})
+
+
+def random_model(config: GLM46Config, seed: int = 0) -> GLM46ForCausalLM:
+    """A model with random weights, random norm gains and non-zero correction biases."""
+    torch.manual_seed(seed)
+    model = GLM46ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.normal_(0, 0.1)
+        for router in model.routers():
+            router.e_score_correction_bias.normal_(0, 0.05)
+    return model.eval()
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+

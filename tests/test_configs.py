@@ -1,0 +1,128 @@
+"""The Hydra tree: every config composes and validates; bad input fails at composition, naming the key."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from glm46.estimate import count_parameters
+from glm46.modules import ConfigError, GLM46Config
+from glm46.tasks import model_config, validate
+
+from .helpers import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
+GROUPS = ["model", "optim", "data", "parallelism", "cluster", "logger", "experiment"]
+
+
+def test_every_group_has_members():
+    for group in GROUPS:
+        assert list((ROOT / "conf" / group).glob("*.yaml")), f"conf/{group}/ is empty"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_config_composes_and_validates(compose_config, model):
+    cfg = compose_config(f"model={model}")
+    validate(cfg)
+    assert isinstance(model_config(cfg), GLM46Config)
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
+def test_every_experiment_composes_and_validates(compose_config, experiment):
+    validate(compose_config(f"experiment={experiment}"))
+
+
+def test_glm46_and_glm45_differ_only_in_context(compose_config):
+    glm46 = model_config(compose_config("model=glm46_355b"))
+    glm45 = model_config(compose_config("model=glm45_355b"))
+    assert glm46.max_position_embeddings == 202752 and glm45.max_position_embeddings == 131072
+    glm45.max_position_embeddings = glm46.max_position_embeddings
+    assert glm45 == glm46
+
+
+def test_misspelt_model_key_fails_at_composition_naming_it(compose_config):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("model.hiden_size=64")
+    assert "hiden_size" in str(error.value.__cause__ or error.value)
+
+
+def test_wrong_type_fails_at_composition_naming_the_key(compose_config):
+    with pytest.raises((ConfigCompositionException, ValidationError)) as error:
+        compose_config("model.num_hidden_layers=many")
+    assert "num_hidden_layers" in str(error.value) + str(error.value.__cause__)
+
+
+def test_misspelt_key_in_a_model_yaml_fails(compose_config, tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "model" / "typo.yaml").write_text("defaults:\n  - tiny\n\nn_routed_expert: 8\n")
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("model=typo", config_dir=conf)
+    assert "n_routed_expert" in str(error.value) + str(error.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    "overrides, names",
+    [
+        ({"num_key_value_heads": 3}, ["num_attention_heads=4", "num_key_value_heads=3"]),
+        ({"num_experts_per_tok": 9}, ["num_experts_per_tok=9", "n_routed_experts=8"]),
+        ({"n_group": 3}, ["n_routed_experts=8", "n_group=3"]),
+        ({"n_group": 2, "topk_group": 3}, ["topk_group=3", "n_group=2"]),
+        ({"head_dim": 30, "partial_rotary_factor": 0.1}, ["rotary dim", "head_dim=30"]),
+        ({"first_k_dense_replace": 5}, ["first_k_dense_replace=5", "num_hidden_layers=3"]),
+        ({"hidden_size": 0}, ["hidden_size=0"]),
+        ({"pad_token_id": 151329}, ["pad_token_id=151329", "vocab_size=160"]),
+        ({"tie_word_embeddings": True}, ["tie_word_embeddings"]),
+        ({"n_routed_experts": 8, "n_group": 8, "topk_group": 1}, ["n_group=8", "must be >= 2"]),
+    ],
+)
+def test_inconsistent_model_shapes_are_rejected_with_keys_and_values(overrides, names):
+    with pytest.raises(ConfigError) as error:
+        GLM46Config(**{**TINY, **overrides})
+    for name in names:
+        assert name in str(error.value)
+
+
+def test_inconsistent_composition_is_rejected_before_the_task(compose_config):
+    cfg = compose_config("model=tiny", "model.num_key_value_heads=3")
+    with pytest.raises(ConfigError, match="model: .*num_key_value_heads=3"):
+        validate(cfg)
+    with pytest.raises(ConfigError, match="task='nope'"):
+        validate(compose_config("task=nope"))
+
+
+def test_glm45_glm46_counts_match_the_reference():
+    counts = count_parameters(GLM46Config(max_position_embeddings=202752))
+    assert counts["total"] - counts["embedding"] - counts["lm_head"] == 355_233_991_936
+    assert counts["total"] - counts["mtp"] == 352_797_814_784
+    assert counts["active"] == 32_080_359_424
+    assert counts["embedding"] == counts["lm_head"] == 775_946_240
+    assert counts["mtp"] == 3_988_069_632
+
+
+def test_air_counts_match_the_reference(compose_config):
+    counts = count_parameters(model_config(compose_config("model=glm45_air_106b")))
+    assert counts["active"] == 12_182_609_920
+    assert counts["total"] - counts["mtp"] == 106_852_245_504
+    assert counts["mtp"] == 2_375_059_456
+
+
+def test_run_py_estimate_prints_the_table():
+    result = subprocess.run(
+        [sys.executable, "run.py", "task=estimate", "model=glm46_355b", "hydra.run.dir=/tmp/glm46-test-estimate"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )
+    assert "355,233,991,936" in result.stdout and "32,080,359,424" in result.stdout
+
+
+def test_run_py_refuses_a_misspelt_key_naming_it():
+    result = subprocess.run(
+        [sys.executable, "run.py", "model.num_experts_per_tokk=2", "hydra.run.dir=/tmp/glm46-test-estimate"],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode != 0 and "num_experts_per_tokk" in result.stderr

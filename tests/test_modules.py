@@ -1,0 +1,121 @@
+"""The building blocks, each against a direct computation."""
+
+import torch
+import torch.nn.functional as F
+
+from glm46.modules import GLM46ForCausalLM
+from glm46.modules.experts import grouped_linear
+from glm46.modules.loss import IGNORE_INDEX, chunked_cross_entropy
+from glm46.modules.model import initialize
+from glm46.modules.moe import MoE
+from glm46.modules.router import TopkRouter
+
+from .helpers import random_model, tiny_config
+
+
+def test_grouped_linear_equals_per_expert_linear_including_empty_experts():
+    torch.manual_seed(0)
+    counts = torch.tensor([3, 0, 5, 1])
+    for in_dim, out_dim in ((16, 8), (12, 6)):  # aligned rows take F.grouped_mm, unaligned the loop
+        x = torch.randn(int(counts.sum()), in_dim, requires_grad=True)
+        w = torch.randn(4, out_dim, in_dim, requires_grad=True)
+        got = grouped_linear(x, w, counts)
+        expected = torch.cat([F.linear(xe, we) for xe, we in zip(x.split(counts.tolist()), w)])
+        torch.testing.assert_close(got, expected)
+        grad = torch.randn_like(got)
+        gx, gw = torch.autograd.grad(got, (x, w), grad)
+        ex, ew = torch.autograd.grad(expected, (x, w), grad)
+        torch.testing.assert_close(gx, ex)
+        torch.testing.assert_close(gw, ew)
+
+
+def test_moe_equals_token_by_token_expert_sum():
+    config = tiny_config(n_routed_experts=8, num_experts_per_tok=3, routed_scaling_factor=2.5)
+    torch.manual_seed(1)
+    moe = MoE(config)
+    initialize(moe.modules(), std=0.1)
+    moe.gate.e_score_correction_bias.normal_(0, 0.05)
+    x = torch.randn(2, 5, config.hidden_size)
+    out, counts = moe(x)
+
+    flat = x.view(-1, config.hidden_size)
+    weights, indices, _ = moe.gate(flat)
+    expected = moe.shared_experts(flat).clone()
+    for t in range(flat.shape[0]):
+        for w, e in zip(weights[t], indices[t]):
+            gate, up = F.linear(flat[t], moe.experts.gate_up_proj[e]).chunk(2)
+            expected[t] += w * F.linear(F.silu(gate) * up, moe.experts.down_proj[e])
+    torch.testing.assert_close(out.view(-1, config.hidden_size), expected)
+    assert counts.tolist() == torch.bincount(indices.flatten(), minlength=8).tolist()
+    assert counts.sum() == flat.shape[0] * 3
+
+
+def test_correction_bias_steers_selection_but_not_weights():
+    config = tiny_config(n_routed_experts=8, num_experts_per_tok=2, routed_scaling_factor=2.5)
+    router = TopkRouter(config)
+    torch.nn.init.normal_(router.weight, std=0.1)
+    x = torch.randn(10, config.hidden_size)
+    router.e_score_correction_bias[5] = 10.0  # every token must pick expert 5
+    weights, indices, scores = router(x)
+    assert (indices == 5).any(dim=1).all()
+    picked = scores.gather(1, indices)
+    torch.testing.assert_close(weights, 2.5 * picked / picked.sum(dim=1, keepdim=True))
+
+
+def test_group_limited_routing_picks_only_from_top_groups():
+    config = tiny_config(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4)
+    router = TopkRouter(config)
+    torch.nn.init.normal_(router.weight, std=0.5)
+    _, indices, scores = router(torch.randn(32, config.hidden_size))
+    group_scores = scores.view(32, 4, 4).topk(2, dim=-1).values.sum(-1)
+    top_groups = group_scores.topk(2, dim=-1).indices
+    for token in range(32):
+        assert set((indices[token] // 4).tolist()) <= set(top_groups[token].tolist())
+
+
+def test_chunked_cross_entropy_equals_full_cross_entropy_with_gradients():
+    torch.manual_seed(2)
+    hidden = torch.randn(2, 9, 16, requires_grad=True)
+    weight = torch.randn(50, 16, requires_grad=True)
+    labels = torch.randint(0, 50, (2, 9))
+    labels[0, :3] = IGNORE_INDEX
+    got = chunked_cross_entropy(hidden, weight, labels, chunk_size=4)
+    expected = F.cross_entropy((hidden @ weight.T).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    torch.testing.assert_close(got, expected)
+    for g, e in zip(torch.autograd.grad(got, (hidden, weight)), torch.autograd.grad(expected, (hidden, weight))):
+        torch.testing.assert_close(g, e)
+
+
+def test_correction_bias_stays_fp32_when_model_is_cast():
+    model = random_model(tiny_config())
+    before = [r.e_score_correction_bias.clone() for r in model.routers()]
+    model.to(torch.bfloat16)
+    for router, bias in zip(model.routers(), before):
+        assert router.e_score_correction_bias.dtype == torch.float32
+        assert torch.equal(router.e_score_correction_bias, bias)
+        assert router.weight.dtype == torch.bfloat16
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in model.state_dict()
+
+
+def test_meta_device_build_then_init_gives_a_working_model():
+    config = tiny_config()
+    with torch.device("meta"):
+        model = GLM46ForCausalLM(config)
+    model.to_empty(device="cpu")
+    model.init_weights()
+    reference = GLM46ForCausalLM(config)
+    torch.testing.assert_close(model.model.rotary_emb.inv_freq, reference.model.rotary_emb.inv_freq)
+    assert abs(model.lm_head.weight.std().item() - config.initializer_range) < 0.01
+    assert torch.isfinite(model(torch.zeros(1, 4, dtype=torch.long)).logits).all()
+
+
+def test_partial_rope_leaves_the_second_half_of_each_head_unrotated():
+    from glm46.modules.rope import RotaryEmbedding, apply_rotary_pos_emb
+
+    rope = RotaryEmbedding(rotary_dim=16, theta=10000.0)
+    x = torch.randn(1, 2, 5, 32)
+    cos, sin = rope(torch.arange(5)[None] + 3, torch.float32)
+    y = apply_rotary_pos_emb(x, cos, sin)
+    assert torch.equal(y[..., 16:], x[..., 16:])
+    torch.testing.assert_close(y[..., :16].norm(dim=-1), x[..., :16].norm(dim=-1))
+    torch.testing.assert_close(rope.inv_freq, 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16))
