@@ -14,21 +14,41 @@ from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.experts import GroupedExperts
 
 
+def _numel(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _inactive(module: torch.nn.Module, config: GLM46Config) -> int:
+    """Routed-expert parameters under `module` that a token does not run through."""
+    routed = sum(_numel(m) for m in module.modules() if isinstance(m, GroupedExperts))
+    return routed - routed // config.n_routed_experts * config.num_experts_per_tok
+
+
 def count_parameters(config: GLM46Config) -> dict[str, int]:
+    """total, embedding, lm_head, mtp, active; plus mtp_active (an MTP layer's per-token share)."""
     with torch.device("meta"):
         model = GLM46ForCausalLM(config)
-    numel = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
-    total = numel(model)
-    embedding = numel(model.model.embed_tokens)
-    lm_head = numel(model.lm_head)
-    mtp = numel(model.mtp_layers)
-    routed = routed_active = 0
-    for module in model.model.layers.modules():
-        if isinstance(module, GroupedExperts):
-            routed += numel(module)
-            routed_active += numel(module) // config.n_routed_experts * config.num_experts_per_tok
-    active = total - embedding - lm_head - mtp - routed + routed_active
-    return {"total": total, "embedding": embedding, "lm_head": lm_head, "mtp": mtp, "active": active}
+    counts = {
+        "total": _numel(model),
+        "embedding": _numel(model.model.embed_tokens),
+        "lm_head": _numel(model.lm_head),
+        "mtp": _numel(model.mtp_layers),
+    }
+    main = counts["total"] - counts["embedding"] - counts["lm_head"] - counts["mtp"]
+    counts["active"] = main - _inactive(model.model, config)
+    counts["mtp_active"] = counts["mtp"] - _inactive(model.mtp_layers, config)
+    return counts
+
+
+def training_flops_per_token(config: GLM46Config, seq_len: int) -> float:
+    """Matmul FLOPs of forward + backward per token, torchtitan's convention: 6 x active matmul parameters
+    (main model, lm_head, MTP layers) + 12 x layers x heads x head_dim x seq_len for attention."""
+    counts = count_parameters(config)
+    heads = 1 + config.num_nextn_predict_layers  # the main model and every MTP layer run the lm_head
+    matmul_params = counts["active"] + counts["mtp_active"] + heads * counts["lm_head"]
+    layers = config.num_hidden_layers + config.num_nextn_predict_layers
+    attention = 12 * layers * config.num_attention_heads * config.head_dim * seq_len
+    return 6 * matmul_params + attention
 
 
 def _short(n: int) -> str:

@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.estimate import count_parameters, format_counts
 from glm46.modules import ConfigError, GLM46Config
+from glm46.train import train
 
 
 def model_config(cfg: DictConfig) -> GLM46Config:
@@ -16,27 +17,26 @@ def model_config(cfg: DictConfig) -> GLM46Config:
     return OmegaConf.to_object(cfg.model)
 
 
-def estimate(cfg: DictConfig) -> dict[str, int]:
+def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
     """Print the parameter counts of the composed model."""
-    counts = count_parameters(model_config(cfg))
+    counts = count_parameters(config)
     name = HydraConfig.get().runtime.choices.get("model", "model") if HydraConfig.initialized() else "model"
     print(format_counts(name, counts))
     return counts
 
 
-TASKS: dict[str, Callable[[DictConfig], object]] = {"estimate": estimate}
+TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {"estimate": estimate, "train": train}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Reject a composition that cannot run, before any work starts."""
+def validate(cfg: DictConfig) -> GLM46Config:
+    """Reject a composition that cannot run, before any work starts; return its model config."""
     if cfg.task not in TASKS:
         raise ConfigError(f"task={cfg.task!r} is not one of {sorted(TASKS)}")
     try:
-        model_config(cfg)
+        return model_config(cfg)
     except ConfigError as error:
         raise ConfigError(f"model: {error}") from None
 
 
 def run_task(cfg: DictConfig) -> object:
-    validate(cfg)
-    return TASKS[cfg.task](cfg)
+    return TASKS[cfg.task](cfg, validate(cfg))

@@ -7,7 +7,7 @@ from .attention import Attention
 from .config import GLM46Config
 from .kv_cache import KVCache
 from .mlp import MLP
-from .moe import MoE
+from .moe import MoE, RoutingStats
 from .norm import RMSNorm
 
 
@@ -22,11 +22,11 @@ class DecoderLayer(nn.Module):
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [B, T, hidden] -> x [B, T, hidden], and the expert token counts [E] of an MoE layer."""
+    ) -> tuple[torch.Tensor, RoutingStats | None]:
+        """x [B, T, hidden] -> x [B, T, hidden], and an MoE layer's routing statistics."""
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache)
         h = self.post_attention_layernorm(x)
         if self.is_moe:
-            h, counts = self.mlp(h)
-            return x + h, counts
+            h, stats = self.mlp(h)
+            return x + h, stats
         return x + self.mlp(h), None

@@ -31,6 +31,7 @@ class CausalLMOutput:
     loss: torch.Tensor | None = None  # mean next-token CE over labelled tokens
     mtp_loss: torch.Tensor | None = None  # mean over MTP depths of their CE
     expert_counts: torch.Tensor | None = None  # [MoE layers (main, then MTP), E] tokens routed to each expert
+    balance_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over MoE layers (unweighted)
 
 
 @torch.no_grad()
@@ -71,17 +72,17 @@ class GLM46Model(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], expert counts per MoE layer."""
+        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
-        counts = []
+        stats = []
         for layer in self.layers:
-            h, layer_counts = layer(h, cos, sin, cache)
-            if layer_counts is not None:
-                counts.append(layer_counts)
+            h, layer_stats = layer(h, cos, sin, cache)
+            if layer_stats is not None:
+                stats.append(layer_stats)
         if cache is not None:
             cache.advance(input_ids.shape[1])
-        return self.norm(h), counts
+        return self.norm(h), stats
 
 
 class GLM46ForCausalLM(nn.Module):
@@ -115,7 +116,7 @@ class GLM46ForCausalLM(nn.Module):
         MTP runs when there is no cache (training, scoring), not during generation."""
         if position_ids is None:
             position_ids = positions_after(cache, input_ids)
-        hidden, counts = self.model(input_ids, position_ids, cache)
+        hidden, stats = self.model(input_ids, position_ids, cache)
 
         mtp_hidden = []
         if cache is None:
@@ -124,11 +125,14 @@ class GLM46ForCausalLM(nn.Module):
                 # Token i+k at position i; the last k positions wrap around and have no target.
                 embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
                 cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
-                h, mtp_counts = mtp(h, embeds, cos, sin)
+                h, mtp_stats = mtp(h, embeds, cos, sin)
                 mtp_hidden.append(h)
-                counts.append(mtp_counts)
+                stats.append(mtp_stats)
 
-        out = CausalLMOutput(expert_counts=torch.stack(counts) if counts else None)
+        out = CausalLMOutput()
+        if stats:
+            out.expert_counts = torch.stack([s.counts for s in stats])
+            out.balance_loss = torch.stack([s.balance_loss for s in stats]).sum()
         if labels is None:
             out.logits = self.lm_head(hidden)
             out.mtp_logits = [self.lm_head(h) for h in mtp_hidden]

@@ -1,5 +1,7 @@
 """The MoE feed-forward: sigmoid top-k routing over stacked experts, plus always-on shared experts."""
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -7,6 +9,26 @@ from .config import GLM46Config
 from .experts import GroupedExperts
 from .mlp import MLP
 from .router import TopkRouter
+
+
+class RoutingStats(NamedTuple):
+    counts: torch.Tensor  # [E] tokens routed to each expert, for the loss-free balancer
+    balance_loss: torch.Tensor  # scalar: the sequence-wise balance loss (not yet weighted by alpha)
+
+
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: int) -> torch.Tensor:
+    """DeepSeek-V3's sequence-wise balance loss sum_i f_i P_i, averaged over the batch's sequences.
+
+    scores [N, E] sigmoid scores, indices [N, k] selected experts, N = batch x T. f_i is expert i's
+    share of the sequence's selections times E / k; P_i its mean score normalised over experts.
+    """
+    num_experts, top_k = scores.shape[-1], indices.shape[-1]
+    seq_len = scores.shape[0] // batch
+    probs = (scores / scores.sum(dim=-1, keepdim=True)).view(batch, seq_len, num_experts).mean(dim=1)
+    selected = torch.zeros(batch, num_experts, device=scores.device)
+    selected.scatter_add_(1, indices.view(batch, -1), torch.ones(batch, seq_len * top_k, device=scores.device))
+    share = selected * num_experts / (top_k * seq_len)
+    return (share * probs).sum(dim=-1).mean()
 
 
 class MoE(nn.Module):
@@ -20,11 +42,11 @@ class MoE(nn.Module):
         if config.n_shared_experts > 0:
             self.shared_experts = MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [B, T, hidden] -> output [B, T, hidden], tokens routed to each expert [E] (for the balancer)."""
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutingStats]:
+        """x [B, T, hidden] -> output [B, T, hidden], routing statistics."""
         shape = x.shape
         x = x.view(-1, shape[-1])  # [N, hidden]
-        weights, indices, _ = self.gate(x)  # [N, k]
+        weights, indices, scores = self.gate(x)  # [N, k], [N, k], [N, E]
         flat_indices = indices.flatten()  # [N * k]
         counts = torch.bincount(flat_indices, minlength=self.num_experts)
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
@@ -34,4 +56,4 @@ class MoE(nn.Module):
         out = out.to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out.view(shape), counts
+        return out.view(shape), RoutingStats(counts, sequence_balance_loss(scores, indices, shape[0]))

@@ -10,6 +10,7 @@ from torch import nn
 
 from .config import GLM46Config
 from .decoder import DecoderLayer
+from .moe import RoutingStats
 from .norm import RMSNorm
 
 
@@ -26,8 +27,8 @@ class MTPLayer(nn.Module):
 
     def forward(
         self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """hidden, embeds [B, T, hidden] -> normed hidden [B, T, hidden] (fed to lm_head and the next depth), counts."""
+    ) -> tuple[torch.Tensor, RoutingStats]:
+        """hidden, embeds [B, T, hidden] -> normed hidden [B, T, hidden] (fed to lm_head and the next depth)."""
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))  # embedding first
-        x, counts = self.block(x, cos, sin)
-        return self.norm(x), counts
+        x, stats = self.block(x, cos, sin)
+        return self.norm(x), stats

@@ -35,7 +35,8 @@ class TopkRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> gating weights [N, k] (fp32), expert indices [N, k], sigmoid scores [N, E]."""
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        with torch.autocast(x.device.type, enabled=False):  # routing runs in fp32 even under autocast
+            scores = F.linear(x.float(), self.weight.float()).sigmoid()
         choice = scores + self.e_score_correction_bias
         if self.n_group > 1:  # keep the topk_group groups whose two best experts score highest
             grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)

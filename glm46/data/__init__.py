@@ -1,0 +1,1 @@
+"""Data: corpora, tokenizers and the token streams the DataModules serve."""

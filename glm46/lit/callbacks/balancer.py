@@ -1,0 +1,72 @@
+"""Loss-free expert balancing (Wang et al. 2024; DeepSeek-V3; GLM-4.5), as a Lightning callback.
+
+Expert token counts accumulate over the micro-batches of an optimizer step; before the step they
+are summed over data-parallel ranks, and each MoE layer's `e_score_correction_bias` moves by
+`u * sign(mean - count)` (rule "sign"), or `u * (mean - count) / mean` (rule "proportional"),
+with u = rate(tokens seen). Every rank applies the same update because it sees the same counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+
+
+def max_violation(counts: torch.Tensor) -> torch.Tensor:
+    """MaxVio = (max load - mean load) / mean load, per layer. counts [layers, E] -> [layers]."""
+    counts = counts.float()
+    mean = counts.mean(dim=-1)
+    return (counts.max(dim=-1).values - mean) / mean.clamp(min=1e-9)
+
+
+class ExpertBalancer(L.Callback):
+    def __init__(self, rate: Callable[[int], float], rule: str = "sign", history_every: int = 10,
+                 history_file: str | None = "expert_load.npz"):
+        if rule not in ("sign", "proportional"):
+            raise ValueError(f"rule={rule!r}: expected 'sign' or 'proportional'")
+        self.rate, self.rule = rate, rule
+        self.history_every, self.history_file = history_every, history_file
+        self.pending: torch.Tensor | None = None  # counts of the optimizer step in progress
+        self.history: list[tuple[int, np.ndarray]] = []  # (step, counts [layers, E]) for the plots
+
+    def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        counts = pl_module.latest_expert_counts
+        if counts is not None:
+            self.pending = counts.clone() if self.pending is None else self.pending + counts
+
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
+        if self.pending is None:
+            return
+        counts = trainer.strategy.reduce(self.pending.float(), reduce_op="sum")  # global batch
+        self.pending = None
+        rate = self.rate(pl_module.tokens_seen)
+        mean = counts.mean(dim=-1, keepdim=True)
+        error = mean - counts
+        step = error.sign() if self.rule == "sign" else error / mean.clamp(min=1e-9)
+        with torch.no_grad():
+            for router, delta in zip(pl_module.model.routers(), step):
+                router.e_score_correction_bias.add_(rate * delta.to(router.e_score_correction_bias.device))
+
+        violation = max_violation(counts)
+        pl_module.log("moe/maxvio", violation.mean(), prog_bar=True)
+        for layer, value in enumerate(violation):
+            pl_module.log(f"moe/maxvio_layer{layer}", value)
+        pl_module.log("moe/bias_rate", rate)
+        if trainer.global_step % self.history_every == 0:
+            self.history.append((trainer.global_step, counts.cpu().numpy()))
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.history_file and self.history and trainer.is_global_zero and trainer.log_dir:
+            steps, counts = zip(*self.history)
+            np.savez(Path(trainer.log_dir) / self.history_file, steps=np.array(steps), counts=np.stack(counts))
+
+    def state_dict(self) -> dict:
+        return {"pending": self.pending, "history": self.history}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.pending = state_dict["pending"]
+        self.history = list(state_dict["history"])

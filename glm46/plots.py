@@ -1,0 +1,77 @@
+"""Pictures of a run: the loss curves and the expert load, from the files in its run directory.
+
+`python -m glm46.plots RUN_DIR` redraws them; training draws them at the end of a run.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def read_metrics(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """metrics.csv -> {metric: (steps, values)} for every metric with at least one value."""
+    series: dict[str, tuple[list, list]] = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            for key, value in row.items():
+                if key != "step" and value not in ("", None):
+                    steps, values = series.setdefault(key, ([], []))
+                    steps.append(int(float(row["step"])))
+                    values.append(float(value))
+    return {k: (np.array(s), np.array(v)) for k, (s, v) in series.items()}
+
+
+def plot_losses(metrics: dict, out: Path) -> Path:
+    fig, (ax_loss, ax_vio) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name in ("train/loss", "train/mtp_loss", "val/loss"):
+        if name in metrics:
+            ax_loss.plot(*metrics[name], label=name, marker="o" if name.startswith("val") else None)
+    ax_loss.set(xlabel="optimizer step", ylabel="cross-entropy (nats)", title="loss")
+    ax_loss.legend()
+    if "moe/maxvio" in metrics:
+        ax_vio.plot(*metrics["moe/maxvio"], label="mean over MoE layers")
+    ax_vio.set(xlabel="optimizer step", ylabel="(max load - mean) / mean", title="MaxVio")
+    ax_vio.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_expert_load(history: Path, out: Path) -> Path:
+    data = np.load(history)
+    steps, counts = data["steps"], data["counts"]  # [records], [records, layers, E]
+    first, last = counts[0], counts[-1]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, load, step in ((axes[0], first, steps[0]), (axes[1], last, steps[-1])):
+        relative = load / load.mean(axis=-1, keepdims=True)
+        image = ax.imshow(relative, aspect="auto", cmap="viridis", vmin=0, vmax=max(2.0, relative.max()))
+        ax.set(xlabel="expert", ylabel="MoE layer (main, then MTP)", title=f"load / mean load, step {step}")
+        ax.set_yticks(range(load.shape[0]))
+    fig.colorbar(image, ax=axes, shrink=0.8)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    run_dir = Path(run_dir)
+    written = []
+    if (run_dir / "metrics.csv").exists():
+        written.append(plot_losses(read_metrics(run_dir / "metrics.csv"), run_dir / "loss.png"))
+    if (run_dir / "expert_load.npz").exists():
+        written.append(plot_expert_load(run_dir / "expert_load.npz", run_dir / "expert_load.png"))
+    return written
+
+
+if __name__ == "__main__":
+    for path in plot_run(sys.argv[1]):
+        print(path)

@@ -1,0 +1,50 @@
+"""The `train` task: build the DataModule, LightningModule, callbacks, loggers and Trainer from the
+composed config, fit, then export the final weights to HF format and draw the plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from glm46.hf import save_hf
+from glm46.lit import GLM46LitModule
+from glm46.modules import ConfigError, GLM46Config
+from glm46.plots import plot_run
+
+
+def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
+    return GLM46LitModule(
+        config,
+        optimizer=instantiate(cfg.optim.optimizer),
+        lr_schedule=instantiate(cfg.schedule.lr),
+        mtp_weight=instantiate(cfg.schedule.mtp_weight),
+        balance_loss_alpha=cfg.schedule.balance_loss_alpha,
+    )
+
+
+def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
+    callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
+    loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(output_dir))
+
+
+def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
+    output_dir = Path(HydraConfig.get().runtime.output_dir)
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = instantiate(cfg.data)
+    if datamodule.vocab_size > config.vocab_size:
+        raise ConfigError(f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size="
+                          f"{config.vocab_size}")
+    module = build_module(cfg, config)
+    trainer = build_trainer(cfg, output_dir)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    if trainer.is_global_zero:
+        save_hf(module.model, output_dir / "hf")
+        for path in plot_run(output_dir):
+            print(f"wrote {path}")
+        print(f"run directory: {output_dir} (checkpoints/, hf/, metrics.csv, loss.png, expert_load.png)")
+    return {k: float(v) for k, v in trainer.callback_metrics.items()}
