@@ -31,7 +31,7 @@ class ExpertBalancer(L.Callback):
         self.rate, self.rule = rate, rule
         self.history_every, self.history_file = history_every, history_file
         self.pending: torch.Tensor | None = None  # counts of the optimizer step in progress
-        self.history: list[tuple[int, np.ndarray]] = []  # (step, counts [layers, E]) for the plots
+        self.history: list[tuple[int, torch.Tensor]] = []  # (step, counts [layers, E]) for the plots
 
     def on_after_backward(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         counts = pl_module.latest_expert_counts
@@ -57,12 +57,12 @@ class ExpertBalancer(L.Callback):
             pl_module.log(f"moe/maxvio_layer{layer}", value)
         pl_module.log("moe/bias_rate", rate)
         if trainer.global_step % self.history_every == 0:
-            self.history.append((trainer.global_step, counts.cpu().numpy()))
+            self.history.append((trainer.global_step, counts.cpu()))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.history_file and self.history and trainer.is_global_zero and trainer.log_dir:
             steps, counts = zip(*self.history)
-            np.savez(Path(trainer.log_dir) / self.history_file, steps=np.array(steps), counts=np.stack(counts))
+            np.savez(Path(trainer.log_dir) / self.history_file, steps=np.array(steps), counts=torch.stack(counts).numpy())
 
     def state_dict(self) -> dict:
         return {"pending": self.pending, "history": self.history}

@@ -1,0 +1,52 @@
+"""Token-driven schedules at chosen token counts, and the GLM-4.5 schedule config resolved for a run."""
+
+import math
+
+import pytest
+from hydra.utils import instantiate
+
+from glm46.optim import LinearRamp, Piecewise, WarmupCosine, WarmupStableDecay
+
+
+def test_warmup_cosine_glm45_values():
+    s = WarmupCosine(peak=2.5e-4, floor=2.5e-5, warmup_tokens=1000, total_tokens=11000)
+    assert s(0) == 0.0
+    assert s(500) == pytest.approx(1.25e-4)
+    assert s(1000) == pytest.approx(2.5e-4)
+    assert s(6000) == pytest.approx(2.5e-5 + 0.5 * (2.5e-4 - 2.5e-5))  # half-way down the cosine
+    assert s(11000) == pytest.approx(2.5e-5)
+    assert s(50000) == pytest.approx(2.5e-5)
+
+
+def test_wsd_values():
+    s = WarmupStableDecay(peak=1.0, floor=0.1, warmup_tokens=10, total_tokens=100, decay_tokens=20)
+    assert [s(5), s(10), s(79), s(90), s(100), s(200)] == pytest.approx([0.5, 1.0, 1.0, 0.55, 0.1, 0.1])
+
+
+def test_piecewise_mtp_weight_and_balancer_rate():
+    mtp = Piecewise(values=[0.3, 0.1], boundaries=[15 * 10**12])
+    assert mtp(0) == 0.3 and mtp(15 * 10**12 - 1) == 0.3 and mtp(15 * 10**12) == 0.1 and mtp(23 * 10**12) == 0.1
+    with pytest.raises(ValueError, match="one more value"):
+        Piecewise(values=[1.0], boundaries=[5])
+    with pytest.raises(ValueError, match="increasing"):
+        Piecewise(values=[1.0, 2.0, 3.0], boundaries=[5, 2])
+
+
+def test_batch_size_ramp_glm45():
+    ramp = LinearRamp(start=16 * 2**20, end=64 * 2**20, ramp_tokens=500 * 10**9)
+    assert ramp(0) == 16 * 2**20
+    assert ramp(250 * 10**9) == pytest.approx(40 * 2**20)
+    assert ramp(10**13) == 64 * 2**20
+
+
+def test_schedule_config_scales_the_glm45_switches_to_the_run(compose_config):
+    cfg = compose_config("trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128")
+    run_tokens = 1000 * 4 * 128
+    assert cfg.schedule.run_tokens == run_tokens
+    lr = instantiate(cfg.schedule.lr)
+    assert lr.total_tokens == run_tokens and lr.peak == cfg.optim.optimizer.lr
+    assert lr.warmup_tokens == math.floor(cfg.schedule.warmup_fraction * run_tokens)
+    mtp = instantiate(cfg.schedule.mtp_weight)
+    assert mtp.boundaries == [int(0.65 * run_tokens)] and mtp.values == [0.3, 0.1]
+    rate = instantiate(cfg.callbacks.expert_balancer.rate)
+    assert rate(0) > 0 and rate(run_tokens) == 0.0

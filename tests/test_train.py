@@ -1,0 +1,102 @@
+"""`python run.py` end to end on CPU: training, metrics, plots, checkpoints, resume, HF export."""
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from glm46.hf import load_hf
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT_RUN = [
+    "data.max_bytes=300000", "data.seq_len=64", "data.batch_size=4", "trainer.val_check_interval=10",
+    "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2", "callbacks.model_checkpoint.every_n_train_steps=10",
+]
+
+
+def run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={run_dir}", *overrides],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "metrics.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def column(rows: list[dict], name: str) -> list[float]:
+    return [float(r[name]) for r in rows if r.get(name)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("run")
+    result = run(run_dir, "trainer.max_steps=30")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return run_dir
+
+
+@pytest.mark.slow
+def test_training_run_learns_and_logs_the_design_metrics(trained):
+    rows = metrics(trained)
+    for name in ("train/loss", "train/mtp_loss", "optim/lr", "moe/maxvio", "perf/tokens_per_sec",
+                 "perf/mfu", "optim/grad_norm", "moe/maxvio_layer0", "val/loss", "val/ppl"):
+        assert column(rows, name), f"metrics.csv has no {name}"
+    loss = column(rows, "train/loss")
+    assert loss[-1] < loss[0] - 1.0, f"loss did not fall: {loss}"
+    assert column(rows, "val/loss")[-1] < column(rows, "val/loss")[0]
+    lr = column(rows, "optim/lr")
+    assert max(lr) <= 3e-3 + 1e-9 and lr[-1] < max(lr), "warm-up then cosine decay"
+    for picture in ("loss.png", "expert_load.png"):
+        assert (trained / picture).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_hf_export_loads_in_transformers_with_the_checkpoint_logits(trained):
+    checkpoint = torch.load(trained / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 30 and checkpoint["tokens_seen"] == 30 * 4 * 64
+    exported = load_hf(trained / "hf")
+    state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, state[name]), name
+    hf = AutoModelForCausalLM.from_pretrained(trained / "hf").eval()
+    x = torch.randint(0, 257, (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, exported.eval()(x).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_resume_from_last_continues_steps_schedules_and_metrics(tmp_path):
+    assert run(tmp_path, "trainer.max_steps=20").returncode == 0
+    result = run(tmp_path, "trainer.max_steps=30", "ckpt_path=last")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Restored all states from the checkpoint" in result.stdout + result.stderr
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 30 and checkpoint["tokens_seen"] == 30 * 4 * 64
+    steps = sorted(p.name for p in (tmp_path / "checkpoints").glob("step*.ckpt"))
+    assert steps == ["step0000010.ckpt", "step0000020.ckpt", "step0000030.ckpt"]
+    logged_steps = sorted({int(r["step"]) for r in metrics(tmp_path) if r.get("train/loss")})
+    assert logged_steps[0] < 10 and logged_steps[-1] >= 28, "metrics.csv keeps the first run's rows and appends"
+
+
+@pytest.mark.slow
+def test_resume_in_a_copied_run_directory_overwrites_last_ckpt(trained, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "copied"
+    shutil.copytree(trained, run_dir)
+    assert run(run_dir, "trainer.max_steps=35", "ckpt_path=last").returncode == 0
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 35
+    assert not list((run_dir / "checkpoints").glob("last-v*.ckpt"))
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
+    result = run(tmp_path, "trainer.max_steps=1", "model.vocab_size=200")
+    assert result.returncode != 0
+    assert "257 tokens but model.vocab_size=200" in result.stderr
