@@ -100,3 +100,15 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tmp_path):
     result = run(tmp_path, "trainer.max_steps=1", "model.vocab_size=200")
     assert result.returncode != 0
     assert "257 tokens but model.vocab_size=200" in result.stderr
+
+
+@pytest.mark.slow
+def test_tensorboard_and_offline_wandb_loggers_record_the_run(tmp_path):
+    result = run(tmp_path, "trainer.max_steps=4", "logger=[csv,tensorboard,wandb]", "trainer.val_check_interval=4")
+    assert result.returncode == 0, result.stderr[-3000:]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert "train/loss" in events.Tags()["scalars"]
+    assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "wandb must have written an offline run"

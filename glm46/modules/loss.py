@@ -26,10 +26,13 @@ def chunked_cross_entropy(
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
+    count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    if hidden.shape[0] <= chunk_size:  # one chunk: recomputing its logits would save nothing
+        return _chunk_loss_sum(hidden, weight, labels) / count
     total = hidden.new_zeros((), dtype=torch.float32)
     for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size)):
         total = total + checkpoint(_chunk_loss_sum, h, weight, y, use_reentrant=False)
-    return total / (labels != IGNORE_INDEX).sum().clamp(min=1)
+    return total / count
 
 
 def shift_labels(labels: torch.Tensor, k: int) -> torch.Tensor:

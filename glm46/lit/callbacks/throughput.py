@@ -11,7 +11,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 from glm46.estimate import training_flops_per_token
 
 
-def measured_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 1024, repeats: int = 8) -> float:
+def measured_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 4) -> float:
     """The FLOP/s this device reaches on a square matmul: the peak MFU is measured against where no
     datasheet figure is known (CPUs)."""
     a = torch.randn(size, size, device=device, dtype=dtype)
