@@ -5,11 +5,15 @@ value of the wrong type while composing, naming the key.
 """
 
 import math
+import os
+import time
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from glm46.modules import GLM46Config
+
+_START = time.time()
 
 
 def tokens(*factors: float) -> int:
@@ -17,6 +21,17 @@ def tokens(*factors: float) -> int:
     return int(math.prod(factors))
 
 
+def job_id() -> str:
+    """`${job_id:}`: the Slurm job (and array task) id, the same on every rank and across requeues;
+    outside Slurm, the local start time and process id."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    if "SLURM_JOB_ID" in os.environ:
+        return os.environ["SLURM_JOB_ID"]
+    return time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(_START)) + f"_{os.getpid()}"
+
+
 def register_configs() -> None:
     ConfigStore.instance().store(group="model", name="schema", node=GLM46Config)
     OmegaConf.register_new_resolver("tokens", tokens, replace=True)
+    OmegaConf.register_new_resolver("job_id", job_id, use_cache=True, replace=True)

@@ -27,19 +27,24 @@ def tiny_config(**overrides) -> GLM46Config:
     return GLM46Config(**{**TINY, **overrides})
 
 
-def random_model(config: GLM46Config, seed: int = 0) -> GLM46ForCausalLM:
-    """A model with random weights, random norm gains and non-zero correction biases."""
+def randomise(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Random N(0, 0.1) weights, norm gains in (0.5, 1.5), non-zero biases and correction biases:
+    nothing that initialisation leaves at 0 or 1 can hide a mismatch. Ours or transformers' model."""
     torch.manual_seed(seed)
-    model = GLM46ForCausalLM(config)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
+            else:
                 param.normal_(0, 0.1)
-        for router in model.routers():
-            router.e_score_correction_bias.normal_(0, 0.05)
+        for module in model.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.normal_(0, 0.05)
     return model.eval()
+
+
+def random_model(config: GLM46Config, seed: int = 0) -> GLM46ForCausalLM:
+    return randomise(GLM46ForCausalLM(config), seed)
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

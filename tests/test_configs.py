@@ -1,5 +1,6 @@
 """The Hydra tree: every config composes and validates; bad input fails at composition, naming the key."""
 
+import os
 import shutil
 import subprocess
 import sys
@@ -126,3 +127,16 @@ def test_run_py_refuses_a_misspelt_key_naming_it():
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode != 0 and "num_experts_per_tokk" in result.stderr
+
+
+def test_run_directories_are_keyed_by_slurm_job_id(monkeypatch):
+    from glm46.schema import job_id
+
+    monkeypatch.setenv("SLURM_JOB_ID", "1234")
+    assert job_id() == "1234"
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert job_id() == "77_3"
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name)
+    assert job_id().endswith(f"_{os.getpid()}")

@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
 
 from glm46.hf import INDEX_FILE, load_hf, save_hf
 
-from .helpers import TINY, random_model, relative_error, tiny_config
+from .helpers import TINY, randomise, random_model, relative_error, tiny_config
 
 VARIANTS = {
     "glm46_shape": dict(use_qk_norm=True, attention_bias=True, routed_scaling_factor=2.5),
@@ -31,22 +31,6 @@ def hf_config(**overrides) -> Glm4MoeConfig:
             "partial_rotary_factor": fields.pop("partial_rotary_factor", 0.5)}
     fields.pop("num_nextn_predict_layers", None)
     return Glm4MoeConfig(**fields, rope_parameters=rope, num_mtp_layers=0)
-
-
-def randomise_hf(model: Glm4MoeForCausalLM, seed: int) -> Glm4MoeForCausalLM:
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                param.normal_(0, 0.1)
-            else:
-                param.normal_(0, 0.1)
-        for module in model.modules():
-            if hasattr(module, "e_score_correction_bias"):
-                module.e_score_correction_bias.normal_(0, 0.05)
-    return model.eval()
 
 
 def tokens(vocab: int, seed: int = 1) -> torch.Tensor:
@@ -75,7 +59,7 @@ def test_ours_to_transformers(variant, tmp_path):
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_transformers_to_ours(variant, tmp_path, caplog):
     overrides = VARIANTS[variant]
-    hf = randomise_hf(Glm4MoeForCausalLM(hf_config(**overrides)), seed=3)
+    hf = randomise(Glm4MoeForCausalLM(hf_config(**overrides)), seed=3)
     hf.save_pretrained(tmp_path, max_shard_size="300KB")
 
     ours = load_hf(tmp_path)  # transformers writes no MTP layer: ours is initialised afresh, with a warning

@@ -50,3 +50,17 @@ def test_schedule_config_scales_the_glm45_switches_to_the_run(compose_config):
     assert mtp.boundaries == [int(0.65 * run_tokens)] and mtp.values == [0.3, 0.1]
     rate = instantiate(cfg.callbacks.expert_balancer.rate)
     assert rate(0) > 0 and rate(run_tokens) == 0.0
+
+
+def test_wsd_schedule_member_composes(compose_config):
+    cfg = compose_config("schedule=wsd", "trainer.max_steps=100", "data.batch_size=2", "data.seq_len=10")
+    lr = instantiate(cfg.schedule.lr)
+    assert isinstance(lr, WarmupStableDecay) and lr.decay_tokens == 400 and lr.total_tokens == 2000
+
+
+def test_batch_warmup_callbacks_member_ramps_a_quarter_to_the_full_batch(compose_config):
+    cfg = compose_config("callbacks=batch_warmup", "trainer.max_steps=100", "data.batch_size=8", "data.seq_len=16")
+    warmup = instantiate(cfg.callbacks.batch_size_warmup)
+    assert warmup.accumulation_for(0, micro_batch_tokens=2 * 16) == 1
+    assert warmup.accumulation_for(10**9, micro_batch_tokens=2 * 16) == 4
+    assert "expert_balancer" in cfg.callbacks
