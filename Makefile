@@ -13,7 +13,7 @@ install:
 	$(PIP) install --quiet -e ".[dev]"
 
 run: install
-	$(PYTHON) run.py -m task=estimate model=tiny,glm46_355b
+	$(PYTHON) run.py
 
 test: install
 	$(PYTHON) -m pytest
