@@ -5,8 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from glm46.data.documents import Ledger
+from glm46.data.prepare import READERS, prepare
 from glm46.estimate import count_parameters, format_counts
 from glm46.modules import ConfigError, GLM46Config
 from glm46.train import train
@@ -25,7 +28,25 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
     return counts
 
 
-TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {"estimate": estimate, "train": train}
+def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
+    """Read the `data` sources, deduplicate, filter and write a dataset folder with its manifest."""
+    data = cfg.data
+    if data.get("reader") not in READERS:
+        raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
+                          f"(data=jsonl, data=text or data=parquet)")
+    ledger = Ledger()
+    documents = READERS[data.reader](list(data.paths), ledger, data.default_domain)
+    manifest = prepare(documents, ledger, data.output_dir, OmegaConf.to_container(cfg.prepare.dedup),
+                       instantiate(cfg.prepare.quality, _convert_="all"), cfg.prepare.num_workers)
+    dropped = ", ".join(f"{k} {v}" for k, v in sorted(manifest["dropped"].items())) or "none"
+    print(f"{manifest['documents_in']} documents in, {manifest['documents_out']} out; dropped: {dropped}")
+    print(f"wrote {data.output_dir}/manifest.json")
+    return manifest
+
+
+TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
+    "estimate": estimate, "prepare": prepare_data, "train": train,
+}
 
 
 def validate(cfg: DictConfig) -> GLM46Config:

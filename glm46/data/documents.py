@@ -1,0 +1,58 @@
+"""Documents and the ledger that accounts for every one of them through the preparation pipeline."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Document:
+    text: str
+    domain: str = "general"
+    source: str = ""  # file (and line) it came from
+    id: str = ""
+    url: str | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.text.encode("utf-8"))
+
+
+@dataclass
+class Ledger:
+    """Counts documents and bytes in, out and dropped per reason; keeps examples of unreadable input.
+
+    The invariant `documents_in == documents_out + sum(dropped)` holds by construction: a document
+    enters once (`admit`, or `reject` for input that never became a document) and leaves once. Bytes
+    balance too, with the whitespace that normalisation trims counted in `trimmed_bytes`.
+    """
+
+    documents_in: int = 0
+    bytes_in: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    dropped_bytes: Counter = field(default_factory=Counter)
+    trimmed_bytes: int = 0
+    examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> first few "file:line: detail"
+    max_examples: int = 20
+
+    def admit(self, doc: Document) -> Document:
+        self.documents_in += 1
+        self.bytes_in += doc.nbytes
+        return doc
+
+    def reject(self, reason: str, where: str, detail: str = "", nbytes: int = 0) -> None:
+        """Input that could not become a document (a malformed line, undecodable bytes)."""
+        self.documents_in += 1
+        self.bytes_in += nbytes
+        self._drop(reason, nbytes, f"{where}: {detail}" if detail else where)
+
+    def drop(self, doc: Document, reason: str) -> None:
+        self._drop(reason, doc.nbytes, doc.source)
+
+    def _drop(self, reason: str, nbytes: int, example: str) -> None:
+        self.dropped[reason] += 1
+        self.dropped_bytes[reason] += nbytes
+        examples = self.examples.setdefault(reason, [])
+        if len(examples) < self.max_examples:
+            examples.append(example)

@@ -1,0 +1,116 @@
+"""`task=prepare`: read -> normalise -> exact, URL and near-duplicate removal -> quality filters -> write.
+
+The output folder holds `documents/<domain>.jsonl` and `manifest.json`, which accounts for every
+input document: `documents_in == documents_out + sum(dropped.values())`, with bytes alike, per stage
+and per domain, plus the file:line of the first unreadable inputs of each kind.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import unicodedata
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from tqdm import tqdm
+
+from .dedup import dedup_exact, dedup_near, dedup_urls
+from .documents import Document, Ledger
+from .quality import QualityRules, violation
+from .sources import read_jsonl, read_parquet, read_text_folder
+
+READERS = {"jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
+
+
+def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
+    """Unicode NFC, Unix newlines, no surrounding blank space; documents left empty are dropped."""
+    kept = []
+    for doc in tqdm(docs, desc="read+normalise", unit="doc", leave=False):
+        before = doc.nbytes
+        doc.text = unicodedata.normalize("NFC", doc.text.replace("\r\n", "\n").replace("\r", "\n")).strip()
+        ledger.trimmed_bytes += before - doc.nbytes
+        if doc.text:
+            kept.append(doc)
+        else:
+            ledger.drop(doc, "empty")
+    return kept
+
+
+def quality_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
+    kept = []
+    for doc in tqdm(docs, desc="quality", unit="doc", leave=False):
+        rule = violation(doc, rules)
+        if rule:
+            ledger.drop(doc, f"quality/{rule}")
+        else:
+            kept.append(doc)
+    return kept
+
+
+def _totals(docs: list[Document]) -> tuple[int, int]:
+    return len(docs), sum(d.nbytes for d in docs)
+
+
+def run_pipeline(docs: Iterable[Document], ledger: Ledger, stages: list[tuple[str, Callable]]) -> tuple[list, list]:
+    """Apply the stages in order; record documents and bytes before/after each and what it dropped."""
+    report = []
+    current = normalize(docs, ledger)
+    report.append({"stage": "read+normalise", "documents_out": len(current), "dropped": dict(ledger.dropped)})
+    for name, stage in stages:
+        before, dropped_before = _totals(current), Counter(ledger.dropped)
+        current = stage(current, ledger)
+        after = _totals(current)
+        report.append({
+            "stage": name, "documents_in": before[0], "bytes_in": before[1],
+            "documents_out": after[0], "bytes_out": after[1], "dropped": dict(ledger.dropped - dropped_before),
+        })
+    return current, report
+
+
+def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir: Path, settings: dict) -> dict:
+    (output_dir / "documents").mkdir(parents=True, exist_ok=True)
+    by_domain = defaultdict(list)
+    for doc in docs:
+        by_domain[doc.domain].append(doc)
+    for domain, domain_docs in by_domain.items():
+        with open(output_dir / "documents" / f"{domain}.jsonl", "w") as f:
+            for doc in domain_docs:
+                f.write(json.dumps({"text": doc.text, "id": doc.id, "url": doc.url, "source": doc.source}) + "\n")
+    documents_out, bytes_out = _totals(docs)
+    manifest = {
+        "command": " ".join(sys.argv),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "documents_in": ledger.documents_in,
+        "documents_out": documents_out,
+        "dropped": dict(ledger.dropped),
+        "bytes_in": ledger.bytes_in,
+        "bytes_out": bytes_out,
+        "bytes_dropped": dict(ledger.dropped_bytes),
+        "bytes_trimmed": ledger.trimmed_bytes,  # whitespace and line ends removed by normalisation
+        "domains": {d: {"documents": len(v), "bytes": sum(x.nbytes for x in v)} for d, v in sorted(by_domain.items())},
+        "stages": report,
+        "examples": ledger.examples,
+        "settings": settings,
+    }
+    assert manifest["documents_in"] == documents_out + sum(ledger.dropped.values()), "a document went missing"
+    (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    return manifest
+
+
+def prepare(docs: Iterable[Document], ledger: Ledger, output_dir: str | Path, dedup: dict,
+            quality: QualityRules, num_workers: int = 1) -> dict:
+    stages = []
+    if dedup.get("exact", True):
+        stages.append(("exact_dedup", dedup_exact))
+    if dedup.get("url", True):
+        stages.append(("url_dedup", dedup_urls))
+    if dedup.get("near", True):
+        near = {k: dedup[k] for k in ("threshold", "num_perm", "shingle_size", "seed") if k in dedup}
+        stages.append(("near_dedup", lambda d, led: dedup_near(d, led, num_workers=num_workers, **near)))
+    stages.append(("quality", lambda d, led: quality_filter(d, led, quality)))
+    kept, report = run_pipeline(docs, ledger, stages)
+    settings = {"dedup": dedup, "quality": vars(quality), "num_workers": num_workers}
+    return write_dataset(kept, ledger, report, Path(output_dir), settings)
