@@ -33,9 +33,10 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     data = cfg.data
     if data.get("reader") not in READERS:
         raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
-                          f"(data=jsonl, data=text or data=parquet)")
+                          f"(data=embedded, jsonl, text or parquet)")
     ledger = Ledger()
-    documents = READERS[data.reader](list(data.paths), ledger, data.default_domain)
+    options = OmegaConf.to_container(data.get("options") or {})
+    documents = READERS[data.reader](list(data.paths), ledger, data.default_domain, **options)
     manifest = prepare(documents, ledger, data.output_dir, OmegaConf.to_container(cfg.prepare.dedup),
                        instantiate(cfg.prepare.quality, _convert_="all"), cfg.prepare.num_workers)
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(manifest["dropped"].items())) or "none"

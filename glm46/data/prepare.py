@@ -20,9 +20,10 @@ from tqdm import tqdm
 from .dedup import dedup_exact, dedup_near, dedup_urls
 from .documents import Document, Ledger
 from .quality import QualityRules, violation
+from .embedded import read_embedded
 from .sources import read_jsonl, read_parquet, read_text_folder
 
-READERS = {"jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
+READERS = {"embedded": read_embedded, "jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
 
 
 def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
