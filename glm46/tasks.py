@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
@@ -10,6 +12,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.data.documents import Ledger
 from glm46.data.prepare import READERS, prepare
+from glm46.data.shards import write_shards
+from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.estimate import count_parameters, format_counts
 from glm46.modules import ConfigError, GLM46Config
 from glm46.train import train
@@ -35,14 +39,35 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
         raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
                           f"(data=embedded, jsonl, text or parquet)")
     ledger = Ledger()
-    options = OmegaConf.to_container(data.get("options") or {})
+    options = OmegaConf.to_container(data.options) if "options" in data else {}
     documents = READERS[data.reader](list(data.paths), ledger, data.default_domain, **options)
     manifest = prepare(documents, ledger, data.output_dir, OmegaConf.to_container(cfg.prepare.dedup),
                        instantiate(cfg.prepare.quality, _convert_="all"), cfg.prepare.num_workers)
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(manifest["dropped"].items())) or "none"
     print(f"{manifest['documents_in']} documents in, {manifest['documents_out']} out; dropped: {dropped}")
-    print(f"wrote {data.output_dir}/manifest.json")
+
+    output_dir = Path(data.output_dir)
+    tokenizer = load_or_train_tokenizer(cfg.prepare.tokenizer, output_dir / "documents")
+    tokenizer.save(output_dir / "tokenizer.json")
+    shards = write_shards(output_dir, tokenizer, num_threads=cfg.prepare.num_workers)
+    tokens = sum(d["tokens"] for d in shards["domains"].values())
+    print(f"{tokens:,} tokens ({tokenizer.vocab_size} vocabulary), fingerprint {shards['fingerprint']}")
+    print(f"wrote {output_dir}/manifest.json, tokenizer.json, tokens/")
     return manifest
+
+
+def load_or_train_tokenizer(settings: DictConfig, documents_dir: Path) -> GLMTokenizer:
+    """The tokenizer.json at `settings.path`, or a byte-level BPE of `settings.vocab_size` trained on the documents."""
+    if settings.path:
+        return GLMTokenizer.from_file(settings.path)
+
+    def texts():
+        for file in sorted(documents_dir.glob("*.jsonl")):
+            with open(file) as f:
+                for line in f:
+                    yield json.loads(line)["text"]
+
+    return GLMTokenizer(train_tokenizer(texts(), settings.vocab_size))
 
 
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {

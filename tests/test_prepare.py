@@ -125,10 +125,13 @@ def test_run_py_prepare_command(planted, tmp_path):
     out = tmp_path / "dataset"
     result = subprocess.run(
         [sys.executable, "run.py", "task=prepare", "data=jsonl", f"data.paths=[{planted}]", f"data.output_dir={out}",
-         f"hydra.run.dir={tmp_path / 'run'}"],
+         "prepare.tokenizer.vocab_size=300", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["documents_in"] == 50 and manifest["documents_out"] == 40
     assert "task=prepare" in manifest["command"]
+    shards = json.loads((out / "tokens" / "shards.json").read_text())
+    assert shards["vocab_size"] == 300 and shards["domains"]["general"]["documents"] == 40
+    assert (out / "tokenizer.json").exists() and (out / "tokens" / "general.bin").stat().st_size > 0

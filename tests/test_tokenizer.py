@@ -1,0 +1,76 @@
+"""The BPE tokenizer: GLM special tokens, round trip on the corpus, tiktoken ids identical to tokenizers',
+and token shards that equal per-document encoding."""
+
+import json
+
+import numpy as np
+import pytest
+
+from glm46.data.documents import Ledger
+from glm46.data.embedded import generated, stdlib_code
+from glm46.data.shards import EOS, encode_documents, load_shard, write_shards
+from glm46.data.tokenizer import SPECIAL_TOKENS, GLMTokenizer, train_tokenizer
+
+
+@pytest.fixture(scope="module")
+def corpus() -> list[str]:
+    ledger = Ledger()
+    code = [doc.text for _, doc in zip(range(60), stdlib_code(ledger))]
+    return code + [doc.text for doc in generated(ledger, math_problems=300, reasoning_problems=200, seed=0)] + [
+        "unicode: héllo wörld, 数学, emoji 🙂\r\n\ttabs   and  spaces\n\n\n", "<|user|>hi<|assistant|><think>x</think>"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(corpus) -> GLMTokenizer:
+    return GLMTokenizer(train_tokenizer(corpus, vocab_size=1024))
+
+
+def test_vocabulary_size_and_glm_special_tokens(tokenizer):
+    assert tokenizer.vocab_size == 1024
+    ids = [tokenizer.token_id(t) for t in SPECIAL_TOKENS]
+    assert ids == list(range(1024 - len(SPECIAL_TOKENS), 1024)), "special tokens are single ids, in GLM's order"
+    assert tokenizer.encode("[gMASK]<sop><|user|>") == [tokenizer.token_id(t) for t in ("[gMASK]", "<sop>", "<|user|>")]
+
+
+def test_round_trip_on_the_corpus(tokenizer, corpus):
+    for text in corpus:
+        assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_tiktoken_ids_equal_tokenizers_ids(tokenizer, corpus):
+    for text in corpus:
+        assert tokenizer.encode(text) == tokenizer.tokenizer.encode(text).ids
+    assert tokenizer.encode_batch(corpus) == [e.ids for e in tokenizer.tokenizer.encode_batch(corpus)]
+
+
+def test_saved_tokenizer_json_loads_identically(tokenizer, corpus, tmp_path):
+    tokenizer.save(tmp_path / "tokenizer.json")
+    loaded = GLMTokenizer.from_file(tmp_path / "tokenizer.json")
+    assert [loaded.encode(t) for t in corpus] == [tokenizer.encode(t) for t in corpus]
+    with pytest.raises(KeyError, match="<nope>"):
+        loaded.token_id("<nope>")
+
+
+def test_encode_documents_equals_one_by_one_with_eos(tokenizer, corpus):
+    texts = corpus + [f"a text holding a literal {EOS} inside"]
+    tokens, offsets = encode_documents(texts, tokenizer, chunk_chars=2000)
+    eos = tokenizer.token_id(EOS)
+    expected = [tokenizer.tokenizer.encode(t).ids + [eos] for t in texts]
+    assert tokens.tolist() == [i for ids in expected for i in ids]
+    assert offsets.tolist() == np.cumsum([0] + [len(ids) for ids in expected]).tolist()
+
+
+def test_shards_per_domain_with_fingerprint(tokenizer, tmp_path):
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    for domain, texts in {"code": ["def f(): pass", "x = 1"], "math": ["Question: 1 + 1?\nAnswer: 2"]}.items():
+        (documents / f"{domain}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    index = write_shards(tmp_path, tokenizer)
+    assert index["dtype"] == "uint16" and index["domains"]["code"]["documents"] == 2
+    tokens, offsets = load_shard(tmp_path / "tokens", "code")
+    assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
+    second = tokens[offsets[1] : offsets[2]].tolist()
+    assert second == tokenizer.encode("x = 1") + [tokenizer.token_id(EOS)]
+
+    (documents / "math.jsonl").write_text(json.dumps({"text": "Question: 1 + 2?\nAnswer: 3"}) + "\n")
+    assert write_shards(tmp_path, tokenizer)["fingerprint"] != index["fingerprint"]
