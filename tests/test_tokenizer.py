@@ -74,3 +74,23 @@ def test_shards_per_domain_with_fingerprint(tokenizer, tmp_path):
 
     (documents / "math.jsonl").write_text(json.dumps({"text": "Question: 1 + 2?\nAnswer: 3"}) + "\n")
     assert write_shards(tmp_path, tokenizer)["fingerprint"] != index["fingerprint"]
+
+
+def test_chat_template_masks_assistant_turns_only(tokenizer):
+    from glm46.data.chat import format_chat
+
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3 * 3?"},
+        {"role": "assistant", "content": "<think>3 * 3 = 9</think>9"},
+    ]
+    ids, mask = format_chat(messages, tokenizer)
+    assert len(ids) == len(mask)
+    assert tokenizer.decode(ids) == ("[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2 + 2?<|assistant|>\n4"
+                                     "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>9<|endoftext|>")
+    trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+    assert trained == "4<|user|><think>3 * 3 = 9</think>9<|endoftext|>"
+    with pytest.raises(ValueError, match="role 'tool'"):
+        format_chat([{"role": "tool", "content": "x"}], tokenizer)
