@@ -10,6 +10,7 @@ Everything is deterministic given the seed.
 
 from __future__ import annotations
 
+import os
 import random
 import sysconfig
 from collections import defaultdict
@@ -17,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .documents import Document, Ledger
-from .stdlib import SKIP_DIRS
 
+SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3"}
 LICENSE_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/copyright")
 
 
@@ -31,14 +32,21 @@ def _read(path: Path, ledger: Ledger, domain: str) -> Document | None:
         return None
 
 
+def _stdlib_modules(root: Path) -> list[Path]:
+    """The standard library's .py files, not descending into tests or site-packages."""
+    paths = []
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(d for d in subfolders if d not in SKIP_DIRS)
+        paths += [Path(folder) / f for f in files if f.endswith(".py")]
+    return sorted(paths)
+
+
 def stdlib_code(ledger: Ledger) -> Iterator[Document]:
     """Modules as `code` documents, then packages as `repo_code` documents."""
     root = Path(sysconfig.get_paths()["stdlib"])
     packages = defaultdict(list)
-    for path in sorted(root.rglob("*.py")):
+    for path in _stdlib_modules(root):
         relative = path.relative_to(root)
-        if SKIP_DIRS.intersection(relative.parts[:-1]):
-            continue
         doc = _read(path, ledger, "code")
         if doc is None:
             continue

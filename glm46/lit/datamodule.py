@@ -13,7 +13,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from glm46.data.byte_tokenizer import ByteTokenizer
-from glm46.data.stdlib import stdlib_documents
+from glm46.data.documents import Ledger
+from glm46.data.embedded import stdlib_code
 
 
 class TokenWindows(Dataset):
@@ -44,7 +45,7 @@ class StdlibDataModule(L.LightningDataModule):
     The last `val_fraction` of the stream is held out for validation.
     """
 
-    def __init__(self, seq_len: int = 256, batch_size: int = 8, max_bytes: int | None = 8_000_000,
+    def __init__(self, seq_len: int = 256, batch_size: int = 8, max_bytes: int = 8_000_000,
                  val_fraction: float = 0.02, num_workers: int = 0):
         super().__init__()
         self.save_hyperparameters()
@@ -60,9 +61,12 @@ class StdlibDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         eos = np.array([self.tokenizer.eos_token_id], dtype=np.uint16)
-        parts = []
-        for _, text in stdlib_documents(self.hparams.max_bytes):
-            parts += [self.tokenizer.encode(text), eos]
+        parts, total = [], 0
+        for doc in stdlib_code(Ledger()):
+            if doc.domain != "code" or total + len(doc.text) > self.hparams.max_bytes:
+                break  # modules come first, then packages
+            total += len(doc.text)
+            parts += [self.tokenizer.encode(doc.text), eos]
         tokens = np.concatenate(parts)
         split = int(len(tokens) * (1 - self.hparams.val_fraction))
         self.train_set = TokenWindows(tokens[:split], self.hparams.seq_len)
