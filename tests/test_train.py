@@ -1,6 +1,8 @@
 """`python run.py` end to end on CPU: training, metrics, plots, checkpoints, resume, HF export."""
 
 import csv
+import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -112,3 +114,29 @@ def test_tensorboard_and_offline_wandb_loggers_record_the_run(tmp_path):
     events.Reload()
     assert "train/loss" in events.Tags()["scalars"]
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "wandb must have written an offline run"
+
+
+@pytest.mark.slow
+def test_train_on_a_prepared_dataset(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    rng = random.Random(0)
+    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
+    (corpus / "docs.jsonl").write_text("".join(
+        json.dumps({"text": " ".join(rng.choice(words) for _ in range(80)) + "."}) + "\n" for _ in range(200)))
+    dataset = tmp_path / "dataset"
+    prepared = subprocess.run(
+        [sys.executable, "run.py", "task=prepare", "data=jsonl", f"data.paths=[{corpus}]", f"data.output_dir={dataset}",
+         "prepare.tokenizer.vocab_size=400", f"hydra.run.dir={tmp_path / 'prep'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    result = subprocess.run(
+        [sys.executable, "run.py", "data=shards", f"data.path={dataset}", "data.mixture={general: 1.0}",
+         "data.seq_len=64", "data.batch_size=4", "model.vocab_size=400", "trainer.max_steps=12",
+         "trainer.val_check_interval=6", "trainer.log_every_n_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["ShardDataModule"]["samples"] == 12 * 4
+    loss = column(metrics(tmp_path / "run"), "train/loss")
+    assert loss[-1] < loss[0]

@@ -1,0 +1,128 @@
+"""Training batches from prepared token shards: a domain mixture, random-truncation windows, and
+sampling that is a pure function of (seed, global sample index).
+
+Global sample g goes to data-parallel rank g % world_size, so ranks never overlap; the position in
+the stream is the number of samples the run has consumed (tokens seen / seq_len), so the
+DataModule's checkpoint state is O(1): phase, seed, fingerprint, samples. A resume on shards with
+another fingerprint fails instead of silently training on different data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from glm46.data.shards import load_shard
+
+
+class DataMismatchError(RuntimeError):
+    """A checkpoint's data state does not fit the configured dataset."""
+
+
+class DomainStream:
+    """One domain's tokens, split by documents into a training part and a held-out tail."""
+
+    def __init__(self, tokens: np.ndarray, offsets: np.ndarray, val_fraction: float):
+        held_out = int(round((len(offsets) - 1) * val_fraction))
+        split = int(offsets[len(offsets) - 1 - held_out])
+        self.train, self.val = tokens[:split], tokens[split:]
+
+
+def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tensor]:
+    chunk = torch.from_numpy(np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64))
+    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": torch.arange(seq_len),
+            "loss_mask": torch.ones(seq_len, dtype=torch.long)}
+
+
+class MixtureWindows(IterableDataset):
+    """Infinite windows: sample g picks a domain by the mixture weights and a random offset in it."""
+
+    def __init__(self, streams: dict[str, np.ndarray], weights: dict[str, float], seq_len: int, seed: int,
+                 start: int, rank: int, world_size: int):
+        self.domains = [d for d in weights if weights[d] > 0]
+        self.streams = [streams[d] for d in self.domains]
+        total = sum(weights[d] for d in self.domains)
+        self.cumulative = np.cumsum([weights[d] / total for d in self.domains])
+        self.seq_len, self.seed, self.start, self.rank, self.world_size = seq_len, seed, start, rank, world_size
+
+    def choose(self, index: int) -> tuple[int, int]:
+        """(domain number, window start) of global sample `index`."""
+        rng = np.random.default_rng([self.seed, index])
+        domain = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.domains) - 1)
+        return domain, int(rng.integers(0, len(self.streams[domain]) - self.seq_len))
+
+    def __iter__(self):
+        index = self.start + self.rank
+        while True:
+            domain, start = self.choose(index)
+            yield window(self.streams[domain], start, self.seq_len)
+            index += self.world_size
+
+
+class ShardDataModule(L.LightningDataModule):
+    def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
+                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain"):
+        super().__init__()
+        self.path = Path(path) / "tokens"
+        index_file = self.path / "shards.json"
+        if not index_file.exists():
+            raise FileNotFoundError(f"data.path: {index_file} not found; run task=prepare first")
+        self.index = json.loads(index_file.read_text())
+        unknown = sorted(set(mixture) - set(self.index["domains"]))
+        if unknown:
+            raise ValueError(f"data.mixture names domains {unknown} that {self.path} does not have "
+                             f"(it has {sorted(self.index['domains'])})")
+        self.seq_len, self.batch_size, self.mixture = seq_len, batch_size, dict(mixture)
+        self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
+        self.start_sample = 0
+        self.streams: dict[str, DomainStream] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.index["vocab_size"]
+
+    @property
+    def fingerprint(self) -> str:
+        return self.index["fingerprint"]
+
+    def setup(self, stage: str | None = None) -> None:
+        for domain in self.mixture:
+            if domain not in self.streams:
+                tokens, offsets = load_shard(self.path, domain)
+                self.streams[domain] = DomainStream(tokens, offsets, self.val_fraction)
+                if len(self.streams[domain].train) <= self.seq_len:
+                    raise ValueError(f"domain {domain!r} has {len(self.streams[domain].train)} training tokens, "
+                                     f"fewer than one window of seq_len={self.seq_len}")
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        dataset = MixtureWindows({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
+                                 self.seed, self.start_sample, rank, world)
+        return DataLoader(dataset, batch_size=self.batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        """The first val_windows windows of each domain's held-out documents, in order."""
+        samples = []
+        for stream in self.streams.values():
+            starts = range(0, max(0, len(stream.val) - self.seq_len - 1), self.seq_len)
+            samples += [window(stream.val, s, self.seq_len) for s in list(starts)[: self.val_windows]]
+        return DataLoader(samples, batch_size=self.batch_size)
+
+    def state_dict(self) -> dict:
+        tokens_seen = self.trainer.lightning_module.tokens_seen if self.trainer else 0
+        return {"phase": self.phase, "seed": self.seed, "fingerprint": self.fingerprint,
+                "samples": tokens_seen // self.seq_len}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["fingerprint"] != self.fingerprint:
+            raise DataMismatchError(
+                f"the checkpoint was trained on data with fingerprint {state['fingerprint']}, but {self.path} has "
+                f"{self.fingerprint}: resume on the same prepared dataset, or start a new phase with init_from")
+        if state["seed"] != self.seed:
+            raise DataMismatchError(f"the checkpoint's data seed is {state['seed']}, the config's {self.seed}")
+        self.start_sample = state["samples"]
