@@ -119,3 +119,17 @@ def test_partial_rope_leaves_the_second_half_of_each_head_unrotated():
     assert torch.equal(y[..., 16:], x[..., 16:])
     torch.testing.assert_close(y[..., :16].norm(dim=-1), x[..., :16].norm(dim=-1))
     torch.testing.assert_close(rope.inv_freq, 1.0 / 10000.0 ** (torch.arange(0, 16, 2).float() / 16))
+
+
+def test_packed_documents_do_not_attend_across_boundaries():
+    model = random_model(tiny_config())
+    a = torch.randint(0, 160, (1, 7), generator=torch.Generator().manual_seed(5))
+    b = torch.randint(0, 160, (1, 9), generator=torch.Generator().manual_seed(6))
+    packed = torch.cat([a, b], dim=1)
+    positions = torch.cat([torch.arange(7), torch.arange(9)])[None]
+    with torch.no_grad():
+        together = model(packed, position_ids=positions).logits
+        torch.testing.assert_close(together[:, :7], model(a).logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(together[:, 7:], model(b).logits, rtol=1e-5, atol=1e-5)
+        unmasked = model(packed, position_ids=torch.arange(16)[None]).logits
+    assert not torch.allclose(unmasked[:, 7:], together[:, 7:], atol=1e-3), "without restarts B would see A"

@@ -52,6 +52,18 @@ def initialize(modules: Iterable[nn.Module], std: float) -> None:
             module.reset_parameters()
 
 
+def document_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
+    """For packed documents (position ids restarting at 0 inside a row): a [B, 1, T, T] mask letting each
+    token see earlier tokens of its own document only; None when every row is one document."""
+    if not bool((position_ids[:, 1:] == 0).any()):
+        return None
+    document = (position_ids == 0).cumsum(dim=-1)  # [B, T]
+    same = document[:, :, None] == document[:, None, :]
+    causal = torch.ones(position_ids.shape[1], position_ids.shape[1], dtype=torch.bool,
+                        device=position_ids.device).tril()
+    return (same & causal).unsqueeze(1)
+
+
 def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Tensor:
     """Position ids [B, T] of input_ids placed after the tokens already in the cache."""
     start = cache.length if cache is not None else 0
@@ -75,9 +87,10 @@ class GLM46Model(nn.Module):
         """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
+        mask = document_mask(position_ids) if cache is None else None
         stats = []
         for layer in self.layers:
-            h, layer_stats = layer(h, cos, sin, cache)
+            h, layer_stats = layer(h, cos, sin, cache, mask)
             if layer_stats is not None:
                 stats.append(layer_stats)
         if cache is not None:
@@ -120,12 +133,12 @@ class GLM46ForCausalLM(nn.Module):
 
         mtp_hidden = []
         if cache is None:
-            h = hidden
+            h, mask = hidden, document_mask(position_ids)
             for k, mtp in enumerate(self.mtp_layers, start=1):
                 # Token i+k at position i; the last k positions wrap around and have no target.
                 embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
                 cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
-                h, mtp_stats = mtp(h, embeds, cos, sin)
+                h, mtp_stats = mtp(h, embeds, cos, sin, mask)
                 mtp_hidden.append(h)
                 stats.append(mtp_stats)
 

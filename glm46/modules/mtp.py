@@ -26,9 +26,10 @@ class MTPLayer(nn.Module):
         self.norm = RMSNorm(hidden, eps=eps)  # `shared_head.norm` in checkpoints
 
     def forward(
-        self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        document_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RoutingStats]:
         """hidden, embeds [B, T, hidden] -> normed hidden [B, T, hidden] (fed to lm_head and the next depth)."""
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))  # embedding first
-        x, stats = self.block(x, cos, sin)
+        x, stats = self.block(x, cos, sin, document_mask=document_mask)
         return self.norm(x), stats
