@@ -115,3 +115,31 @@ def test_resume_on_other_data_fails_clearly(dataset):
     dm = datamodule(dataset)
     with pytest.raises(DataMismatchError, match="fingerprint"):
         dm.load_state_dict({"phase": "pretrain", "seed": 7, "fingerprint": "0" * 32, "samples": 10})
+
+
+def test_best_fit_bins_hold_every_document_once_within_capacity():
+    from glm46.lit.shard_data import best_fit_bins
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 50, 200).tolist() + [130]  # one document longer than a bin
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    bins = best_fit_bins(offsets, capacity=64)
+    pieces = sorted(p for b in bins for p in b)
+    assert all(sum(length for _, length in b) <= 64 for b in bins)
+    covered = np.zeros(offsets[-1], dtype=int)
+    for start, length in pieces:
+        covered[start : start + length] += 1
+    assert (covered == 1).all(), "every token in exactly one bin, nothing truncated away"
+    assert len(bins) <= int(np.ceil(offsets[-1] / 64)) + 3, "best fit leaves little empty space"
+
+
+def test_best_fit_samples_restart_positions_and_mask_boundaries(dataset):
+    dm = datamodule(dataset, packing="best_fit", seq_len=64)
+    batch = next(iter(dm.train_dataloader()))
+    eos = dm.index["eos_token_id"]
+    for ids, positions, mask in zip(batch["input_ids"], batch["position_ids"], batch["loss_mask"]):
+        starts = (positions == 0).nonzero().flatten().tolist()
+        assert len(starts) >= 2, "several short documents share a row"
+        for boundary in starts[1:]:
+            assert mask[boundary - 1] == 0, "no loss on predicting the next document's first token"
+            assert ids[boundary - 1] == eos or positions[boundary - 1] == 63

@@ -1,5 +1,5 @@
-"""Training batches from prepared token shards: a domain mixture, random-truncation windows, and
-sampling that is a pure function of (seed, global sample index).
+"""Training batches from prepared token shards: a domain mixture, random-truncation windows (pre-training)
+or best-fit packed documents (mid-training), and sampling that is a pure function of (seed, sample index).
 
 Global sample g goes to data-parallel rank g % world_size, so ranks never overlap; the position in
 the stream is the number of samples the run has consumed (tokens seen / seq_len), so the
@@ -9,6 +9,7 @@ another fingerprint fails instead of silently training on different data.
 
 from __future__ import annotations
 
+import bisect
 import json
 from pathlib import Path
 
@@ -31,6 +32,43 @@ class DomainStream:
         held_out = int(round((len(offsets) - 1) * val_fraction))
         split = int(offsets[len(offsets) - 1 - held_out])
         self.train, self.val = tokens[:split], tokens[split:]
+        self.train_offsets = offsets[: len(offsets) - held_out]
+
+
+def best_fit_bins(offsets: np.ndarray, capacity: int) -> list[list[tuple[int, int]]]:
+    """Best-fit decreasing: documents (start, length), longest first, each into the bin it fills most
+    tightly; a document longer than a bin is cut into bin-sized pieces. No document is truncated away."""
+    pieces = []
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        pieces += [(int(s), int(min(capacity, end - s))) for s in range(int(start), int(end), capacity)]
+    pieces.sort(key=lambda piece: (-piece[1], piece[0]))
+    bins: list[list[tuple[int, int]]] = []
+    free: list[tuple[int, int]] = []  # sorted (space left, bin number)
+    for piece in pieces:
+        slot = bisect.bisect_left(free, (piece[1], -1))
+        if slot == len(free):
+            bins.append([piece])
+            bisect.insort(free, (capacity - piece[1], len(bins) - 1))
+        else:
+            space, number = free.pop(slot)
+            bins[number].append(piece)
+            bisect.insort(free, (space - piece[1], number))
+    return bins
+
+
+def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Documents end to end with restarting position ids; no loss across a boundary or on padding."""
+    ids, positions, mask = [], [], []
+    for start, length in pieces:
+        ids.append(np.asarray(tokens[start : start + length], dtype=np.int64))
+        positions.append(np.arange(length))
+        mask.append(np.r_[np.ones(length - 1, dtype=np.int64), 0])  # the last token's label is another document
+    used = sum(length for _, length in pieces)
+    ids.append(np.full(seq_len + 1 - used, pad_id, dtype=np.int64))
+    positions.append(np.arange(seq_len + 1 - used))
+    mask.append(np.zeros(seq_len + 1 - used, dtype=np.int64))
+    ids, positions, mask = (torch.from_numpy(np.concatenate(a)) for a in (ids, positions, mask))
+    return {"input_ids": ids[:-1], "labels": ids[1:], "position_ids": positions[:-1], "loss_mask": mask[:-1]}
 
 
 def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tensor]:
@@ -40,33 +78,42 @@ def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tens
 
 
 class MixtureWindows(IterableDataset):
-    """Infinite windows: sample g picks a domain by the mixture weights and a random offset in it."""
+    """Infinite samples: sample g picks a domain by the mixture weights, then a window at a random
+    offset (`bins` None: random truncation) or one of the domain's best-fit bins."""
 
     def __init__(self, streams: dict[str, np.ndarray], weights: dict[str, float], seq_len: int, seed: int,
-                 start: int, rank: int, world_size: int):
+                 start: int, rank: int, world_size: int, bins: dict[str, list] | None = None, pad_id: int = 0):
         self.domains = [d for d in weights if weights[d] > 0]
         self.streams = [streams[d] for d in self.domains]
+        self.bins = [bins[d] for d in self.domains] if bins is not None else None
         total = sum(weights[d] for d in self.domains)
         self.cumulative = np.cumsum([weights[d] / total for d in self.domains])
         self.seq_len, self.seed, self.start, self.rank, self.world_size = seq_len, seed, start, rank, world_size
+        self.pad_id = pad_id
 
     def choose(self, index: int) -> tuple[int, int]:
-        """(domain number, window start) of global sample `index`."""
+        """(domain number, window start or bin number) of global sample `index`."""
         rng = np.random.default_rng([self.seed, index])
         domain = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.domains) - 1)
-        return domain, int(rng.integers(0, len(self.streams[domain]) - self.seq_len))
+        choices = len(self.bins[domain]) if self.bins is not None else len(self.streams[domain]) - self.seq_len
+        return domain, int(rng.integers(0, choices))
 
     def __iter__(self):
         index = self.start + self.rank
         while True:
-            domain, start = self.choose(index)
-            yield window(self.streams[domain], start, self.seq_len)
+            domain, item = self.choose(index)
+            tokens = self.streams[domain]
+            if self.bins is None:
+                yield window(tokens, item, self.seq_len)
+            else:
+                yield packed(tokens, self.bins[domain][item], self.seq_len, self.pad_id)
             index += self.world_size
 
 
 class ShardDataModule(L.LightningDataModule):
     def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain"):
+                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain",
+                 packing: str = "truncate"):
         super().__init__()
         self.path = Path(path) / "tokens"
         index_file = self.path / "shards.json"
@@ -77,10 +124,13 @@ class ShardDataModule(L.LightningDataModule):
         if unknown:
             raise ValueError(f"data.mixture names domains {unknown} that {self.path} does not have "
                              f"(it has {sorted(self.index['domains'])})")
-        self.seq_len, self.batch_size, self.mixture = seq_len, batch_size, dict(mixture)
+        if packing not in ("truncate", "best_fit"):
+            raise ValueError(f"data.packing={packing!r}: expected 'truncate' or 'best_fit'")
+        self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
         self.start_sample = 0
         self.streams: dict[str, DomainStream] = {}
+        self.bins: dict[str, list] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -98,11 +148,15 @@ class ShardDataModule(L.LightningDataModule):
                 if len(self.streams[domain].train) <= self.seq_len:
                     raise ValueError(f"domain {domain!r} has {len(self.streams[domain].train)} training tokens, "
                                      f"fewer than one window of seq_len={self.seq_len}")
+                if self.packing == "best_fit":
+                    self.bins[domain] = best_fit_bins(self.streams[domain].train_offsets, self.seq_len + 1)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         dataset = MixtureWindows({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
-                                 self.seed, self.start_sample, rank, world)
+                                 self.seed, self.start_sample, rank, world,
+                                 bins=self.bins if self.packing == "best_fit" else None,
+                                 pad_id=self.index["eos_token_id"])
         return DataLoader(dataset, batch_size=self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
