@@ -17,6 +17,13 @@ from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
 
 
+def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tensor]:
+    """The training sample of seq_len tokens at `start` (and the next token for the last label)."""
+    chunk = torch.from_numpy(np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64))
+    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": torch.arange(seq_len),
+            "loss_mask": torch.ones(seq_len, dtype=torch.long)}
+
+
 class TokenWindows(Dataset):
     """Non-overlapping windows of seq_len + 1 tokens over a flat token array."""
 
@@ -29,14 +36,7 @@ class TokenWindows(Dataset):
         return (len(self.tokens) - 1) // self.seq_len
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        start = index * self.seq_len
-        window = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
-        return {
-            "input_ids": window[:-1],
-            "labels": window[1:],
-            "position_ids": torch.arange(self.seq_len),
-            "loss_mask": torch.ones(self.seq_len, dtype=torch.long),
-        }
+        return window(self.tokens, index * self.seq_len, self.seq_len)
 
 
 class StdlibDataModule(L.LightningDataModule):

@@ -19,6 +19,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from glm46.data.shards import load_shard
+from glm46.lit.datamodule import window
 
 
 class DataMismatchError(RuntimeError):
@@ -69,12 +70,6 @@ def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_
     mask.append(np.zeros(seq_len + 1 - used, dtype=np.int64))
     ids, positions, mask = (torch.from_numpy(np.concatenate(a)) for a in (ids, positions, mask))
     return {"input_ids": ids[:-1], "labels": ids[1:], "position_ids": positions[:-1], "loss_mask": mask[:-1]}
-
-
-def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tensor]:
-    chunk = torch.from_numpy(np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64))
-    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": torch.arange(seq_len),
-            "loss_mask": torch.ones(seq_len, dtype=torch.long)}
 
 
 class MixtureWindows(IterableDataset):
