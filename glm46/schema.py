@@ -21,6 +21,11 @@ def tokens(*factors: float) -> int:
     return int(math.prod(factors))
 
 
+def steps(budget: float, *per_step: float) -> int:
+    """`${steps:tokens,batch,seq_len,...}`: optimizer steps to spend a token budget (rounded up)."""
+    return math.ceil(budget / math.prod(per_step))
+
+
 def job_id() -> str:
     """`${job_id:}`: the Slurm job (and array task) id, the same on every rank and across requeues;
     outside Slurm, the local start time and process id."""
@@ -34,4 +39,5 @@ def job_id() -> str:
 def register_configs() -> None:
     ConfigStore.instance().store(group="model", name="schema", node=GLM46Config)
     OmegaConf.register_new_resolver("tokens", tokens, replace=True)
+    OmegaConf.register_new_resolver("steps", steps, replace=True)
     OmegaConf.register_new_resolver("job_id", job_id, use_cache=True, replace=True)

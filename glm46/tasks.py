@@ -80,9 +80,14 @@ def validate(cfg: DictConfig) -> GLM46Config:
     if cfg.task not in TASKS:
         raise ConfigError(f"task={cfg.task!r} is not one of {sorted(TASKS)}")
     try:
-        return model_config(cfg)
+        config = model_config(cfg)
     except ConfigError as error:
         raise ConfigError(f"model: {error}") from None
+    seq_len = cfg.data.get("seq_len")
+    if seq_len is not None and seq_len > config.max_position_embeddings:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds model.max_position_embeddings="
+                          f"{config.max_position_embeddings}")
+    return config
 
 
 def run_task(cfg: DictConfig) -> object:

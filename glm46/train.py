@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from glm46.hf import save_hf
+from glm46.hf import load_hf, save_hf
 from glm46.lit import GLM46LitModule
 from glm46.modules import ConfigError, GLM46Config
 from glm46.plots import plot_run
@@ -32,6 +33,18 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(output_dir))
 
 
+def load_initial_weights(model: torch.nn.Module, path: str | Path) -> None:
+    """Start from earlier weights (`init_from`): a Lightning checkpoint of a previous phase, or an HF directory.
+    Only the weights: optimizer, schedules and data position start afresh for the new phase."""
+    path = Path(path)
+    if path.is_dir():
+        state = load_hf(path).state_dict()
+    else:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    model.load_state_dict(state)
+
+
 def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     L.seed_everything(cfg.seed, workers=True)
@@ -40,6 +53,8 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
         raise ConfigError(f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size="
                           f"{config.vocab_size}")
     module = build_module(cfg, config)
+    if cfg.init_from:
+        load_initial_weights(module.model, cfg.init_from)
     trainer = build_trainer(cfg, output_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
     if trainer.is_global_zero:
