@@ -153,3 +153,30 @@ def test_init_from_a_checkpoint_or_an_hf_directory_loads_the_weights(trained):
         load_initial_weights(model, source)
         for name, tensor in exported.state_dict().items():
             assert torch.equal(model.state_dict()[name], tensor), (source, name)
+
+
+@pytest.mark.slow
+def test_toy_curriculum_on_the_embedded_corpus_from_pretraining_to_midtraining(tmp_path):
+    dataset = tmp_path / "embedded"
+    prepared = subprocess.run(
+        [sys.executable, "run.py", "task=prepare", "data=embedded", f"data.output_dir={dataset}",
+         "data.options.math_problems=2000", "data.options.reasoning_problems=1000",
+         f"hydra.run.dir={tmp_path / 'prep'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert prepared.returncode == 0, prepared.stderr[-2000:]
+    common = ["experiment=toy_curriculum", f"data.path={dataset}", "data.batch_size=4", "trainer.log_every_n_steps=2",
+              "trainer.val_check_interval=5", "trainer.limit_val_batches=2"]
+    stage1 = subprocess.run(
+        [sys.executable, "run.py", *common, "phase.tokens=10240", f"hydra.run.dir={tmp_path / 'stage1'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert stage1.returncode == 0, stage1.stderr[-3000:]
+    assert torch.load(tmp_path / "stage1" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
+    stage2 = subprocess.run(
+        [sys.executable, "run.py", *common, "phase=toy_midtrain", "phase.seq_len=256", "phase.tokens=5120",
+         f"init_from={tmp_path / 'stage1' / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'stage2'}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert stage2.returncode == 0, stage2.stderr[-3000:]
+    checkpoint = torch.load(tmp_path / "stage2" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 5 and checkpoint["ShardDataModule"]["phase"] == "toy_midtrain"
+    first_loss = column(metrics(tmp_path / "stage1"), "train/loss")[0]
+    assert column(metrics(tmp_path / "stage2"), "train/loss")[0] < first_loss, "stage 2 starts from stage 1's weights"
