@@ -35,6 +35,7 @@ _MTP_OWN = {  # Hub name inside an MTP layer -> ours inside MTPLayer
     "eh_proj.weight": "eh_proj.weight",
     "shared_head.norm.weight": "norm.weight",
 }
+_MTP_HUB = {ours: hub for hub, ours in _MTP_OWN.items()}
 _MTP_DUPLICATES = {"embed_tokens.weight", "shared_head.head.weight"}  # shared with the main model
 
 
@@ -107,8 +108,7 @@ def _hub_items(name: str, tensor: torch.Tensor, num_layers: int):
     if mtp:
         prefix = f"model.layers.{num_layers + int(mtp[1])}."
         rest = mtp[2]
-        hub_own = {ours: hub for hub, ours in _MTP_OWN.items()}
-        name = prefix + (hub_own[rest] if rest in hub_own else rest.removeprefix("block."))
+        name = prefix + _MTP_HUB.get(rest, rest.removeprefix("block."))
     if name.endswith(".experts.gate_up_proj"):
         base = name.removesuffix("gate_up_proj")
         for e, weight in enumerate(tensor):

@@ -82,12 +82,13 @@ class GLM46Model(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer."""
+        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer.
+        mask: `document_mask(position_ids)` for rows of packed documents, else None."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
-        mask = document_mask(position_ids) if cache is None else None
         stats = []
         for layer in self.layers:
             h, layer_stats = layer(h, cos, sin, cache, mask)
@@ -129,11 +130,12 @@ class GLM46ForCausalLM(nn.Module):
         MTP runs when there is no cache (training, scoring), not during generation."""
         if position_ids is None:
             position_ids = positions_after(cache, input_ids)
-        hidden, stats = self.model(input_ids, position_ids, cache)
+        mask = document_mask(position_ids) if cache is None else None
+        hidden, stats = self.model(input_ids, position_ids, cache, mask)
 
         mtp_hidden = []
         if cache is None:
-            h, mask = hidden, document_mask(position_ids)
+            h = hidden
             for k, mtp in enumerate(self.mtp_layers, start=1):
                 # Token i+k at position i; the last k positions wrap around and have no target.
                 embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
