@@ -9,6 +9,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from glm46.data.documents import Ledger
 from glm46.data.prepare import READERS, prepare
@@ -16,6 +17,8 @@ from glm46.data.shards import write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.estimate import count_parameters, format_counts
 from glm46.modules import ConfigError, GLM46Config
+from glm46.parallel.layout import Layout, layout_from_config, validate_layout
+from glm46.plan import Hardware, format_plan, plan
 from glm46.train import train
 
 
@@ -70,9 +73,37 @@ def load_or_train_tokenizer(settings: DictConfig, documents_dir: Path) -> GLMTok
     return GLMTokenizer(train_tokenizer(texts(), settings.vocab_size))
 
 
+def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
+    cluster = cfg.cluster
+    hardware = Hardware(cluster.num_nodes, cluster.devices, cluster.gpu.name, cluster.gpu.memory_gib,
+                        cluster.gpu.bf16_tflops, cluster.mfu, cluster.price_per_gpu_hour)
+    return hardware, layout_from_config(cfg.parallelism, hardware.world_size)
+
+
+def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
+    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU."""
+    hardware, layout = hardware_and_layout(cfg)
+    optimizer = "muon" if cfg.optim.optimizer._target_.endswith("Muon") else "adamw"
+    result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
+                  optimizer, cfg.parallelism.activation_checkpointing, cfg.parallelism.pipeline_parallel)
+    print(format_plan(result, hardware, layout))
+    return result
+
+
+def train_curriculum(cfg: DictConfig, config: GLM46Config) -> dict:
+    """`train`: first build the dataset of `auto_prepare` unless it is cached by fingerprint, then train through
+    the experiment's `stages` and the composition itself (glm46.curriculum; the default run's toy curriculum)."""
+    from glm46.curriculum import prepare_once, train_stages
+
+    prepare_once(cfg, lambda settings: prepare_data(settings, config))
+    return train_stages(cfg, config, train, validate)
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
-    "estimate": estimate, "prepare": prepare_data, "train": train,
+    "estimate": estimate, "plan": plan_job, "prepare": prepare_data, "train": train_curriculum,
 }
+
+RESOLVED_BEFORE_RUNNING = ("model", "optim", "data", "phase", "trainer", "parallelism", "cluster")
 
 
 def validate(cfg: DictConfig) -> GLM46Config:
@@ -87,6 +118,22 @@ def validate(cfg: DictConfig) -> GLM46Config:
     if seq_len is not None and seq_len > config.max_position_embeddings:
         raise ConfigError(f"data.seq_len={seq_len} exceeds model.max_position_embeddings="
                           f"{config.max_position_embeddings}")
+    cluster = cfg.cluster
+    if cluster.scheduler == "slurm" and not cluster.get("partition"):
+        raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
+    hardware, layout = hardware_and_layout(cfg)
+    validate_layout(cfg.parallelism, config, hardware.world_size, cfg.optim.get("optimizer"))
+    for key in RESOLVED_BEFORE_RUNNING:  # a resolver's error (e.g. an uneven global batch) names its key
+        try:
+            OmegaConf.to_container(cfg[key], resolve=True)
+        except OmegaConfBaseException as error:
+            raise ConfigError(str(error).splitlines()[0] + f" ({key}: {getattr(error, 'full_key', '')})") from None
+    if cfg.task == "train" and cluster.accelerator == "gpu":
+        result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
+                      "muon" if cfg.optim.optimizer._target_.endswith("Muon") else "adamw",
+                      cfg.parallelism.activation_checkpointing)
+        if not result["fits"]:
+            raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: " + result["notes"][-1])
     return config
 
 

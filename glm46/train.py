@@ -9,10 +9,12 @@ import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
+from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
 from glm46.hf import load_hf, save_hf
 from glm46.lit import GLM46LitModule
+from glm46.lit.callbacks import Preemption
 from glm46.modules import ConfigError, GLM46Config
 from glm46.plots import plot_run
 
@@ -30,7 +32,10 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
 def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, default_root_dir=str(output_dir))
+    # Under Slurm the Preemption callback owns checkpoint-and-requeue, not Lightning's auto-requeue.
+    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
+    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins,
+                       default_root_dir=str(output_dir))
 
 
 def load_initial_weights(model: torch.nn.Module, path: str | Path) -> None:
@@ -57,8 +62,12 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
         load_initial_weights(module.model, cfg.init_from)
     trainer = build_trainer(cfg, output_dir)
     trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
+    if interrupted:
+        print(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")
+        return {}
+    save_hf(module.model, output_dir / "hf")  # every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes
     if trainer.is_global_zero:
-        save_hf(module.model, output_dir / "hf")
         for path in plot_run(output_dir):
             print(f"wrote {path}")
         print(f"run directory: {output_dir} (checkpoints/, hf/, metrics.csv, loss.png, expert_load.png)")

@@ -1,5 +1,8 @@
 """Small models and configs shared by the tests."""
 
+import time
+
+import lightning as L
 import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
@@ -51,3 +54,13 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+
+
+class SlowSteps(L.Callback):
+    """Make each training step last at least `seconds` (the requeue test needs a run longer than an allocation)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(self.seconds)

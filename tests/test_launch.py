@@ -1,0 +1,166 @@
+"""Launching: a cluster config renders the batch script a cluster user expects, validation refuses a job
+that cannot run before anything is queued, and jobs, sweeps and requeues run on the real local Slurm."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+
+from glm46.modules import ConfigError
+from glm46.schema import register_configs
+from glm46.tasks import validate
+
+from .conftest import CONF_DIR
+from .slurm import require_slurm, sacct_states
+
+REPO = Path(__file__).resolve().parents[1]
+# Short local jobs: no validation, few checkpoints, the tiny model on the standard library's bytes.
+QUICK = ["trainer.val_check_interval=1000", "trainer.limit_val_batches=0", "logger=csv"]
+
+
+def compose_with_hydra(*overrides: str):
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides), return_hydra_config=True)
+    GlobalHydra.instance().clear()
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def test_h800_composition_renders_the_production_batch_script(tmp_path):
+    cfg = compose_with_hydra("experiment=pretrain_phase1", "cluster=h800_1024n", f"hydra.sweep.dir={tmp_path}")
+    assert cfg.hydra.mode.name == "MULTIRUN"  # naming the cluster is enough to submit
+    assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (1024, 8, "gpu")
+    script = instantiate(cfg.hydra.launcher).executor()._executor._make_submission_file_text("python -m x", "uid")
+    for line in ["#SBATCH --nodes=1024", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
+                 "#SBATCH --partition=h800", "#SBATCH --time=4320", "#SBATCH --requeue", "#SBATCH --exclusive",
+                 "#SBATCH --signal=USR1@600", "export NCCL_IB_HCA=mlx5", "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]:
+        assert line in script.splitlines(), line
+    assert "USR2" not in script  # submitit's own signal is replaced: the Preemption callback owns requeue
+    # 64M tokens per step over 1024 data-parallel ranks (TP 8) of 1 x 4096 tokens: 16 micro-batches.
+    assert cfg.trainer.accumulate_grad_batches == 16
+    assert cfg.trainer.max_steps == -(-15_000_000_000_000 // 67_108_864)
+    validate(cfg)  # the production layout fits: accepted
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["experiment=pretrain_phase1", "cluster=h100_8n"],
+     "world size 64 must be divisible by tensor_parallel x expert_parallel = 8 x 32 = 256"),
+    (["experiment=pretrain_phase1", "cluster=h800_1024n", "parallelism=fsdp2"], "does not fit"),
+    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.batch_size=3"],
+     "phase.global_batch_tokens=67108864 is not divisible by data.batch_size x data.seq_len x data-parallel ranks"),
+    (["cluster=local_slurm", "cluster.partition=null"], "cluster.partition is not set"),
+    (["cluster=local_slurm", "cluster.devices=2"], "parallelism=single runs one process"),
+])
+def test_validation_refuses_jobs_that_cannot_run(overrides, message):
+    cfg = compose_with_hydra(*overrides)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(cfg)
+
+
+def test_a_refused_job_is_never_submitted(tmp_path):
+    """The launcher validates before it calls sbatch: with no Slurm answering, the refusal is all we see."""
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h100_8n",
+                             f"cluster.output_root={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0
+    assert "tensor_parallel x expert_parallel = 8 x 32 = 256" in result.stderr
+    assert not (tmp_path / "train" / ".submitit").exists()
+
+
+def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
+    """6 x 32.08B active x 15T tokens = 2.887e24 FLOPs: yottaFLOPs, not the seeds' "zettaFLOPs"."""
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "task=plan", "experiment=pretrain_phase1",
+                             "cluster=h800_1024n", f"cluster.output_root={tmp_path}"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "active per token 32,080,359,424" in out
+    assert "6 x active x tokens alone: 2.887e+24 FLOPs (2.887 yottaFLOPs)" in out
+    flops = float(re.search(r"training FLOPs: ([\d.e+]+) FLOPs", out).group(1))
+    # attention: 12 x 93 layers x 96 heads x 128 x 4096; lm_head run by the main model and the MTP layer
+    per_token = 6 * (32_080_359_424 + 3_988_069_632 - 152 * 3 * 5120 * 1536 + 2 * 151552 * 5120) + 12 * 93 * 96 * 128 * 4096
+    assert flops == pytest.approx(per_token * 15e12, rel=5e-4)
+    gpu_hours = per_token * 15e12 / (989e12 * 0.4) / 3600
+    assert f"{gpu_hours:,.0f} GPU-hours" in out
+    assert f"{gpu_hours / 8192 / 24:,.1f} days" in out
+    assert "fits 80 GiB (with a 10% margin): yes" in out
+    assert not (tmp_path / "train" / ".submitit").exists()  # planning submits nothing
+
+
+# --- on the local Slurm -----------------------------------------------------------------------
+
+
+def submit(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]:
+    """python run.py [-m] cluster=local_slurm ...: returns the job ids it printed (it must not wait)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(REPO / "run.py"), *(["-m"] if multirun else []), "cluster=local_slurm",
+               f"cluster.output_root={tmp_path}", *QUICK, *overrides]
+    start = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "scancel" in result.stdout and time.monotonic() - start < 60  # queued, not waited for
+    return re.findall(r"^  (\d+(?:_\d+)?): ", result.stdout, flags=re.M)
+
+
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_tiny_training_job_on_local_slurm_completes_with_checkpoint_and_export(tmp_path):
+    require_slurm()
+    (job,) = submit(tmp_path, "trainer.max_steps=6")
+    assert sacct_states(job, timeout=300) == {job: "COMPLETED"}
+    run_dir = tmp_path / "train" / job
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 6
+    assert (run_dir / "hf" / "config.json").is_file() and (run_dir / ".hydra" / "config.yaml").is_file()
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_sweep_runs_as_a_job_array_with_one_directory_per_point(tmp_path):
+    require_slurm()
+    jobs = submit(tmp_path, "trainer.max_steps=3", "optim.optimizer.lr=1e-3,3e-3", multirun=True)
+    array = jobs[0].split("_")[0]
+    assert jobs == [f"{array}_0", f"{array}_1"]
+    assert sacct_states(array, records=2, timeout=300) == {job: "COMPLETED" for job in jobs}
+    for job, lr in zip(jobs, ("1e-3", "3e-3")):
+        run_dir = tmp_path / "train" / job
+        assert f"optim.optimizer.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+        assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_time_limit_requeues_and_the_job_resumes_to_the_same_step_count(tmp_path):
+    """A 1-minute limit with the warning 35 s before it: each allocation trains ~15 s, saves at a step
+    boundary on SIGUSR1 and requeues itself; the job ends with every step done, exactly once."""
+    require_slurm()
+    steps = 150
+    (job,) = submit(tmp_path, f"trainer.max_steps={steps}", "cluster.time_min=1", "cluster.signal_delay_s=35",
+                    "callbacks.model_checkpoint.every_n_train_steps=1000", "+callbacks.slow._target_=tests.helpers.SlowSteps",
+                    "+callbacks.slow.seconds=0.25")
+    assert sacct_states(job, timeout=600) == {job: "COMPLETED"}
+    log = next((tmp_path / "train" / ".submitit" / job).glob("*_0_log.out")).read_text()
+    interruptions = [int(step) for step in re.findall(r"interrupted at step (\d+)", log)]
+    assert len(interruptions) >= 2 and interruptions == sorted(interruptions), log[-2000:]
+    run_dir = tmp_path / "train" / job
+    assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == steps
+    logged = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()]
+    step_column = logged[0].index("step")
+    loss_column = logged[0].index("train/loss")
+    loss_steps = [int(row[step_column]) for row in logged[1:] if row[loss_column]]
+    assert len(loss_steps) == len(set(loss_steps))  # no step trained (and logged) twice across requeues
