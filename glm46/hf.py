@@ -224,23 +224,30 @@ def save_hf(
     """Write `model` in the Hub layout (per-expert keys, MTP as the last decoder layers), sharded with an index.
 
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor.
+    A model sharded over processes (FSDP2, tensor or expert parallel DTensors, DeepSpeed ZeRO-3) is
+    gathered one tensor at a time: then every rank must call save_hf, and global rank 0 writes.
     """
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    config = model.config
-    state = model.state_dict()
-    dtype = dtype or model.lm_head.weight.dtype
+    from glm46.parallel.state import full_state_items, is_writer, state_shapes
 
-    def hub_tensors():
-        for name, tensor in state.items():
+    path = Path(path)
+    writer = is_writer()
+    if writer:
+        path.mkdir(parents=True, exist_ok=True)
+    config = model.config
+    shapes = state_shapes(model)
+    dtype = dtype or shapes["lm_head.weight"][1]
+
+    def hub_tensors(items):
+        for name, tensor in items:
             if not name.endswith("e_score_correction_bias"):  # kept in fp32, as transformers does
                 tensor = tensor.to(dtype)
             for key, hub_tensor in _hub_items(name, tensor, config.num_hidden_layers):
                 yield key, hub_tensor
 
-    # Plan the shards from sizes alone, then write one shard at a time.
+    # Plan the shards from sizes alone (meta tensors), then gather and write one shard at a time.
+    meta = ((name, torch.empty(shape, dtype=dt, device="meta")) for name, (shape, dt) in shapes.items())
     shards, size = [[]], 0
-    for key, tensor in hub_tensors():
+    for key, tensor in hub_tensors(meta):
         nbytes = tensor.numel() * tensor.element_size()
         if shards[-1] and size + nbytes > max_shard_bytes:
             shards.append([])
@@ -254,12 +261,16 @@ def save_hf(
 
     shard_of = iter(names)
     current, pending, total = next(shard_of), {}, 0
-    for key, tensor in hub_tensors():
+    for key, tensor in hub_tensors(full_state_items(model)):  # collective when the model is sharded
+        if not writer:
+            continue
         if weight_map[key] != current:
             save_file(pending, path / current, metadata={"format": "pt"})
             current, pending = next(shard_of), {}
         pending[key] = tensor.detach().to("cpu").clone().contiguous()
         total += tensor.numel() * tensor.element_size()
+    if not writer:
+        return path
     save_file(pending, path / current, metadata={"format": "pt"})
 
     if len(names) > 1:

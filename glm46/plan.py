@@ -127,10 +127,12 @@ def plan(config: GLM46Config, layout: Layout, hardware: Hardware, tokens: float,
                      f"into stages); this plan uses pipeline_parallel=1")
     if memory["total"] > capacity:
         floor = memory["activations"] + memory["gathered layer (FSDP2)"]
-        fix = ("even fully sharded, one micro-batch's activations need " f"{floor / GIB:.1f} GiB: this layout "
-               "needs pipeline parallelism, which the engine does not offer; turn on activation checkpointing or "
-               "shrink the micro-batch" if floor > capacity else
-               "shard more (data_parallel_shard=-1, expert_parallel) or turn on activation checkpointing")
+        if floor > capacity:
+            fix = (f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
+                   f"pipeline (or context) parallelism, which the engine does not offer"
+                   + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing"))
+        else:
+            fix = "shard more (data_parallel_shard=-1, expert_parallel) or turn on activation checkpointing"
         notes.append(f"does not fit: {memory['total'] / GIB:.1f} GiB per GPU > {MARGIN:.0%} of "
                      f"{hardware.memory_gib:g} GiB; {fix}")
     return {

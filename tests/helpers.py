@@ -1,5 +1,7 @@
 """Small models and configs shared by the tests."""
 
+import os
+import signal
 import time
 
 import lightning as L
@@ -64,3 +66,15 @@ class SlowSteps(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         time.sleep(self.seconds)
+
+
+class SignalAtStep(L.Callback):
+    """Send this process `signal` once, in the middle of the step after `step` optimizer steps."""
+
+    def __init__(self, step: int, signal: str = "SIGTERM"):
+        self.step, self.signal, self.sent = step, signal, False
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if trainer.global_step == self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), getattr(signal, self.signal))

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from .slurm import require_slurm, sacct_states
 
 REPO = Path(__file__).resolve().parents[1]
 # Short local jobs: no validation, few checkpoints, the tiny model on the standard library's bytes.
-QUICK = ["trainer.val_check_interval=1000", "trainer.limit_val_batches=0", "logger=csv"]
+QUICK = ["experiment=tiny_bytes", "data.max_bytes=200000", "trainer.val_check_interval=1000", "trainer.limit_val_batches=0", "logger=csv"]
 
 
 def compose_with_hydra(*overrides: str):
@@ -107,11 +106,12 @@ def submit(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, str(REPO / "run.py"), *(["-m"] if multirun else []), "cluster=local_slurm",
                f"cluster.output_root={tmp_path}", *QUICK, *overrides]
-    start = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "scancel" in result.stdout and time.monotonic() - start < 60  # queued, not waited for
-    return re.findall(r"^  (\d+(?:_\d+)?): ", result.stdout, flags=re.M)
+    jobs = re.findall(r"^  (\d+(?:_\d+)?): ", result.stdout, flags=re.M)
+    queued = subprocess.run(["squeue", "-h", "-j", jobs[0].split("_")[0]], capture_output=True, text=True).stdout
+    assert queued.strip() and "scancel" in result.stdout  # it returned while the job is still queued or running
+    return jobs
 
 
 def checkpoint_step(path: Path) -> int:
@@ -133,11 +133,11 @@ def test_tiny_training_job_on_local_slurm_completes_with_checkpoint_and_export(t
 @pytest.mark.slow
 def test_sweep_runs_as_a_job_array_with_one_directory_per_point(tmp_path):
     require_slurm()
-    jobs = submit(tmp_path, "trainer.max_steps=3", "optim.optimizer.lr=1e-3,3e-3", multirun=True)
+    jobs = submit(tmp_path, "trainer.max_steps=3", "optim.optimizer.lr=0.001,0.003", multirun=True)
     array = jobs[0].split("_")[0]
     assert jobs == [f"{array}_0", f"{array}_1"]
     assert sacct_states(array, records=2, timeout=300) == {job: "COMPLETED" for job in jobs}
-    for job, lr in zip(jobs, ("1e-3", "3e-3")):
+    for job, lr in zip(jobs, ("0.001", "0.003")):
         run_dir = tmp_path / "train" / job
         assert f"optim.optimizer.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
         assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
@@ -146,14 +146,14 @@ def test_sweep_runs_as_a_job_array_with_one_directory_per_point(tmp_path):
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_time_limit_requeues_and_the_job_resumes_to_the_same_step_count(tmp_path):
-    """A 1-minute limit with the warning 35 s before it: each allocation trains ~15 s, saves at a step
+    """A 2-minute limit with the warning 60 s before it: each allocation trains ~40 s, saves at a step
     boundary on SIGUSR1 and requeues itself; the job ends with every step done, exactly once."""
     require_slurm()
-    steps = 150
-    (job,) = submit(tmp_path, f"trainer.max_steps={steps}", "cluster.time_min=1", "cluster.signal_delay_s=35",
+    steps = 400
+    (job,) = submit(tmp_path, f"trainer.max_steps={steps}", "cluster.time_min=2", "cluster.signal_delay_s=60",
                     "callbacks.model_checkpoint.every_n_train_steps=1000", "+callbacks.slow._target_=tests.helpers.SlowSteps",
                     "+callbacks.slow.seconds=0.25")
-    assert sacct_states(job, timeout=600) == {job: "COMPLETED"}
+    assert sacct_states(job, timeout=900) == {job: "COMPLETED"}
     log = next((tmp_path / "train" / ".submitit" / job).glob("*_0_log.out")).read_text()
     interruptions = [int(step) for step in re.findall(r"interrupted at step (\d+)", log)]
     assert len(interruptions) >= 2 and interruptions == sorted(interruptions), log[-2000:]

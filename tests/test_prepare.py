@@ -1,15 +1,20 @@
 """task=prepare: planted duplicates, near-duplicates, bad lines and low-quality documents give exact counts."""
 
+import functools
 import json
+import os
 import random
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from datasketch import LeanMinHash, MinHash, MinHashLSH
 
+from glm46.data.dedup import dedup_near, minhash_signatures, shingles
 from glm46.data.documents import Document, Ledger
 from glm46.data.prepare import prepare
 from glm46.data.quality import QualityRules, violation
@@ -114,6 +119,118 @@ def test_text_folders_and_parquet_are_read_with_problems_counted(tmp_path):
     docs = list(read_parquet([str(tmp_path / "data.parquet")], ledger))
     assert [(d.text, d.domain, d.url) for d in docs] == [("one", "code", "u1"), ("three", "math", None)]
     assert ledger.dropped == {"malformed": 1} and ledger.documents_in == 3
+
+
+MASK64 = (1 << 64) - 1
+
+
+def fmix64(h: int) -> int:
+    h = (h ^ (h >> 33)) * 0xFF51AFD7ED558CCD & MASK64
+    h = (h ^ (h >> 33)) * 0xC4CEB9FE1A85EC53 & MASK64
+    return h ^ (h >> 33)
+
+
+@functools.cache
+def word_hash(word: bytes) -> int:
+    return fmix64(sum(byte * pow(0x9E3779B97F4A7C15, t, 1 << 64) for t, byte in enumerate(word)) & MASK64)
+
+
+def shingle_hash(shingle: bytes) -> int:
+    """The documented shingle hash, one shingle at a time: Horner over fmix64(byte polynomial) of its words."""
+    h = 0
+    for word in shingle.split(b" ") if shingle else []:
+        h = (h * 0xC2B2AE3D27D4EB4F + word_hash(word)) & MASK64
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+def random_docs(rng: random.Random, count: int, words: int = 120) -> list[str]:
+    vocabulary = [f"word{i}" for i in range(3000)]
+    return [" ".join(rng.choices(vocabulary, k=words)) for _ in range(count)]
+
+
+def edited(rng: random.Random, text: str, changes: int) -> str:
+    words = text.split()
+    for position in rng.sample(range(len(words)), changes):
+        words[position] = f"new{rng.randrange(10**6)}"
+    return " ".join(words)
+
+
+def test_signatures_are_datasketch_minhash_of_the_shingles():
+    rng = random.Random(1)
+    ascii_noise = ["".join(rng.choices("aB9_ -,.!?'\t\nZz()", k=rng.randrange(80))) for _ in range(30)]
+    texts = ["Hello, World! hello world again and AGAIN, the end.", "a b c d e", "a b c d", "short", "", "!!! ...",
+             "Héllo WÖRLD straße 数学 x_y İstanbul ÉCOLE, naïve café", "tabs\tand\nnew_lines 123 4.56 x-y",
+             random_docs(rng, 1, words=20000)[0]] + ascii_noise  # ... and one longer than a block of shingles
+    signatures = minhash_signatures(texts, shingle_size=5, num_perm=64, seed=3)
+    for text, row in zip(texts, signatures):
+        reference = MinHash(num_perm=64, seed=3, hashfunc=shingle_hash)
+        reference.update_batch(shingles(text, 5))
+        assert np.array_equal(row, reference.hashvalues), text
+
+
+def test_estimated_jaccard_agrees_with_exact_shingle_jaccard():
+    rng = random.Random(2)
+    pairs = [(doc, edited(rng, doc, changes)) for doc, changes in zip(random_docs(rng, 30, 200), range(0, 60, 2))]
+    signatures = minhash_signatures([t for pair in pairs for t in pair], shingle_size=5, num_perm=128)
+    errors = []
+    for (a, b), sig_a, sig_b in zip(pairs, signatures[0::2], signatures[1::2]):
+        exact = len(set(shingles(a, 5)) & set(shingles(b, 5))) / len(set(shingles(a, 5)) | set(shingles(b, 5)))
+        estimate = LeanMinHash(seed=1, hashvalues=sig_a, scheme="affine32").jaccard(
+            LeanMinHash(seed=1, hashvalues=sig_b, scheme="affine32"))
+        errors.append(abs(estimate - exact))
+    assert np.mean(errors) < 0.05 and max(errors) < 0.2, errors
+
+
+def near_duplicate_corpus() -> tuple[list[str], set[int]]:
+    """300 unrelated documents, then 20 of them with 2 words changed (Jaccard ~0.9: dropped), 20 with
+    60 changed (kept) and 10 copied exactly (dropped)."""
+    rng = random.Random(3)
+    texts = random_docs(rng, 300, words=200)
+    duplicates = set()
+    for _ in range(20):
+        duplicates.add(len(texts))
+        texts.append(edited(rng, rng.choice(texts[:300]), 2))
+        texts.append(edited(rng, rng.choice(texts[:300]), 60))
+    for _ in range(10):
+        duplicates.add(len(texts))
+        texts.append(rng.choice(texts[:300]))
+    return texts, duplicates
+
+
+def test_planted_near_duplicates_are_dropped_and_unrelated_documents_kept():
+    texts, duplicates = near_duplicate_corpus()
+    ledger = Ledger()
+    kept = dedup_near([Document(text=t, id=str(i)) for i, t in enumerate(texts)], ledger, num_workers=2)
+    assert [int(d.id) for d in kept] == [i for i in range(len(texts)) if i not in duplicates]
+    assert ledger.dropped == {"near_duplicate": len(duplicates)}
+
+
+def test_dedup_near_equals_datasketch_lsh_loop_over_the_same_signatures():
+    texts, _ = near_duplicate_corpus()
+    texts += [texts[i] for i in range(0, 300, 7)]  # exact copies too: whole clusters of equal bands
+    signatures = minhash_signatures(texts, shingle_size=5, num_perm=128)
+    lsh, minhashes, expected = MinHashLSH(threshold=0.8, num_perm=128, weights=(0.2, 0.8)), {}, []
+    for index, row in enumerate(signatures):
+        minhash = LeanMinHash(seed=1, hashvalues=row, scheme="affine32")
+        if not any(minhash.jaccard(minhashes[other]) >= 0.8 for other in lsh.query(minhash)):
+            lsh.insert(index, minhash)
+            minhashes[index] = minhash
+            expected.append(index)
+    kept = dedup_near([Document(text=t, id=str(i)) for i, t in enumerate(texts)], Ledger())
+    assert [int(d.id) for d in kept] == expected
+
+
+def test_signatures_are_deterministic_across_runs_chunks_and_workers(tmp_path):
+    texts, _ = near_duplicate_corpus()
+    signatures = minhash_signatures(texts, shingle_size=5, num_perm=128, seed=7)
+    assert np.array_equal(minhash_signatures(texts, 5, 128, seed=7, num_workers=2, chunk=37), signatures)
+    assert not np.array_equal(minhash_signatures(texts, 5, 128, seed=8), signatures)
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    script = ("import json, sys, numpy as np; from glm46.data.dedup import minhash_signatures; "
+              "np.save(sys.argv[2], minhash_signatures(json.load(open(sys.argv[1])), 5, 128, seed=7))")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "texts.json"), str(tmp_path / "other.npy")],
+                   cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert np.array_equal(np.load(tmp_path / "other.npy"), signatures)
 
 
 def test_missing_input_path_is_named(tmp_path):

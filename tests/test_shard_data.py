@@ -143,3 +143,45 @@ def test_best_fit_samples_restart_positions_and_mask_boundaries(dataset):
         for boundary in starts[1:]:
             assert mask[boundary - 1] == 0, "no loss on predicting the next document's first token"
             assert ids[boundary - 1] == eos or positions[boundary - 1] == 63
+
+
+def documents(tokens, offsets):
+    return [tuple(tokens[a:b].tolist()) for a, b in zip(offsets[:-1], offsets[1:])]
+
+
+def test_every_domain_holds_out_whole_documents_that_training_never_reads(dataset):
+    from glm46.data.shards import load_shard
+
+    dm = datamodule(dataset, val_fraction=0.1)
+    for domain, stream in dm.streams.items():
+        everything = documents(*load_shard(dataset / "tokens", domain))
+        train = documents(stream.train, stream.train_offsets)
+        held_out = documents(stream.val, stream.val_offsets)
+        assert len(held_out) == 30 and train + held_out == everything
+        assert not set(train) & set(held_out), f"{domain}: a held-out document is also a training document"
+    # training windows are cut from the training part only; validation from the held-out part only
+    windows = MixtureWindows({d: s.train for d, s in dm.streams.items()}, dm.mixture, 32, 7, 0, 0, 1)
+    assert all(len(windows.streams[d]) == len(s.train) for d, s in zip(windows.domains, dm.streams.values()))
+    val = [s for batch in dm.val_dataloader() for s in batch["input_ids"]]
+    held_out_tokens = {d: s.val.tolist() for d, s in dm.streams.items()}
+    for sample in val:
+        assert any(_is_slice(sample.tolist(), tokens) for tokens in held_out_tokens.values())
+
+
+def _is_slice(part, whole):
+    return any(whole[i : i + len(part)] == part for i in range(len(whole) - len(part) + 1))
+
+
+def test_validation_interleaves_the_domains_so_a_batch_limit_keeps_each(dataset):
+    dm = datamodule(dataset, val_fraction=0.1, val_windows=8)
+    first = next(iter(dm.val_dataloader()))["input_ids"]
+    code, math = (dm.streams[d].val.tolist() for d in ("code", "math"))
+    assert _is_slice(first[0].tolist(), code) and _is_slice(first[1].tolist(), math)
+
+
+def test_pad_packing_puts_one_document_per_row(dataset):
+    batch = next(iter(datamodule(dataset, packing="pad", seq_len=64).train_dataloader()))
+    for positions, mask, labels in zip(batch["position_ids"], batch["loss_mask"], batch["labels"]):
+        starts = (positions == 0).nonzero().flatten().tolist()
+        assert len(starts) == 2 and mask[starts[1] :].sum() == 0, "one document, then padding"
+        assert (labels[mask == 0] == -100).all()

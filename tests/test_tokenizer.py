@@ -1,6 +1,7 @@
 """The BPE tokenizer: GLM special tokens, round trip on the corpus, tiktoken ids identical to tokenizers',
 and token shards that equal per-document encoding."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -38,9 +39,12 @@ def test_round_trip_on_the_corpus(tokenizer, corpus):
 
 
 def test_tiktoken_ids_equal_tokenizers_ids(tokenizer, corpus):
-    for text in corpus:
-        assert tokenizer.encode(text) == tokenizer.tokenizer.encode(text).ids
-    assert tokenizer.encode_batch(corpus) == [e.ids for e in tokenizer.tokenizer.encode_batch(corpus)]
+    expected = [e.ids for e in tokenizer.tokenizer.encode_batch(corpus)]
+    for text, ids in zip(corpus, expected):
+        assert tokenizer.encode(text) == ids
+        array = tokenizer.encode_to_numpy(text)
+        assert array.dtype == np.uint32 and array.tolist() == ids
+    assert tokenizer.encode_batch(corpus) == expected
 
 
 def test_saved_tokenizer_json_loads_identically(tokenizer, corpus, tmp_path):
@@ -53,11 +57,14 @@ def test_saved_tokenizer_json_loads_identically(tokenizer, corpus, tmp_path):
 
 def test_encode_documents_equals_one_by_one_with_eos(tokenizer, corpus):
     texts = corpus + [f"a text holding a literal {EOS} inside"]
-    tokens, offsets = encode_documents(texts, tokenizer, chunk_chars=2000)
     eos = tokenizer.token_id(EOS)
     expected = [tokenizer.tokenizer.encode(t).ids + [eos] for t in texts]
-    assert tokens.tolist() == [i for ids in expected for i in ids]
-    assert offsets.tolist() == np.cumsum([0] + [len(ids) for ids in expected]).tolist()
+    for chunk_chars, num_threads in ((2000, 2), (2000, 1), (1 << 20, 2)):  # many chunks, or one
+        tokens, offsets = encode_documents(texts, tokenizer, chunk_chars=chunk_chars, num_threads=num_threads)
+        assert tokens.dtype == np.uint32 and tokens.tolist() == [i for ids in expected for i in ids]
+        assert offsets.tolist() == np.cumsum([0] + [len(ids) for ids in expected]).tolist()
+    tokens, offsets = encode_documents([], tokenizer)
+    assert len(tokens) == 0 and offsets.tolist() == [0]
 
 
 def test_shards_per_domain_with_fingerprint(tokenizer, tmp_path):
@@ -71,6 +78,10 @@ def test_shards_per_domain_with_fingerprint(tokenizer, tmp_path):
     assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
     second = tokens[offsets[1] : offsets[2]].tolist()
     assert second == tokenizer.encode("x = 1") + [tokenizer.token_id(EOS)]
+    fingerprint = hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)  # as earlier runs wrote it
+    for domain in ("code", "math"):
+        fingerprint.update(domain.encode() + load_shard(tmp_path / "tokens", domain)[0].tobytes())
+    assert index["fingerprint"] == fingerprint.hexdigest()
 
     (documents / "math.jsonl").write_text(json.dumps({"text": "Question: 1 + 2?\nAnswer: 3"}) + "\n")
     assert write_shards(tmp_path, tokenizer)["fingerprint"] != index["fingerprint"]

@@ -1,14 +1,29 @@
 """GLM's chat format for SFT: `[gMASK]<sop><|system|>\n...<|user|>\n...<|assistant|>\n...`, with a loss mask
 on what the model must produce: assistant contents and the token that ends each assistant turn (the next
 role token, or <|endoftext|> at the end; GLM-4.6 stops generating at <|user|>, <|observation|> or
-<|endoftext|>)."""
+<|endoftext|>).
+
+Chat documents are stored as their rendered text (`render_chat`), so deduplication, quality rules,
+tokenizer training and token shards see exactly what the model sees; the shards then hold
+`format_chat`'s ids (each document followed by <|endoftext|>), and `assistant_mask` recovers its
+loss mask from the ids alone (both tested equal to `format_chat`).
+"""
 
 from __future__ import annotations
+
+import numpy as np
 
 from .tokenizer import GLMTokenizer
 
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "observation": "<|observation|>"}
 PREFIX = ("[gMASK]", "<sop>")
+EOS = "<|endoftext|>"
+
+
+def _check_role(number: int, role: str) -> str:
+    if role not in ROLE_TOKENS:
+        raise ValueError(f"message {number}: role {role!r} is not one of {sorted(ROLE_TOKENS)}")
+    return ROLE_TOKENS[role]
 
 
 def format_chat(messages: list[dict[str, str]], tokenizer: GLMTokenizer) -> tuple[list[int], list[int]]:
@@ -18,15 +33,44 @@ def format_chat(messages: list[dict[str, str]], tokenizer: GLMTokenizer) -> tupl
     previous = None
     for number, message in enumerate(messages):
         role = message["role"]
-        if role not in ROLE_TOKENS:
-            raise ValueError(f"message {number}: role {role!r} is not one of {sorted(ROLE_TOKENS)}")
-        ids.append(tokenizer.token_id(ROLE_TOKENS[role]))
+        ids.append(tokenizer.token_id(_check_role(number, role)))
         mask.append(int(previous == "assistant"))  # the role token that closes an assistant turn is a target
         newline, content = tokenizer.encode("\n"), tokenizer.encode(message["content"])
         ids += newline + content
         mask += [0] * len(newline) + [int(role == "assistant")] * len(content)
         previous = role
     if previous == "assistant":
-        ids.append(tokenizer.token_id("<|endoftext|>"))
+        ids.append(tokenizer.token_id(EOS))
         mask.append(1)
     return ids, mask
+
+
+def render_chat(messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
+    """The template as text: `format_chat`'s ids without the final <|endoftext|> (the shard writer appends
+    one to every document). `generation_prompt` appends `<|assistant|>`, where a model starts its reply."""
+    text = "".join(PREFIX) + "".join(f"{_check_role(n, m['role'])}\n{m['content']}" for n, m in enumerate(messages))
+    return text + ROLE_TOKENS["assistant"] if generation_prompt else text
+
+
+class ChatTokens:
+    """The special-token ids the chat format uses, from a tokenizer."""
+
+    def __init__(self, tokenizer: GLMTokenizer):
+        self.roles = np.array([tokenizer.token_id(t) for t in ROLE_TOKENS.values()])
+        self.assistant = tokenizer.token_id(ROLE_TOKENS["assistant"])
+        self.eos = tokenizer.token_id(EOS)
+        self.gmask = tokenizer.token_id(PREFIX[0])
+
+
+def assistant_mask(ids: np.ndarray, chat: ChatTokens) -> np.ndarray:
+    """`format_chat`'s loss mask, from ids alone (uint8, the length of `ids`): 1 on the tokens of an assistant
+    turn after its role token and newline, and on the role token or <|endoftext|> that closes it.
+    `ids` may hold several conversations end to end; it should start at a conversation's start."""
+    ids = np.asarray(ids)
+    n = len(ids)
+    boundary = np.isin(ids, chat.roles) | (ids == chat.eos) | (ids == chat.gmask)  # a turn starts or ends here
+    latest = np.maximum.accumulate(np.where(boundary, np.arange(n), -1))  # the newest boundary at or before i
+    previous = np.r_[-1, latest[:-1]]  # the newest boundary strictly before i
+    in_reply = (previous >= 0) & (ids[np.maximum(previous, 0)] == chat.assistant)
+    content = in_reply & ~boundary & (np.arange(n) != previous + 1)  # not the newline after <|assistant|>
+    return (content | (in_reply & boundary)).astype(np.uint8)

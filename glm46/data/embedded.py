@@ -4,8 +4,12 @@
   concatenated with file headers (GLM's repository-level documents);
 - docs: the interpreter's documentation topics (pydoc_data); license: the license and copyright
   texts under /usr/share on Debian (many near-identical: real work for the deduplicator);
-- math: arithmetic with worked steps; reasoning: multi-step word problems with a <think> trace.
-Everything is deterministic given the seed.
+- math: arithmetic with worked steps; reasoning: multi-step word problems with a <think> trace;
+- sft: chat-formatted conversations (GLM's template, glm46.data.chat) asking those questions, with
+  system-prompt variants, thinking and non-thinking (`/nothink`) replies and some two-turn follow-ups;
+- rl: chat prompts of two-operation arithmetic with a reference reply whose final `Answer:` line is
+  the integer that glm46.data.rl.verify checks.
+Everything is deterministic given the seed; each generated domain draws from its own random stream.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
+from .chat import render_chat
 from .documents import Document, Ledger
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3"}
@@ -57,6 +62,15 @@ def stdlib_code(ledger: Ledger) -> Iterator[Document]:
     for package, modules in sorted(packages.items()):
         text = "\n\n".join(f"# file: {m.id}\n{m.text}" for m in modules)
         yield ledger.admit(Document(text=text, domain="repo_code", source=str(root / package), id=package))
+
+
+def source_files() -> list[Path]:
+    """Every file the embedded readers read (the generated domains depend only on their options)."""
+    import pydoc_data.topics
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    licenses = [p for pattern in LICENSE_GLOBS for p in sorted(Path("/").glob(pattern.lstrip("/"))) if p.is_file()]
+    return _stdlib_modules(root) + [Path(pydoc_data.topics.__file__)] + licenses
 
 
 def python_docs(ledger: Ledger) -> Iterator[Document]:
@@ -104,7 +118,67 @@ def word_problem(rng: random.Random) -> tuple[str, str, int]:
     return question, trace, answer
 
 
-def generated(ledger: Ledger, math_problems: int, reasoning_problems: int, seed: int) -> Iterator[Document]:
+SYSTEM_PROMPTS = [None, None, "You are a helpful assistant.", "You are a careful math tutor. Show your working.",
+                  "Answer briefly and end with the final answer.", "Solve the problem, then state the answer."]
+FOLLOW_UPS = [("Now add {k} to that.", lambda x, k: (f"{x} + {k} = {x + k}.", x + k)),
+              ("And if you subtract {k} from it?", lambda x, k: (f"{x} - {k} = {x - k}.", x - k)),
+              ("What is {k} times that?", lambda x, k: (f"{k} * {x} = {k * x}.", k * x))]
+
+
+def conversation(rng: random.Random) -> list[dict[str, str]]:
+    """An SFT conversation: an arithmetic or word problem, answered with its steps (inside <think> for word
+    problems, GLM's thinking mode, empty after `/nothink`) and a final `Answer:` line; a third of them
+    continue with a follow-up question on the previous answer."""
+    system = rng.choice(SYSTEM_PROMPTS)
+    messages = [{"role": "system", "content": system}] if system else []
+    if rng.random() < 0.5:
+        question, steps, answer = arithmetic_problem(rng)
+        reply = f"{steps}\nAnswer: {answer}"
+    else:
+        question, trace, answer = word_problem(rng)
+        if rng.random() < 0.25:
+            question, trace = question + " /nothink", ""
+        reply = f"<think>{trace}</think>\nAnswer: {answer}"
+    messages += [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+    if rng.random() < 1 / 3:
+        template, solve = rng.choice(FOLLOW_UPS)
+        k = rng.randint(2, 9) if "times" in template else rng.randint(2, 99)
+        steps, answer = solve(answer, k)
+        messages += [{"role": "user", "content": template.format(k=k)},
+                     {"role": "assistant", "content": f"{steps}\nAnswer: {answer}"}]
+    return messages
+
+
+def expression_problem(rng: random.Random) -> tuple[str, str, int]:
+    """Two operations with precedence, e.g. 12 + 7 * 3: (expression, worked steps, integer answer)."""
+    op1, op2 = rng.choice("+-*"), rng.choice("+-*")
+    a, b, c = rng.randint(2, 99), rng.randint(2, 9 if op1 == "*" else 99), rng.randint(2, 9)
+    expression = f"{a} {op1} {b} {op2} {c}"
+    apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
+    if op2 == "*" and op1 != "*":  # multiplication first
+        inner = b * c
+        answer = apply[op1](a, inner)
+        steps = f"Multiplication first: {b} * {c} = {inner}. Then {a} {op1} {inner} = {answer}."
+    else:  # left to right
+        inner = apply[op1](a, b)
+        answer = apply[op2](inner, c)
+        steps = f"Left to right: {a} {op1} {b} = {inner}. Then {inner} {op2} {c} = {answer}."
+    return expression, steps, answer
+
+
+def rl_prompt(rng: random.Random) -> list[dict[str, str]]:
+    """An RL prompt with its reference reply (the verifiable answer is the reply's `Answer:` integer)."""
+    expression, steps, answer = expression_problem(rng)
+    system = rng.choice(SYSTEM_PROMPTS)
+    messages = [{"role": "system", "content": system}] if system else []
+    return messages + [
+        {"role": "user", "content": f"Compute {expression}. End with a line 'Answer: <integer>'."},
+        {"role": "assistant", "content": f"{steps}\nAnswer: {answer}"},
+    ]
+
+
+def generated(ledger: Ledger, math_problems: int, reasoning_problems: int, seed: int, sft_conversations: int = 0,
+              rl_prompts: int = 0) -> Iterator[Document]:
     rng = random.Random(seed)
     for i in range(math_problems):
         question, steps, answer = arithmetic_problem(rng)
@@ -114,12 +188,18 @@ def generated(ledger: Ledger, math_problems: int, reasoning_problems: int, seed:
         question, trace, answer = word_problem(rng)
         yield ledger.admit(Document(text=f"Question: {question}\n<think>{trace}</think>\nAnswer: {answer}",
                                     domain="reasoning", source=f"generated:reasoning:{i}", id=f"reasoning-{i}"))
+    for domain, count, make in (("sft", sft_conversations, conversation), ("rl", rl_prompts, rl_prompt)):
+        rng = random.Random(f"{seed}:{domain}")
+        for i in range(count):
+            yield ledger.admit(Document(text=render_chat(make(rng)), domain=domain, source=f"generated:{domain}:{i}",
+                                        id=f"{domain}-{i}"))
 
 
 def read_embedded(paths: list[str], ledger: Ledger, default_domain: str = "general", math_problems: int = 20000,
-                  reasoning_problems: int = 10000, seed: int = 0) -> Iterator[Document]:
+                  reasoning_problems: int = 10000, seed: int = 0, sft_conversations: int = 10000,
+                  rl_prompts: int = 5000) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)
     yield from license_texts(ledger)
-    yield from generated(ledger, math_problems, reasoning_problems, seed)
+    yield from generated(ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts)

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +18,8 @@ from .tokenizer import GLMTokenizer
 EOS = "<|endoftext|>"
 
 
-def encode_documents(texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int = 1 << 20,
-                     num_threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
-    """Ids of every text followed by EOS, flat, and offsets [len(texts) + 1] of each document's start.
-
-    Texts are joined with the EOS string into ~1 MB chunks encoded in parallel: tiktoken splits at
-    special tokens first, so this equals encoding each text alone (tested) without per-text overhead.
-    """
-    eos = tokenizer.token_id(EOS)
+def _chunks(texts: list[str], chunk_chars: int) -> list[list[str]]:
+    """Consecutive texts in groups of about chunk_chars characters."""
     chunks, current, size = [], [], 0
     for text in texts:
         current.append(text)
@@ -31,24 +27,39 @@ def encode_documents(texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int
         if size >= chunk_chars:
             chunks.append(current)
             current, size = [], 0
-    if current:
-        chunks.append(current)
-    joined = [EOS.join(chunk) + EOS for chunk in chunks]
-    pieces = []
-    for batch_start in tqdm(range(0, len(joined), 8 * num_threads), desc="tokenize", unit="chunk", leave=False,
-                            total=-(-len(joined) // (8 * num_threads))):
-        batch = joined[batch_start : batch_start + 8 * num_threads]
-        for chunk, ids in zip(chunks[batch_start:], tokenizer.encode_batch(batch, num_threads=num_threads)):
-            ids = np.asarray(ids, dtype=np.uint32)
-            if np.count_nonzero(ids == eos) != len(chunk):  # a text holds a literal EOS: encode one by one
-                ids = np.concatenate([np.asarray(tokenizer.encode(t) + [eos], dtype=np.uint32) for t in chunk])
-            pieces.append(ids)
-    tokens = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.uint32)
-    ends = np.flatnonzero(tokens == eos) + 1
-    if len(ends) != len(texts):  # literal EOS inside a text that the fallback kept as EOS: count per text
-        lengths = [len(tokenizer.encode(t)) + 1 for t in texts]
-        ends = np.cumsum(lengths)
-    return tokens, np.concatenate([[0], ends]).astype(np.int64)
+    return chunks + [current] if current else chunks
+
+
+def _encode_chunk(tokenizer: GLMTokenizer, eos: int, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, end offset of each text's ids + EOS) of texts joined with EOS into one string.
+
+    A text that holds a literal EOS (it encodes to the EOS id, as in `tokenizers`) would shift the
+    ends, so such a chunk is encoded text by text.
+    """
+    ids = tokenizer.encode_to_numpy(EOS.join(texts) + EOS)
+    ends = np.flatnonzero(ids == eos) + 1
+    if len(ends) != len(texts):
+        pieces = [np.append(tokenizer.encode_to_numpy(text), np.uint32(eos)) for text in texts]
+        ids, ends = np.concatenate(pieces), np.cumsum([len(piece) for piece in pieces])
+    return ids, ends
+
+
+def encode_documents(texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int = 1 << 20,
+                     num_threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """Ids of every text followed by EOS, flat uint32, and offsets [len(texts) + 1] of each document's start.
+
+    Texts are joined with the EOS string into ~1 MB chunks, encoded by num_threads threads: tiktoken
+    splits at special tokens first, so this equals encoding each text alone (tested) without per-text
+    overhead, and it returns each chunk as one array, which is concatenated once at the end.
+    """
+    eos, chunks = tokenizer.token_id(EOS), _chunks(texts, chunk_chars)
+    with ThreadPoolExecutor(num_threads) as pool:
+        encoded = list(tqdm(pool.map(partial(_encode_chunk, tokenizer, eos), chunks), total=len(chunks),
+                            desc="tokenize", unit="chunk", leave=False))
+    starts = np.cumsum([0] + [len(ids) for ids, _ in encoded])
+    tokens = np.concatenate([ids for ids, _ in encoded]) if encoded else np.zeros(0, np.uint32)
+    offsets = np.concatenate([[0]] + [ends + start for (_, ends), start in zip(encoded, starts)])
+    return tokens, offsets.astype(np.int64)
 
 
 def write_shards(dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: str | Path | None = None,
@@ -63,10 +74,11 @@ def write_shards(dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: s
     for file in sorted((dataset_dir / "documents").glob("*.jsonl")):
         texts = [json.loads(line)["text"] for line in file.read_text().splitlines()]
         tokens, offsets = encode_documents(texts, tokenizer, num_threads=num_threads)
-        tokens = tokens.astype(dtype)
+        tokens = tokens.astype(dtype, copy=False)
         tokens.tofile(output_dir / f"{file.stem}.bin")
         np.save(output_dir / f"{file.stem}.idx.npy", offsets)
-        fingerprint.update(file.stem.encode() + tokens.tobytes())
+        fingerprint.update(file.stem.encode())
+        fingerprint.update(tokens)  # the same digest as of the concatenation, without copying the tokens
         domains[file.stem] = {"documents": len(texts), "tokens": int(len(tokens))}
     index = {"dtype": np.dtype(dtype).name, "vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.token_id(EOS),
              "fingerprint": fingerprint.hexdigest(), "domains": domains}

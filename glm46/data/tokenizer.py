@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
 
+import numpy as np
 import tiktoken
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -87,6 +88,11 @@ class GLMTokenizer:
 
     def encode_batch(self, texts: list[str], num_threads: int = 2) -> list[list[int]]:
         return self.fast.encode_batch(texts, num_threads=num_threads, allowed_special="all")
+
+    def encode_to_numpy(self, text: str) -> np.ndarray:
+        """`encode` as a uint32 array straight from tiktoken's buffer: no Python int per token.
+        tiktoken releases the GIL while it encodes, so threads calling this run in parallel."""
+        return self.fast.encode_to_numpy(text, allowed_special="all")
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)

@@ -17,6 +17,8 @@ from torchmetrics import MeanMetric
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
+from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
+from glm46.parallel.strategies import data_parallel_size
 
 
 class GLM46LitModule(L.LightningModule):
@@ -38,6 +40,20 @@ class GLM46LitModule(L.LightningModule):
         self.tokens_seen = 0
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
+        self._parallelized = False
+
+    def configure_model(self) -> None:
+        """Apply the strategy's layout (TP, EP, FSDP2; glm46.parallel) to the model, once. Strategies
+        without one (single device, DDP, DeepSpeed) leave the model as built."""
+        parallelize = getattr(self.trainer.strategy, "parallelize", None)
+        if parallelize is not None and not self._parallelized:
+            parallelize(self.model)
+            self._parallelized = True
+
+    def external_parameters(self) -> list[torch.nn.Parameter]:
+        """Weights used outside their own module's forward: the lm_head in the chunked loss (and MTP).
+        DeepSpeed ZeRO-3 must gather them for this module's whole forward and backward."""
+        return [self.model.lm_head.weight]
 
     def forward(self, batch: dict[str, torch.Tensor]):
         labels = batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)
@@ -54,7 +70,7 @@ class GLM46LitModule(L.LightningModule):
             loss = loss + self.balance_loss_alpha * out.balance_loss
             self.log("train/balance_loss", out.balance_loss)
         self.latest_expert_counts = None if out.expert_counts is None else out.expert_counts.detach()
-        self.tokens_seen += batch["input_ids"].numel() * self.trainer.world_size
+        self.tokens_seen += batch["input_ids"].numel() * data_parallel_size(self.trainer)  # TP ranks share a batch
         self.log("train/loss", out.loss, prog_bar=True)
         self.log("train/total_loss", loss)
         self.log("train/mtp_weight", mtp_weight)
@@ -63,8 +79,14 @@ class GLM46LitModule(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        self.log("optim/grad_norm", torch.nn.utils.get_total_norm(grads))
+        self.log("optim/grad_norm", total_grad_norm(self.parameters()))
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes."""
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and has_dtensor_parameters(self.model):
+            clip_grad_norm_(self.model.parameters(), gradient_clip_val)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         self.val_loss.update(self(batch).loss)

@@ -1,16 +1,22 @@
 """Training batches from prepared token shards: a domain mixture, random-truncation windows (pre-training)
-or best-fit packed documents (mid-training), and sampling that is a pure function of (seed, sample index).
+or packed documents (mid-training, SFT), and sampling that is a pure function of (seed, sample index).
 
 Global sample g goes to data-parallel rank g % world_size, so ranks never overlap; the position in
 the stream is the number of samples the run has consumed (tokens seen / seq_len), so the
 DataModule's checkpoint state is O(1): phase, seed, fingerprint, samples. A resume on shards with
 another fingerprint fails instead of silently training on different data.
+
+Every domain's last `val_fraction` of documents is held out: validation reads only those, training
+never does. Subclasses (glm46.lit.sft_data, glm46.lit.rl_data) change what a sample is through the
+hooks `targets`, `document_bins` and `dataset`.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +26,10 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from glm46.data.shards import load_shard
 from glm46.lit.datamodule import window
+from glm46.modules.loss import IGNORE_INDEX
+from glm46.parallel.strategies import data_parallel_rank_and_size
+
+PACKINGS = ("truncate", "best_fit", "pad")
 
 
 class DataMismatchError(RuntimeError):
@@ -34,15 +44,21 @@ class DomainStream:
         split = int(offsets[len(offsets) - 1 - held_out])
         self.train, self.val = tokens[:split], tokens[split:]
         self.train_offsets = offsets[: len(offsets) - held_out]
+        self.val_offsets = offsets[len(offsets) - 1 - held_out :] - split
+
+
+def document_pieces(offsets: np.ndarray, capacity: int) -> list[tuple[int, int]]:
+    """Documents as (start, length), a document longer than `capacity` cut into capacity-sized pieces."""
+    pieces = []
+    for start, end in zip(offsets[:-1], offsets[1:]):
+        pieces += [(int(s), int(min(capacity, end - s))) for s in range(int(start), int(end), capacity)]
+    return pieces
 
 
 def best_fit_bins(offsets: np.ndarray, capacity: int) -> list[list[tuple[int, int]]]:
     """Best-fit decreasing: documents (start, length), longest first, each into the bin it fills most
     tightly; a document longer than a bin is cut into bin-sized pieces. No document is truncated away."""
-    pieces = []
-    for start, end in zip(offsets[:-1], offsets[1:]):
-        pieces += [(int(s), int(min(capacity, end - s))) for s in range(int(start), int(end), capacity)]
-    pieces.sort(key=lambda piece: (-piece[1], piece[0]))
+    pieces = sorted(document_pieces(offsets, capacity), key=lambda piece: (-piece[1], piece[0]))
     bins: list[list[tuple[int, int]]] = []
     free: list[tuple[int, int]] = []  # sorted (space left, bin number)
     for piece in pieces:
@@ -57,30 +73,36 @@ def best_fit_bins(offsets: np.ndarray, capacity: int) -> list[list[tuple[int, in
     return bins
 
 
-def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
-    """Documents end to end with restarting position ids; no loss across a boundary or on padding."""
+def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_id: int,
+           targets: Callable[[int, int], np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+    """Documents end to end with restarting position ids; no loss across a boundary or on padding, and
+    with `targets`, only on the tokens it marks. Labels are IGNORE_INDEX wherever loss_mask is 0."""
     ids, positions, mask = [], [], []
     for start, length in pieces:
         ids.append(np.asarray(tokens[start : start + length], dtype=np.int64))
         positions.append(np.arange(length))
-        mask.append(np.r_[np.ones(length - 1, dtype=np.int64), 0])  # the last token's label is another document
+        inside = np.ones(length - 1, dtype=np.int64) if targets is None else targets(start + 1, length - 1)
+        mask.append(np.r_[inside, 0])  # the last token's label is another document
     used = sum(length for _, length in pieces)
     ids.append(np.full(seq_len + 1 - used, pad_id, dtype=np.int64))
     positions.append(np.arange(seq_len + 1 - used))
     mask.append(np.zeros(seq_len + 1 - used, dtype=np.int64))
-    ids, positions, mask = (torch.from_numpy(np.concatenate(a)) for a in (ids, positions, mask))
-    return {"input_ids": ids[:-1], "labels": ids[1:], "position_ids": positions[:-1], "loss_mask": mask[:-1]}
+    ids, positions, mask = (torch.from_numpy(np.concatenate(a).astype(np.int64)) for a in (ids, positions, mask))
+    labels = ids[1:].masked_fill(mask[:-1] == 0, IGNORE_INDEX)
+    return {"input_ids": ids[:-1], "labels": labels, "position_ids": positions[:-1], "loss_mask": mask[:-1]}
 
 
 class MixtureWindows(IterableDataset):
     """Infinite samples: sample g picks a domain by the mixture weights, then a window at a random
-    offset (`bins` None: random truncation) or one of the domain's best-fit bins."""
+    offset (`bins` None: random truncation) or one of the domain's bins (packed documents)."""
 
     def __init__(self, streams: dict[str, np.ndarray], weights: dict[str, float], seq_len: int, seed: int,
-                 start: int, rank: int, world_size: int, bins: dict[str, list] | None = None, pad_id: int = 0):
+                 start: int, rank: int, world_size: int, bins: dict[str, list] | None = None, pad_id: int = 0,
+                 targets: dict[str, Callable[[int, int], np.ndarray]] | None = None):
         self.domains = [d for d in weights if weights[d] > 0]
         self.streams = [streams[d] for d in self.domains]
         self.bins = [bins[d] for d in self.domains] if bins is not None else None
+        self.targets = [targets[d] for d in self.domains] if targets is not None else [None] * len(self.domains)
         total = sum(weights[d] for d in self.domains)
         self.cumulative = np.cumsum([weights[d] / total for d in self.domains])
         self.seq_len, self.seed, self.start, self.rank, self.world_size = seq_len, seed, start, rank, world_size
@@ -93,24 +115,31 @@ class MixtureWindows(IterableDataset):
         choices = len(self.bins[domain]) if self.bins is not None else len(self.streams[domain]) - self.seq_len
         return domain, int(rng.integers(0, choices))
 
+    def sample(self, domain: int, item: int) -> dict[str, torch.Tensor]:
+        tokens = self.streams[domain]
+        if self.bins is None:
+            return window(tokens, item, self.seq_len)
+        return packed(tokens, self.bins[domain][item], self.seq_len, self.pad_id, self.targets[domain])
+
     def __iter__(self):
         index = self.start + self.rank
         while True:
-            domain, item = self.choose(index)
-            tokens = self.streams[domain]
-            if self.bins is None:
-                yield window(tokens, item, self.seq_len)
-            else:
-                yield packed(tokens, self.bins[domain][item], self.seq_len, self.pad_id)
+            yield self.sample(*self.choose(index))
             index += self.world_size
 
 
 class ShardDataModule(L.LightningDataModule):
+    """packing: `truncate` (seq_len windows at random offsets), `best_fit` (whole documents per row, best-fit
+    decreasing) or `pad` (one document per row, padded)."""
+
+    dataset = MixtureWindows
+
     def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
                  val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain",
                  packing: str = "truncate"):
         super().__init__()
-        self.path = Path(path) / "tokens"
+        self.root = Path(path)
+        self.path = self.root / "tokens"
         index_file = self.path / "shards.json"
         if not index_file.exists():
             raise FileNotFoundError(f"data.path: {index_file} not found; run task=prepare first")
@@ -119,13 +148,14 @@ class ShardDataModule(L.LightningDataModule):
         if unknown:
             raise ValueError(f"data.mixture names domains {unknown} that {self.path} does not have "
                              f"(it has {sorted(self.index['domains'])})")
-        if packing not in ("truncate", "best_fit"):
-            raise ValueError(f"data.packing={packing!r}: expected 'truncate' or 'best_fit'")
+        if packing not in PACKINGS:
+            raise ValueError(f"data.packing={packing!r}: expected one of {list(PACKINGS)}")
         self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
         self.start_sample = 0
         self.streams: dict[str, DomainStream] = {}
         self.bins: dict[str, list] = {}
+        self.val_bins: dict[str, list] = {}
 
     @property
     def vocab_size(self) -> int:
@@ -135,37 +165,66 @@ class ShardDataModule(L.LightningDataModule):
     def fingerprint(self) -> str:
         return self.index["fingerprint"]
 
+    @property
+    def pad_id(self) -> int:
+        return self.index["eos_token_id"]
+
+    # -- hooks for subclasses
+    def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> Callable[[int, int], np.ndarray] | None:
+        """Which tokens of a packed row are trained (None: every token within a document)."""
+        return None
+
+    def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
+        """The rows of packed samples, as lists of (start, length) pieces of documents."""
+        if self.packing == "best_fit":
+            return best_fit_bins(offsets, self.seq_len + 1)
+        return [[piece] for piece in document_pieces(offsets, self.seq_len + 1)]
+
+    def samples_consumed(self) -> int:
+        """Global samples this run has trained on: the data position saved in checkpoints."""
+        return (self.trainer.lightning_module.tokens_seen if self.trainer else 0) // self.seq_len
+
+    # --
     def setup(self, stage: str | None = None) -> None:
         for domain in self.mixture:
             if domain not in self.streams:
                 tokens, offsets = load_shard(self.path, domain)
-                self.streams[domain] = DomainStream(tokens, offsets, self.val_fraction)
-                if len(self.streams[domain].train) <= self.seq_len:
-                    raise ValueError(f"domain {domain!r} has {len(self.streams[domain].train)} training tokens, "
+                self.streams[domain] = stream = DomainStream(tokens, offsets, self.val_fraction)
+                if len(stream.train) <= self.seq_len:
+                    raise ValueError(f"domain {domain!r} has {len(stream.train)} training tokens, "
                                      f"fewer than one window of seq_len={self.seq_len}")
-                if self.packing == "best_fit":
-                    self.bins[domain] = best_fit_bins(self.streams[domain].train_offsets, self.seq_len + 1)
+                if self.packing != "truncate":
+                    self.bins[domain] = self.document_bins(stream.train, stream.train_offsets)
+                    self.val_bins[domain] = self.document_bins(stream.val, stream.val_offsets)[: self.val_windows]
 
     def train_dataloader(self) -> DataLoader:
-        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
-        dataset = MixtureWindows({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
-                                 self.seed, self.start_sample, rank, world,
-                                 bins=self.bins if self.packing == "best_fit" else None,
-                                 pad_id=self.index["eos_token_id"])
+        rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)  # TP ranks share data
+        packed_rows = self.packing != "truncate"
+        dataset = self.dataset({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
+                               self.seed, self.start_sample, rank, world, bins=self.bins if packed_rows else None,
+                               pad_id=self.pad_id,
+                               targets={d: self.targets(s.train, s.train_offsets) for d, s in self.streams.items()})
         return DataLoader(dataset, batch_size=self.batch_size)
 
     def val_dataloader(self) -> DataLoader:
-        """The first val_windows windows of each domain's held-out documents, in order."""
-        samples = []
-        for stream in self.streams.values():
-            starts = range(0, max(0, len(stream.val) - self.seq_len - 1), self.seq_len)
-            samples += [window(stream.val, s, self.seq_len) for s in list(starts)[: self.val_windows]]
+        """The first val_windows windows (or packed rows) of each domain's held-out documents, the domains
+        interleaved so that a limit on validation batches keeps every domain."""
+        per_domain = []
+        for domain, stream in self.streams.items():
+            if self.packing == "truncate":
+                starts = range(0, max(0, len(stream.val) - self.seq_len - 1), self.seq_len)
+                per_domain.append([window(stream.val, s, self.seq_len) for s in list(starts)[: self.val_windows]])
+            else:
+                dataset = self.dataset({domain: stream.val}, {domain: 1.0}, self.seq_len, self.seed, 0, 0, 1,
+                                       bins={domain: self.val_bins[domain]}, pad_id=self.pad_id,
+                                       targets={domain: self.targets(stream.val, stream.val_offsets)})
+                per_domain.append([dataset.sample(0, item) for item in range(len(self.val_bins[domain]))])
+        samples = [s for row in itertools.zip_longest(*per_domain) for s in row if s is not None]
         return DataLoader(samples, batch_size=self.batch_size)
 
     def state_dict(self) -> dict:
-        tokens_seen = self.trainer.lightning_module.tokens_seen if self.trainer else 0
         return {"phase": self.phase, "seed": self.seed, "fingerprint": self.fingerprint,
-                "samples": tokens_seen // self.seq_len}
+                "samples": self.samples_consumed()}
 
     def load_state_dict(self, state: dict) -> None:
         if state["fingerprint"] != self.fingerprint:

@@ -6,6 +6,13 @@ per matrix, update scaled to RMS `update_rms` (`update_rms * sqrt(max(rows, cols
 `row_chunks=2` splits each matrix's rows into separately orthogonalised blocks (the fused expert
 gate/up projection is a gate and an up matrix). Other groups get AdamW with the same lr.
 One optimizer object keeps Lightning's automatic optimisation, schedulers and checkpoints simple.
+
+Under sharding (FSDP2, tensor or expert parallelism) parameters, gradients and the momentum are
+DTensors holding a slice. Momentum and weight decay are elementwise and stay on the slice; the
+Newton-Schulz step needs whole matrices, so the update is all-gathered to the full matrix,
+orthogonalised, and each rank keeps its own slice (Moonlight's distributed Muon): the result
+equals single-process Muon. A slice made of whole matrices (experts sharded on the expert dim)
+is orthogonalised in place, without communication.
 """
 
 from __future__ import annotations
@@ -13,8 +20,21 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 
 from .newton_schulz import orthogonalize
+
+
+def _holds_whole_matrices(p: DTensor) -> bool:
+    """Whether every shard of p [..., rows, cols] is a set of whole matrices (split on leading dims only)."""
+    dims = [getattr(placement, "dim", None) for placement in p.placements]  # Shard, _StridedShard: .dim
+    return all(dim is None or dim % p.ndim < p.ndim - 2 for dim in dims)
+
+
+def _local_slice(full: torch.Tensor, like: DTensor) -> torch.Tensor:
+    """This rank's shard of a full (replicated) tensor, laid out as `like`: a local slice, no communication."""
+    replicated = DTensor.from_local(full, like.device_mesh, [Replicate()] * like.device_mesh.ndim, run_check=False)
+    return replicated.redistribute(like.device_mesh, like.placements).to_local()
 
 
 class Muon(torch.optim.Optimizer):
@@ -31,8 +51,8 @@ class Muon(torch.optim.Optimizer):
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
     ):
-        if isinstance(ns_dtype, str):
-            ns_dtype = getattr(torch, ns_dtype)
+        if isinstance(ns_dtype, torch.dtype):  # kept as a name: checkpoints (DCP too) take plain values
+            ns_dtype = str(ns_dtype).removeprefix("torch.")
         defaults = dict(
             lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
             ns_dtype=ns_dtype, update_rms=update_rms, betas=tuple(betas), eps=eps, use_muon=False, row_chunks=1,
@@ -70,12 +90,32 @@ class Muon(torch.optim.Optimizer):
 
         chunks = group["row_chunks"]
         rows, cols = p.shape[-2] // chunks, p.shape[-1]
-        matrices = update.reshape(-1, chunks, rows, cols)  # [matrices, chunks, rows, cols]
-        orthogonal = orthogonalize(matrices, group["ns_steps"], group["ns_dtype"]).reshape(p.shape)
         scale = group["update_rms"] * math.sqrt(max(rows, cols))
+        if isinstance(update, DTensor):
+            orthogonal = self._orthogonalize_sharded(update, group)
+        else:
+            orthogonal = self._orthogonalize(update, group)
 
         p.mul_(1 - group["lr"] * group["weight_decay"])
         p.add_(orthogonal.to(p.dtype), alpha=-group["lr"] * scale)
+
+    @staticmethod
+    def _orthogonalize(update: torch.Tensor, group: dict) -> torch.Tensor:
+        """Newton-Schulz per matrix of update [..., rows, cols], each split into `row_chunks` row blocks."""
+        chunks = group["row_chunks"]
+        rows, cols = update.shape[-2] // chunks, update.shape[-1]
+        matrices = update.reshape(-1, chunks, rows, cols)  # [matrices, chunks, rows, cols]
+        dtype = group["ns_dtype"]
+        dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+        return orthogonalize(matrices, group["ns_steps"], dtype).reshape(update.shape)
+
+    def _orthogonalize_sharded(self, update: DTensor, group: dict) -> DTensor:
+        if _holds_whole_matrices(update):
+            local = self._orthogonalize(update.to_local(), group)
+        else:
+            local = _local_slice(self._orthogonalize(update.full_tensor(), group), update)
+        return DTensor.from_local(local, update.device_mesh, update.placements, run_check=False,
+                                  shape=update.shape, stride=update.stride())
 
     def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
         """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments)."""

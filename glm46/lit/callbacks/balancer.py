@@ -15,6 +15,8 @@ import lightning as L
 import numpy as np
 import torch
 
+from glm46.parallel.strategies import data_parallel_group
+
 
 def max_violation(counts: torch.Tensor) -> torch.Tensor:
     """MaxVio = (max load - mean load) / mean load, per layer. counts [layers, E] -> [layers]."""
@@ -41,7 +43,10 @@ class ExpertBalancer(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.pending is None:
             return
-        counts = trainer.strategy.reduce(self.pending.float(), reduce_op="sum")  # global batch
+        # The global batch: summed over the data-parallel ranks (tensor-parallel ranks share a batch;
+        # expert-parallel ranks count their own tokens before dispatch, so they are data-parallel here).
+        group = data_parallel_group(trainer.strategy)
+        counts = trainer.strategy.reduce(self.pending.float(), group=group, reduce_op="sum")
         self.pending = None
         rate = self.rate(pl_module.tokens_seen)
         mean = counts.mean(dim=-1, keepdim=True)

@@ -7,6 +7,8 @@ from collections.abc import Callable
 
 import lightning as L
 
+from glm46.parallel.strategies import data_parallel_size
+
 
 class BatchSizeWarmup(L.Callback):
     """Sets `trainer.accumulate_grad_batches` to reach the global batch `tokens_per_step(tokens seen)`.
@@ -27,7 +29,7 @@ class BatchSizeWarmup(L.Callback):
         current = trainer.accumulate_grad_batches
         if done % current:
             return  # inside an accumulation cycle
-        micro_batch_tokens = batch["input_ids"].numel() * trainer.world_size
+        micro_batch_tokens = batch["input_ids"].numel() * data_parallel_size(trainer)  # TP ranks share a batch
         wanted = self.accumulation_for(pl_module.tokens_seen, micro_batch_tokens)
         if wanted != current and done % wanted == 0:
             trainer.accumulate_grad_batches = wanted

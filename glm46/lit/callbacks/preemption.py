@@ -29,19 +29,23 @@ class Preemption(L.Callback):
         self.interrupted_at: int | None = None  # the global step of the checkpoint written on a signal
         self._previous: dict[signal.Signals, object] = {}
         self._last_step = -1
+        self._install()  # from construction on: SIGUSR1's default action would kill a job still loading
 
     def _handle(self, signum: int, frame) -> None:
         """Only note the signal: a second one during the save changes nothing."""
         if self.received is None:
             self.received = signal.Signals(signum)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # After Lightning's own handlers (registered before this hook), so these replace them.
-        self._last_step = trainer.global_step
+    def _install(self) -> None:
         for signum in self.signals:
-            self._previous[signum] = signal.signal(signum, self._handle)
+            previous = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, previous)
 
-    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install()  # again: Lightning registers its own SIGTERM handler after setup
+        self._last_step = trainer.global_step
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()

@@ -1,0 +1,156 @@
+"""`train` through a curriculum in one run: the default `python run.py` prepares the embedded corpus once
+(cached by fingerprint, glm46.data.cache), then trains the toy GLM curriculum stage by stage.
+
+An experiment lists its earlier stages under `stages` (name -> command-line overrides, e.g.
+`[data=embedded_shards, phase=toy_pretrain1]`). Each is composed like `python run.py <its overrides>
+<this run's overrides>`, validated before anything trains, and trained with its own Trainer in
+`<run dir>/stages/<name>/`, a run directory of its own (.hydra/, checkpoints/, metrics.csv, plots, hf/),
+starting from the previous stage's `checkpoints/last.ckpt` (the first from `init_from`). The composition
+itself is the last stage: it trains in the run directory from the last earlier stage's weights, so the
+run directory holds what any run's does. With `ckpt_path=last`, stages that finished (their hf/ exists)
+are skipped and the first unfinished one resumes from its newest checkpoint.
+
+Stages run in one process: for a multi-process (DDP, Slurm) job, run each stage as its own job with
+`init_from`, as README's "Curriculum" section shows.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from hydra import compose
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
+from glm46.modules import ConfigError
+
+RL_DATA = "glm46.lit.rl_data.PromptDataModule"
+
+
+def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig], object]) -> None:
+    """Build the dataset `cfg.auto_prepare` describes (a `data=embedded|jsonl|...` node) with `prepare`, unless
+    its output_dir already holds it with the same fingerprint."""
+    if not cfg.get("auto_prepare"):
+        return
+    source = OmegaConf.to_container(cfg.auto_prepare, resolve=True)
+    fingerprint = prepare_fingerprint(source, OmegaConf.to_container(cfg.prepare, resolve=True))
+    output_dir = Path(source["output_dir"])
+    if is_prepared(output_dir, fingerprint):
+        print(f"dataset: {output_dir} (prepared, fingerprint {fingerprint})")
+        return
+    if int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1:
+        raise ConfigError(f"auto_prepare: {output_dir} is not prepared (fingerprint {fingerprint}) and this is one "
+                          f"of several processes: prepare it first with task=prepare, or run once in one process")
+    print(f"dataset: preparing {output_dir} (first use, or its sources or settings changed)")
+    settings = cfg.copy()
+    with open_dict(settings):
+        settings.data = OmegaConf.create(source)
+    prepare(settings)
+    mark_prepared(output_dir, fingerprint)
+
+
+@contextmanager
+def _output_dir(path: Path):
+    """Point `${hydra:runtime.output_dir}` (checkpoints, loggers, train's run directory) at `path`."""
+    runtime = HydraConfig.instance().cfg.hydra.runtime
+    previous = runtime.output_dir
+    with read_write(runtime):
+        runtime.output_dir = str(path)
+    try:
+        yield
+    finally:
+        with read_write(runtime):
+            runtime.output_dir = previous
+
+
+def compose_stage(overrides: list[str], run_overrides: list[str]) -> DictConfig:
+    """The stage's composition: its overrides, then this run's (which apply to every stage)."""
+    cfg = compose(config_name="config", overrides=[*overrides, *run_overrides], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.stages = None
+    return cfg
+
+
+def _save_hydra_dir(cfg: DictConfig, stage_dir: Path, overrides: list[str]) -> DictConfig:
+    """Write `.hydra/{config,hydra,overrides}.yaml` as Hydra does for a run; return cfg without its hydra node."""
+    hydra_node = cfg.hydra
+    with open_dict(cfg):
+        del cfg["hydra"]
+    with read_write(hydra_node), open_dict(hydra_node):
+        hydra_node.runtime.output_dir = hydra_node.run.dir = str(stage_dir)
+    (stage_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, stage_dir / ".hydra" / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": hydra_node}), stage_dir / ".hydra" / "hydra.yaml")
+    OmegaConf.save(OmegaConf.create(list(overrides)), stage_dir / ".hydra" / "overrides.yaml")
+    return cfg
+
+
+def _refuse_rl(cfg: DictConfig) -> None:
+    if cfg.data.get("_target_") == RL_DATA:
+        raise ConfigError(f"data: {RL_DATA} serves prompts for an RL loop, and this version has no RL step "
+                          f"(train trains the language-modelling objective); use it from your own loop")
+
+
+def _loss_summary(run_dir: Path) -> str:
+    """'train/loss first -> last, val/loss first -> last' from a run's metrics.csv."""
+    if not (run_dir / "metrics.csv").is_file():
+        return "no metrics"
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    parts = []
+    for name in ("train/loss", "val/loss"):
+        values = [float(r[name]) for r in rows if r.get(name)]
+        if values:
+            parts.append(f"{name} {values[0]:.2f} -> {values[-1]:.2f}")
+    return ", ".join(parts) or "no losses"
+
+
+def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -> dict:
+    """Train cfg's earlier `stages` in order, then cfg itself, each from the previous one's last checkpoint."""
+    stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items()}
+    _refuse_rl(cfg)
+    if not stages:
+        return train(cfg, config)
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    run_overrides = list(HydraConfig.get().overrides.task)
+    composed = {name: compose_stage(overrides, run_overrides) for name, overrides in stages.items()}
+    configs = {name: validate(stage_cfg) for name, stage_cfg in composed.items()}  # all, before any training
+    for stage_cfg in composed.values():
+        _refuse_rl(stage_cfg)
+    init_from, report = cfg.init_from, []
+    for name, stage_cfg in composed.items():
+        stage_dir = run_dir / "stages" / name
+        if cfg.ckpt_path is not None and (stage_dir / "hf" / "config.json").is_file():
+            print(f"stage {name}: finished before, skipped ({stage_dir})")
+        else:
+            print(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
+            stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
+            with open_dict(stage_cfg):
+                stage_cfg.init_from = None if init_from is None else str(init_from)
+            started = time.time()
+            with _output_dir(stage_dir):
+                train(stage_cfg, configs[name])
+            if not (stage_dir / "hf" / "config.json").is_file():
+                print(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
+                return {}
+            report.append((name, time.time() - started, stage_dir))
+        init_from = stage_dir / "checkpoints" / "last.ckpt"
+    with open_dict(cfg):
+        cfg.init_from = str(init_from)
+    started = time.time()
+    metrics = train(cfg, config)
+    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir))
+    print("curriculum:")
+    for name, seconds, where in report:
+        print(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}")
+    (run_dir / "curriculum.json").write_text(json.dumps(
+        [{"stage": name, "seconds": round(seconds, 1), "run_dir": str(where)} for name, seconds, where in report],
+        indent=2))
+    return metrics

@@ -1,0 +1,67 @@
+"""Prepare a dataset once: `task=prepare`'s output folder is reused while the preparation's fingerprint
+stays the same, and rebuilt when it changes.
+
+The fingerprint covers everything that decides the output: the reader and its options, the `prepare`
+settings (dedup, quality rules, tokenizer), the source files (path, size and modification time of each
+file read; for the embedded corpus, the standard library, pydoc topics and license texts) and the
+source code of glm46.data. It is written to `<output_dir>/prepared.json` after a successful preparation,
+with the shards' own content fingerprint, so an interrupted preparation, or another `task=prepare` into
+the same folder, is not mistaken for this one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .embedded import source_files as embedded_source_files
+
+CODE_DIR = Path(__file__).resolve().parent
+RECORD = "prepared.json"
+
+
+def _files_under(paths: list[str]) -> list[Path]:
+    files = []
+    for path in map(Path, paths):
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return files
+
+
+def source_signature(reader: str, paths: list[str]) -> str:
+    """A digest of (path, size, mtime) of every source file, and of glm46.data's code."""
+    files = embedded_source_files() if reader == "embedded" else _files_under(paths)
+    digest = hashlib.blake2b(digest_size=16)
+    for path in files + sorted(CODE_DIR.glob("*.py")):
+        stat = path.stat() if path.exists() else None
+        digest.update(f"{path}\0{stat.st_size if stat else -1}\0{stat.st_mtime_ns if stat else -1}\n".encode())
+    return digest.hexdigest()
+
+
+def prepare_fingerprint(source: dict, settings: dict) -> str:
+    """The fingerprint of preparing `source` (a `data=embedded|jsonl|...` node) with `settings` (`prepare`)."""
+    source = {k: v for k, v in source.items() if k != "output_dir"}
+    settings = {k: v for k, v in settings.items() if k != "num_workers"}  # the output does not depend on them
+    key = {"source": source, "prepare": settings,
+           "files": source_signature(source["reader"], list(source.get("paths") or []))}
+    return hashlib.blake2b(json.dumps(key, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
+
+
+def _shards_fingerprint(output_dir: Path) -> str | None:
+    index = output_dir / "tokens" / "shards.json"
+    return json.loads(index.read_text())["fingerprint"] if index.is_file() else None
+
+
+def is_prepared(output_dir: str | Path, fingerprint: str) -> bool:
+    """Whether `output_dir` holds the output of the preparation with this fingerprint, untouched since."""
+    record = Path(output_dir) / RECORD
+    if not record.is_file():
+        return False
+    saved = json.loads(record.read_text())
+    return saved.get("fingerprint") == fingerprint and saved.get("shards") == _shards_fingerprint(Path(output_dir))
+
+
+def mark_prepared(output_dir: str | Path, fingerprint: str) -> None:
+    output_dir = Path(output_dir)
+    record = {"fingerprint": fingerprint, "shards": _shards_fingerprint(output_dir)}
+    (output_dir / RECORD).write_text(json.dumps(record, indent=2))

@@ -1,0 +1,79 @@
+"""Prompt batches for RL on verifiable answers (the embedded `rl` domain, or any chat documents that end
+with a reference assistant reply): each sample is the conversation's ids up to and including its last
+`<|assistant|>` (where the policy starts its reply), right-padded to seq_len, with its length and the
+reference answer, the integer that glm46.data.rl.verify checks completions against.
+
+    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B]}
+    prompt = batch["prompt_ids"][i, : batch["prompt_length"][i]]        # ends with <|assistant|>
+    reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
+
+Sampling, the rank split, the held-out prompts (validation) and the resumable position are
+ShardDataModule's; the position counts prompts (optimizer steps x accumulation x batch x ranks).
+There is no RL step in this version: an RL loop (e.g. GRPO with GLM46ForCausalLM.generate on each
+prompt repeated group-size times, which needs prompts of equal length) consumes these batches.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from glm46.data.chat import ChatTokens
+from glm46.data.rl import extract_answer
+from glm46.data.tokenizer import GLMTokenizer
+from glm46.lit.shard_data import MixtureWindows, ShardDataModule
+
+
+class Prompts(MixtureWindows):
+    """MixtureWindows whose bins are single whole documents, sampled as prompt records."""
+
+    def __init__(self, *args, tokenizer: GLMTokenizer, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.tokenizer, self.assistant = tokenizer, ChatTokens(tokenizer).assistant
+
+    def sample(self, domain: int, item: int) -> dict[str, torch.Tensor]:
+        ((start, length),) = self.bins[domain][item]
+        document = np.asarray(self.streams[domain][start : start + length], dtype=np.int64)
+        end = int(np.flatnonzero(document == self.assistant)[-1]) + 1
+        reply = self.tokenizer.decode(document[end:-1].tolist())  # the reference reply, without <|endoftext|>
+        answer = extract_answer(reply)
+        if answer is None:
+            raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.data.rl)")
+        prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        prompt[:end] = document[:end]
+        return {"prompt_ids": torch.from_numpy(prompt), "prompt_length": torch.tensor(end),
+                "answer": torch.tensor(answer)}
+
+
+class PromptDataModule(ShardDataModule):
+    """seq_len is the longest prompt served: documents with longer prompts (or no assistant turn) are left out."""
+
+    def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
+                 val_fraction: float = 0.02, val_windows: int = 64, phase: str = "rl"):
+        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing="pad")
+        self.tokenizer = GLMTokenizer.from_file(self.root / "tokenizer.json")
+        self.dataset = partial(Prompts, tokenizer=self.tokenizer)
+
+    def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
+        """Documents whose prompt (up to the last <|assistant|>) fits seq_len, one per bin."""
+        replies = np.flatnonzero(np.asarray(tokens) == ChatTokens(self.tokenizer).assistant)
+        document = np.searchsorted(offsets, replies, side="right") - 1  # the document of each <|assistant|>
+        last = np.full(len(offsets) - 1, -1)
+        last[document] = replies  # the last one of each document wins
+        fits = (last >= 0) & (last - offsets[:-1] < self.seq_len)
+        return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in np.flatnonzero(fits)]
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        for domain, bins in self.bins.items():
+            if not bins:
+                raise ValueError(f"domain {domain!r} has no chat document with a prompt of at most "
+                                 f"seq_len={self.seq_len} tokens ending in <|assistant|>")
+
+    def samples_consumed(self) -> int:
+        if not self.trainer:
+            return 0
+        trainer = self.trainer
+        return trainer.global_step * trainer.accumulate_grad_batches * self.batch_size * trainer.world_size

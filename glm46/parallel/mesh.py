@@ -1,0 +1,35 @@
+"""The device mesh of a Layout, and its named sub-meshes.
+
+One 5-D mesh over all ranks, dims MESH_DIMS = (edp_replicate, ep_replicate, edp_shard, ep_shard, tp),
+outer to inner; the groups are flattened views of it:
+
+| name | dims | what runs over it |
+|---|---|---|
+| `dp` | all but tp | data loading (rank and size), the balancer's count all-reduce |
+| `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP of the non-expert weights |
+| `ep` | (ep_replicate, ep_shard) | the routed experts' all-to-all; experts sharded on dim 0 |
+| `edp_replicate`, `edp_shard` | themselves | FSDP2/HSDP of the expert weights (ranks holding the same experts) |
+| `tp` | tp | tensor parallelism |
+"""
+
+from __future__ import annotations
+
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from .layout import MESH_DIMS, Layout
+
+
+def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
+    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
+    mesh[("edp_replicate", "ep_replicate", "edp_shard", "ep_shard")]._flatten("dp")
+    mesh[("edp_replicate", "ep_replicate")]._flatten("dp_replicate")
+    mesh[("edp_shard", "ep_shard")]._flatten("dp_shard")
+    mesh[("ep_replicate", "ep_shard")]._flatten("ep")
+    return mesh
+
+
+def hsdp_mesh(mesh: DeviceMesh, replicate: str, shard: str) -> DeviceMesh:
+    """The mesh fully_shard takes: 1-D (FSDP) when nothing is replicated, else 2-D (replicate, shard) (HSDP)."""
+    if mesh[replicate].size() == 1:
+        return mesh[shard]
+    return mesh[(replicate, shard)]

@@ -1,0 +1,153 @@
+"""Apply a Layout to a plain GLM46ForCausalLM, in place, with torch's own engines:
+tensor parallelism (`parallelize_module`), expert parallelism (experts as DTensors sharded over `ep`,
+tokens all-to-all in GroupedExperts), activation checkpointing (composable `checkpoint`, names
+unchanged) and FSDP2 (`fully_shard` per decoder layer, experts on their own mesh, then the root).
+
+Order matters and follows torchtitan: TP, EP, activation checkpointing, FSDP.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
+
+from glm46.modules.decoder import DecoderLayer
+from glm46.modules.model import GLM46ForCausalLM
+from glm46.modules.norm import RMSNorm
+
+from .layout import Layout
+from .mesh import hsdp_mesh
+
+
+def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
+    """Every decoder layer: the main model's, then each MTP layer's block."""
+    return [*model.model.layers, *(mtp.block for mtp in model.mtp_layers)]
+
+
+class _AllReduceGrad(torch.autograd.Function):
+    """Identity forward; gradient summed over `group` (Megatron's copy-to-tensor-parallel-region)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        torch.distributed.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class HeadParallelRMSNorm(RMSNorm):
+    """The per-head QK RMSNorm of a tensor-parallel attention: each rank normalises its own heads with
+    the one shared weight, whose gradient is therefore the sum over the tensor-parallel ranks."""
+
+    def __init__(self, norm: RMSNorm, group):
+        super().__init__(norm.weight.shape[0], norm.eps)
+        self.weight = norm.weight  # the same parameter: names and values unchanged
+        self.group = group
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return _AllReduceGrad.apply(self.weight, self.group) * x.to(dtype)
+
+
+def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style TP without sequence parallelism: q/k/v and gate/up column-parallel (heads and
+    intermediate features split), o_proj and down_proj row-parallel (outputs all-reduced). Dense MLPs
+    and the shared experts are split; the router, routed experts, norms, embedding and lm_head stay
+    replicated (every TP rank sees the same tokens). The QK norms see only their rank's heads, so
+    their weight gradients are summed over the TP ranks (HeadParallelRMSNorm)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    tp = tp_mesh.size()
+    mlp_plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
+    for layer in decoder_layers(model):
+        attention = layer.self_attn
+        parallelize_module(attention, tp_mesh, {
+            "q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),
+            "o_proj": RowwiseParallel(),
+        })
+        attention.num_heads //= tp  # the heads of this rank: q/k/v outputs are local column slices
+        attention.num_kv_heads //= tp
+        if attention.use_qk_norm:
+            attention.q_norm = HeadParallelRMSNorm(attention.q_norm, tp_mesh.get_group())
+            attention.k_norm = HeadParallelRMSNorm(attention.k_norm, tp_mesh.get_group())
+        mlp = layer.mlp.shared_experts if layer.is_moe else layer.mlp
+        if mlp is not None:
+            parallelize_module(mlp, tp_mesh, mlp_plan)
+
+
+def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh) -> None:
+    """Each ep rank keeps E / ep consecutive experts (a DTensor Shard(0) over `ep`) and exchanges tokens
+    with its ep group. An expert's gradient then sums the loss gradients of the whole ep group's
+    tokens: the factor 1 / ep here, with FSDP's mean over the dp / ep ranks holding the same experts,
+    makes it the mean over all data-parallel ranks, as for every other weight."""
+    ep = ep_mesh.size()
+    for layer in decoder_layers(model):
+        if not layer.is_moe:
+            continue
+        experts = layer.mlp.experts
+        for name in ("gate_up_proj", "down_proj"):
+            weight = getattr(experts, name)
+            sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+            setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        experts.ep_group = ep_mesh.get_group()
+        experts.grad_scale = 1.0 / ep
+
+
+def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
+    """Recompute each decoder layer in backward (torch's composable checkpoint keeps parameter names)."""
+    from torch.distributed._composable import checkpoint
+
+    for layer in decoder_layers(model):
+        checkpoint(layer)
+
+
+def mixed_precision_policy(settings) -> "torch.distributed.fsdp.MixedPrecisionPolicy":
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if not settings:
+        return MixedPrecisionPolicy()
+    dtype = {k: getattr(torch, settings[k]) if settings.get(k) else None for k in ("param_dtype", "reduce_dtype")}
+    return MixedPrecisionPolicy(param_dtype=dtype["param_dtype"], reduce_dtype=dtype["reduce_dtype"])
+
+
+def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool, mixed_precision=None,
+               reshard_after_forward: bool = True) -> None:
+    """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head).
+    With expert parallelism the experts get their own fully_shard first, over the ranks holding the
+    same experts (`edp_*`), so the layer's group over `dp_*` leaves them alone."""
+    from torch.distributed.fsdp import fully_shard
+
+    dense_mesh = hsdp_mesh(mesh, "dp_replicate", "dp_shard")
+    kwargs = dict(mp_policy=mixed_precision_policy(mixed_precision), reshard_after_forward=reshard_after_forward)
+    if expert_parallel:
+        expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
+        for layer in decoder_layers(model):
+            if layer.is_moe:
+                fully_shard(layer.mlp.experts, mesh=expert_mesh, **kwargs)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=dense_mesh, **kwargs)
+    for mtp in model.mtp_layers:
+        fully_shard(mtp, mesh=dense_mesh, **kwargs)
+    fully_shard(model, mesh=dense_mesh, mp_policy=kwargs["mp_policy"], reshard_after_forward=False)
+
+
+def parallelize(model: GLM46ForCausalLM, layout: Layout, mesh: DeviceMesh, activation_checkpointing: bool = False,
+                mixed_precision=None, reshard_after_forward: bool = True) -> GLM46ForCausalLM:
+    """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place."""
+    if layout.tensor_parallel > 1:
+        apply_tensor_parallel(model, mesh["tp"])
+    if layout.expert_parallel > 1:
+        shard_experts(model, mesh["ep"])
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if layout.data_parallel > 1:
+        apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, reshard_after_forward)
+    return model

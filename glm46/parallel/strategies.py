@@ -1,0 +1,154 @@
+"""The Lightning strategies the `parallelism` configs build (existing engines, thin subclasses):
+
+- `MeshParallelStrategy`: Lightning's ModelParallelStrategy (FSDP2 + DTensor, user-applied in
+  `configure_model`) with the 5-D device mesh of glm46.parallel.mesh instead of its 2-D one, so
+  one strategy runs FSDP2, HSDP, tensor and expert parallelism and their products. The
+  LightningModule's `configure_model` calls `strategy.parallelize(model)`.
+- `DeepSpeedStrategy`: Lightning's, also on CPU (gloo). As shipped it refuses any accelerator but
+  CUDA and passes `device_rank=root_device.index` (None on CPU) to `deepspeed.initialize`; on CUDA
+  this subclass behaves exactly as Lightning's.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import timedelta
+from typing import Any
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators.cuda import CUDAAccelerator
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
+from lightning.pytorch.strategies import ModelParallelStrategy
+
+from .layout import Layout, layout_from_config, validate_layout
+from .mesh import build_mesh
+from .parallelize import parallelize
+
+
+class MeshParallelStrategy(ModelParallelStrategy):
+    """FSDP2 / HSDP x expert parallel x tensor parallel over one device mesh (see glm46.parallel.layout).
+
+    data_parallel_shard: FSDP2 shard degree among the data-parallel ranks (-1: all of them, plain FSDP;
+    1: replicate only); tensor_parallel, expert_parallel: sizes; activation_checkpointing: recompute
+    each decoder layer; mixed_precision: FSDP2's policy ({param_dtype, reduce_dtype} names, or None);
+    save_distributed_checkpoint: DCP folders (True) or one full file written by rank 0.
+    """
+
+    def __init__(
+        self,
+        data_parallel_shard: int = -1,
+        tensor_parallel: int = 1,
+        expert_parallel: int = 1,
+        activation_checkpointing: bool = False,
+        mixed_precision: dict | None = None,
+        reshard_after_forward: bool = True,
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(data_parallel_size="auto", tensor_parallel_size=tensor_parallel,
+                         save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
+        self.parallelism = {
+            "name": "mesh", "engine": "mesh", "data_parallel_shard": data_parallel_shard,
+            "tensor_parallel": tensor_parallel, "expert_parallel": expert_parallel, "pipeline_parallel": 1,
+            "mixed_precision": dict(mixed_precision) if mixed_precision else None,
+        }
+        self.activation_checkpointing = activation_checkpointing
+        self.reshard_after_forward = reshard_after_forward
+        self.layout: Layout | None = None
+
+    def setup_environment(self) -> None:
+        self._setup_distributed()
+        config = getattr(self.lightning_module, "config", None)
+        if config is not None:
+            validate_layout(self.parallelism, config, self.world_size)
+        self.layout = layout_from_config(self.parallelism, self.world_size)
+        self._device_mesh = build_mesh(self.layout, self.root_device.type)
+        self.lightning_module._device_mesh = self._device_mesh
+
+    @property
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
+        dp = self.device_mesh["dp"]
+        return {"num_replicas": dp.size(), "rank": dp.get_local_rank()}
+
+    @property
+    def data_parallel_group(self) -> torch.distributed.ProcessGroup:
+        """Ranks that see different batches (all but the tensor-parallel dim)."""
+        return self.device_mesh["dp"].get_group()
+
+    def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Apply the layout to a plain GLM46ForCausalLM, in place (called from `configure_model`)."""
+        return parallelize(model, self.layout, self.device_mesh, self.activation_checkpointing,
+                           self.parallelism["mixed_precision"], self.reshard_after_forward)
+
+
+class DeepSpeedStrategy(_LightningDeepSpeedStrategy):
+    """Lightning's DeepSpeedStrategy, also on CPU (gloo); unchanged on CUDA."""
+
+    def _on_cpu(self) -> bool:
+        return not isinstance(self.accelerator, CUDAAccelerator)
+
+    def setup_environment(self) -> None:
+        if not self._on_cpu():
+            return super().setup_environment()
+        DDPStrategy.setup_environment(self)  # without DeepSpeedStrategy's CUDA-only check
+
+    def setup_distributed(self) -> None:
+        if not self._on_cpu():
+            return super().setup_distributed()
+        reset_seed()  # CPU devices have no index to check against the local rank
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        if not self._on_cpu():
+            if self.zero_stage_3:
+                register_external_parameters(model)
+            return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
+        import deepspeed
+
+        if self.zero_stage_3:
+            register_external_parameters(model)
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            args=argparse.Namespace(device_rank=self.local_rank),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, deepspeed_optimizer
+
+
+def register_external_parameters(module: torch.nn.Module) -> None:
+    """ZeRO-3 gathers a weight in its own module's forward; a weight used elsewhere (`module.external_parameters()`,
+    e.g. the lm_head in the chunked loss) is registered on the module DeepSpeed runs, so it is gathered
+    for that module's forward and again for its backward."""
+    import deepspeed
+
+    for parameter in getattr(module, "external_parameters", lambda: [])():
+        deepspeed.zero.register_external_parameter(module, parameter)
+
+
+def data_parallel_group(strategy) -> torch.distributed.ProcessGroup | None:
+    """The process group over which batches differ (None: all ranks)."""
+    return getattr(strategy, "data_parallel_group", None)
+
+
+def data_parallel_rank_and_size(trainer) -> tuple[int, int]:
+    """(rank among the ranks that see different batches, their number): the global rank and world size,
+    except under tensor parallelism, whose ranks share a batch."""
+    kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
+    if kwargs:
+        return int(kwargs["rank"]), int(kwargs["num_replicas"])
+    return trainer.global_rank, trainer.world_size
+
+
+def data_parallel_size(trainer) -> int:
+    """How many different batches one step sees (world size / tensor parallel)."""
+    return data_parallel_rank_and_size(trainer)[1]

@@ -1,0 +1,293 @@
+"""Every parallel layout against the single-process run, through the real Lightning Trainer with gloo on CPU.
+
+Each run is this file as a script (`python -m tests.test_parallel SPEC`), launched once; Lightning's own
+launcher starts the other ranks. The strategy comes from the layout's conf/parallelism/*.yaml,
+composed as run.py composes it. For a fixed global batch and seed, the per-step loss (averaged over
+the data-parallel ranks) and the final full weights must equal the single-process run within 1e-5
+relative (fp32, Muon with fp32 Newton-Schulz, gradient clipping and the expert balancer on).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+GLOBAL_BATCH, SEQ_LEN, STEPS = 4, 16, 3
+TOLERANCE = 1e-5
+# AdamW's eps (Muon's AdamW groups too). Some gradients are tiny sums of cancelling terms (embedding rows of
+# rare tokens, q/k biases under QK-norm); AdamW divides by their own magnitude, so with eps=1e-8 their
+# rounding noise, which differs with any change of reduction order, becomes an O(lr) step. eps=1e-5 keeps
+# the comparison about the layouts (measured: worst tensor 8e-7 instead of 1e-5 under TP).
+EPS = 1e-5
+
+
+# ---------------------------------------------------------------- the script each run executes
+
+
+def compose_layout(layout: str, overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from glm46.schema import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=[f"parallelism={layout}", *overrides])
+
+
+def samples(vocab_size: int, count: int) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, vocab_size, (count, SEQ_LEN + 1), generator=generator)
+    return [{"input_ids": t[:-1], "labels": t[1:], "position_ids": torch.arange(SEQ_LEN),
+             "loss_mask": torch.ones(SEQ_LEN, dtype=torch.long)} for t in tokens]
+
+
+def main(spec: dict) -> None:
+    import lightning as L
+    from hydra.utils import instantiate
+    from torch.utils.data import DataLoader
+
+    from glm46.hf import save_hf
+    from glm46.lit import GLM46LitModule
+    from glm46.lit.callbacks import ExpertBalancer
+    from glm46.optim import Muon, Piecewise, WarmupCosine
+    from glm46.parallel import data_parallel_group, validate_layout
+    from glm46.parallel.state import full_state_items, is_writer
+    from tests.helpers import randomise, tiny_config
+
+    devices = spec.get("devices", 1)
+    cfg = compose_layout(spec["layout"], spec.get("overrides", []))
+    config = tiny_config(**spec.get("model", {}))
+    optimizer = spec.get("optimizer", "muon")
+    optimizer_node = {"_target_": "glm46.optim.Muon" if optimizer == "muon" else "torch.optim.AdamW"}
+    validate_layout(cfg.parallelism, config, devices, optimizer_node)
+    steps = spec.get("steps", STEPS)
+
+    torch.manual_seed(0)
+    lr, eps = spec.get("lr", 3e-3), spec.get("eps", EPS)
+    factory = (functools.partial(Muon, lr=lr, eps=eps, ns_dtype=torch.float32) if optimizer == "muon"
+               else functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.1, eps=eps))
+    module = GLM46LitModule(
+        config, optimizer=factory,
+        lr_schedule=WarmupCosine(peak=lr, floor=lr / 10, warmup_tokens=0,
+                                 total_tokens=4 * GLOBAL_BATCH * SEQ_LEN),  # driven by tokens seen: TP must not double them
+        mtp_weight=Piecewise(values=[0.3], boundaries=[]),
+    )
+    randomise(module.model, seed=0).train()  # no weight left at 0 or 1 (biases, norms, correction biases)
+    data = samples(config.vocab_size, 8 * GLOBAL_BATCH)
+
+    class GlobalBatches(L.LightningDataModule):
+        """Step s of the run takes global samples [s * G, (s + 1) * G); data-parallel rank r of D the r-th
+        G / D of them: the same global batch for every layout, resumable at the restored step."""
+
+        def train_dataloader(self):
+            kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) or {}
+            rank, size = kwargs.get("rank", 0), kwargs.get("num_replicas", 1)
+            per_rank = GLOBAL_BATCH // size
+            start = self.trainer.global_step
+            indices = [s * GLOBAL_BATCH + rank * per_rank + i for s in range(start, 8) for i in range(per_rank)]
+            return DataLoader([data[i] for i in indices], batch_size=per_rank, shuffle=False)
+
+    class Record(L.Callback):
+        def __init__(self):
+            self.losses = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            loss = outputs["loss"].detach().clone()
+            group = data_parallel_group(trainer.strategy)
+            self.losses.append(float(trainer.strategy.reduce(loss, group=group, reduce_op="mean")))
+
+    record = Record()
+    checkpoints = []
+    if spec.get("checkpoint_at"):  # a checkpoint after that many steps, in the layout's own format
+        from lightning.pytorch.callbacks import ModelCheckpoint
+
+        checkpoints.append(ModelCheckpoint(dirpath=spec["out"], filename="step{step}", save_top_k=-1,
+                                           every_n_train_steps=spec["checkpoint_at"], auto_insert_metric_name=False))
+    balancer = ExpertBalancer(rate=Piecewise(values=[0.01], boundaries=[]), history_every=1, history_file=None)
+    strategy = cfg.parallelism.strategy
+    strategy = instantiate(strategy) if not isinstance(strategy, str) else strategy
+    trainer = L.Trainer(
+        accelerator="cpu", devices=devices, strategy=strategy, precision="32-true",
+        max_steps=steps, gradient_clip_val=spec.get("clip", 1.0), logger=False, enable_checkpointing=bool(checkpoints),
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        use_distributed_sampler=False,
+        callbacks=[record, balancer, *checkpoints],
+    )
+    trainer.fit(module, datamodule=GlobalBatches(), ckpt_path=spec.get("resume"))
+    out = Path(spec["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.clone() for name, tensor in full_state_items(module.model)}  # collective when sharded
+    biases = torch.stack([router.e_score_correction_bias for router in module.model.routers()])
+    if torch.distributed.is_initialized():  # every rank must have applied the same bias updates
+        gathered = [torch.empty_like(biases) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(gathered, biases)
+        assert all(torch.equal(g, biases) for g in gathered), "ranks disagree on the correction biases"
+    group = module.model.model.layers[-1].mlp.experts.ep_group
+    expert_parallel = 1 if group is None else torch.distributed.get_world_size(group)
+    if spec.get("hf"):
+        save_hf(module.model, out / "hf")  # every rank; rank 0 writes
+    if is_writer():
+        torch.save({"losses": record.losses, "state": state, "tokens_seen": module.tokens_seen,
+                    "counts": [counts for _, counts in balancer.history], "expert_parallel": expert_parallel,
+                    "world_size": trainer.world_size}, out / "result.pt")
+
+
+# ---------------------------------------------------------------- helpers for the tests
+
+
+def run_layout(tmp_path: Path, layout: str, devices: int = 1, timeout: int = 600, **spec) -> dict:
+    out = tmp_path / f"{layout}-{devices}"
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"layout": layout, "devices": devices, "out": str(out), **spec}
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
+                                                              "LOCAL_RANK", "NODE_RANK")}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    result = subprocess.run([sys.executable, "-m", "tests.test_parallel", json.dumps(spec)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return torch.load(out / "result.pt", weights_only=False) | {"out": out}
+
+
+def assert_same_run(run: dict, reference: dict, tolerance: float = TOLERANCE, first_step: int = 0) -> None:
+    """Losses (from `first_step` on, for a resumed run), global expert counts, tokens seen and final weights."""
+    expected = reference["losses"][first_step:]
+    assert len(run["losses"]) == len(expected)
+    for step, (a, b) in enumerate(zip(run["losses"], expected), start=first_step):
+        assert abs(a - b) <= tolerance * abs(b), f"step {step}: loss {a} vs single-process {b}"
+    assert len(run["counts"]) == len(reference["counts"])
+    for step, (a, b) in enumerate(zip(run["counts"], reference["counts"])):
+        assert torch.equal(a, b), f"step {step}: global expert counts differ from the single-process run"
+    assert run["tokens_seen"] == reference["tokens_seen"]
+    assert run["state"].keys() == reference["state"].keys()
+    errors = {name: ((run["state"][name].float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item()
+              for name, b in reference["state"].items()}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tolerance, f"final {worst} differs from the single-process run by {errors[worst]:.2e}"
+
+
+# ---------------------------------------------------------------- the tests
+
+MESH_FP32 = ["parallelism.mixed_precision=null"]  # CPU: fp32 parameters and reductions
+
+
+@pytest.fixture(scope="module")
+def single_muon(tmp_path_factory):
+    return run_layout(tmp_path_factory.mktemp("single"), "single")
+
+
+@pytest.fixture(scope="module")
+def single_adamw(tmp_path_factory):
+    return run_layout(tmp_path_factory.mktemp("single_adamw"), "single", optimizer="adamw")
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_ddp_equals_the_single_process_run(tmp_path, single_muon):
+    assert_same_run(run_layout(tmp_path, "ddp", 2), single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp2_with_muon_equals_the_single_process_run(tmp_path, single_muon):
+    """Muon on FSDP2 shards: each matrix is gathered for Newton-Schulz, each rank keeps its slice."""
+    assert_same_run(run_layout(tmp_path, "fsdp2", 2, overrides=MESH_FP32), single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, single_muon):
+    from transformers import AutoModelForCausalLM
+
+    from glm46.hf import load_hf
+    from glm46.modules import GLM46ForCausalLM
+    from tests.helpers import tiny_config
+
+    run = run_layout(tmp_path, "ep", 2, hf=True, overrides=MESH_FP32)
+    assert run["expert_parallel"] == 2, "the experts must be split over 2 ranks"
+    assert_same_run(run, single_muon)
+
+    exported = load_hf(run["out"] / "hf")  # gathered from the expert shards by rank 0
+    for name, tensor in exported.state_dict().items():
+        assert torch.equal(tensor, run["state"][name]), name
+    single = GLM46ForCausalLM(tiny_config())
+    single.load_state_dict(single_muon["state"])
+    hf = AutoModelForCausalLM.from_pretrained(run["out"] / "hf").eval()
+    x = torch.randint(0, 160, (2, 12), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(x).logits, single.eval()(x).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tensor_parallel_equals_the_single_process_run(tmp_path, single_muon):
+    """Heads, KV heads and MLP features split over 2 ranks that share one batch (tokens counted once)."""
+    assert_same_run(run_layout(tmp_path, "tp", 2, overrides=MESH_FP32), single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(tmp_path,
+                                                                                                   single_muon):
+    """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, activation
+    checkpointing on; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
+    run = run_layout(tmp_path, "fsdp2_ep", 4, checkpoint_at=2,
+                     overrides=[*MESH_FP32, "parallelism.activation_checkpointing=true"])
+    assert run["expert_parallel"] == 2
+    assert_same_run(run, single_muon)
+    checkpoint = run["out"] / "step2.ckpt"
+    assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 4, "one shard file per rank"
+
+    resumed = run_layout(tmp_path / "resumed", "ep", 2, resume=str(checkpoint), overrides=MESH_FP32)
+    assert_same_run(resumed, single_muon, first_step=2)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, single_muon):
+    """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks."""
+    run = run_layout(tmp_path, "production", 4,
+                     overrides=[*MESH_FP32, "parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"])
+    assert run["expert_parallel"] == 2
+    assert_same_run(run, single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp2_with_its_bf16_mixed_precision_policy_trains(tmp_path, single_muon):
+    """The fsdp2 member as shipped (bf16 parameters, fp32 reductions): close to fp32, not equal."""
+    run = run_layout(tmp_path, "fsdp2", 2)
+    for a, b in zip(run["losses"], single_muon["losses"]):
+        assert abs(a - b) <= 1e-2 * b
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, single_adamw):
+    """ZeRO-3 on CPU (gloo) with AdamW: equal to the single-process run; its sharded checkpoint after step 2
+    resumes to the same step 3; hf/ is gathered from the partitions."""
+    from glm46.hf import load_hf
+
+    run = run_layout(tmp_path, "deepspeed_zero3", 2, optimizer="adamw", checkpoint_at=2)
+    assert_same_run(run, single_adamw)
+    checkpoint = run["out"] / "step2.ckpt"
+    assert len(list((checkpoint / "checkpoint").glob("zero_pp_rank_*_optim_states.pt"))) == 2, "partitioned state"
+
+    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", 2, optimizer="adamw", hf=True,
+                         resume=str(checkpoint))
+    assert_same_run(resumed, single_adamw, first_step=2)
+    for name, tensor in load_hf(resumed["out"] / "hf").state_dict().items():
+        assert torch.equal(tensor, resumed["state"][name]), name
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
