@@ -174,8 +174,8 @@ def minhash_signatures(texts: list[str], shingle_size: int, num_perm: int, seed:
     """[len(texts), num_perm] uint32 MinHash values, computed in chunks over num_workers threads.
 
     Threads, not processes: numpy releases the GIL in the whole-array passes that take nearly all the
-    time, and threads neither fork nor pickle the texts and signatures (which cost processes half as
-    much CPU again as the signatures themselves).
+    time, and threads neither fork nor pickle texts and signatures, which added a third to a half to
+    the CPU time with processes.
     """
     work = partial(_signatures, shingle_size=shingle_size, num_perm=num_perm, seed=seed)
     chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
