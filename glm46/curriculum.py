@@ -36,8 +36,9 @@ RL_DATA = "glm46.lit.rl_data.PromptDataModule"
 
 def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig], object]) -> None:
     """Build the dataset `cfg.auto_prepare` describes (a `data=embedded|jsonl|...` node) with `prepare`, unless
-    its output_dir already holds it with the same fingerprint."""
-    if not cfg.get("auto_prepare"):
+    its output_dir already holds it with the same fingerprint. Nothing to do when the training data reads no
+    prepared dataset (a data node without `path`, e.g. data=stdlib)."""
+    if not cfg.get("auto_prepare") or "path" not in cfg.data:
         return
     source = OmegaConf.to_container(cfg.auto_prepare, resolve=True)
     fingerprint = prepare_fingerprint(source, OmegaConf.to_container(cfg.prepare, resolve=True))
@@ -131,26 +132,26 @@ def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -
             print(f"stage {name}: finished before, skipped ({stage_dir})")
         else:
             print(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
-            stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
             with open_dict(stage_cfg):
                 stage_cfg.init_from = None if init_from is None else str(init_from)
+            stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
             started = time.time()
             with _output_dir(stage_dir):
                 train(stage_cfg, configs[name])
             if not (stage_dir / "hf" / "config.json").is_file():
                 print(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
                 return {}
-            report.append((name, time.time() - started, stage_dir))
+            report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
         init_from = stage_dir / "checkpoints" / "last.ckpt"
     with open_dict(cfg):
         cfg.init_from = str(init_from)
     started = time.time()
     metrics = train(cfg, config)
-    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir))
+    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from))
     print("curriculum:")
-    for name, seconds, where in report:
+    for name, seconds, where, _ in report:
         print(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}")
     (run_dir / "curriculum.json").write_text(json.dumps(
-        [{"stage": name, "seconds": round(seconds, 1), "run_dir": str(where)} for name, seconds, where in report],
-        indent=2))
+        [{"stage": name, "seconds": round(seconds, 1), "run_dir": str(where), "init_from": source}
+         for name, seconds, where, source in report], indent=2))
     return metrics

@@ -16,6 +16,7 @@ from glm46.hf import load_hf, save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.modules import ConfigError, GLM46Config
+from glm46.parallel.state import read_sharded_checkpoint
 from glm46.plots import plot_run
 
 
@@ -39,10 +40,14 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
 
 
 def load_initial_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Start from earlier weights (`init_from`): a Lightning checkpoint of a previous phase, or an HF directory.
+    """Start from earlier weights (`init_from`): a Lightning checkpoint of a previous phase (a file, or the folder
+    of a sharded layout), or an HF directory.
     Only the weights: optimizer, schedules and data position start afresh for the new phase."""
     path = Path(path)
-    if path.is_dir():
+    sharded = read_sharded_checkpoint(path, model)  # a DCP or DeepSpeed folder (sharded layouts' checkpoints)
+    if sharded is not None:
+        state = sharded
+    elif path.is_dir():
         state = load_hf(path).state_dict()
     else:
         checkpoint = torch.load(path, map_location="cpu", weights_only=False)

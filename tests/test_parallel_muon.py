@@ -75,6 +75,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 
 @pytest.mark.distributed
+@pytest.mark.slow
 def test_muon_on_fsdp2_tp_and_ep_shards_equals_single_process_muon_and_sharded_export(tmp_path):
     mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
     from safetensors.torch import load_file

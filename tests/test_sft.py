@@ -86,10 +86,12 @@ def test_generated_conversations_in_the_shards_are_format_chats_ids(dataset, tok
         ids, mask = format_chat(messages, tokenizer)
         start, end = offsets[number], offsets[number + 1]
         assert tokens[start:end].tolist() == ids
-        assert targets(int(start), int(end - start)).tolist() == mask
-        # a conversation cut into pieces keeps its roles: the mask of a later piece reads from its start
+        assert targets.span(int(start), int(end - start)).tolist() == mask
+        # a conversation cut into pieces keeps its roles: a later piece's mask reads from the conversation's start
         middle = int(start + (end - start) // 2)
-        assert targets(middle, int(end - middle)).tolist() == mask[middle - start :]
+        assert targets.span(middle, int(end - middle)).tolist() == mask[middle - start :]
+        row = np.asarray(tokens[middle:end], dtype=np.int64)
+        assert targets(row, [(middle, int(end - middle))]).tolist() == mask[middle - start :]
     assert {2, 3, 4, 5} <= turns, "one- and two-turn conversations, with and without a system prompt"
 
 

@@ -54,19 +54,30 @@ def test_batches_are_a_function_of_the_seed(dataset):
 def test_ranks_split_the_stream_without_overlap(dataset):
     dm = datamodule(dataset)
     streams = {d: s.train for d, s in dm.streams.items()}
-    single = MixtureWindows(streams, dm.mixture, 32, 7, start=0, rank=0, world_size=1)
-    ranks = [MixtureWindows(streams, dm.mixture, 32, 7, start=0, rank=r, world_size=2) for r in (0, 1)]
-    expected = [s["input_ids"] for _, s in zip(range(8), single)]
-    got = [s["input_ids"] for _, s in zip(range(4), ranks[0])], [s["input_ids"] for _, s in zip(range(4), ranks[1])]
+    single = MixtureWindows(streams, dm.mixture, 32, 7, start=0, rank=0, world_size=1, batch_size=2)
+    ranks = [MixtureWindows(streams, dm.mixture, 32, 7, start=0, rank=r, world_size=2, batch_size=2) for r in (0, 1)]
+    expected = [row for _, batch in zip(range(4), single) for row in batch["input_ids"]]
+    got = [[row for _, batch in zip(range(2), rank) for row in batch["input_ids"]] for rank in ranks]
     interleaved = [x for pair in zip(*got) for x in pair]
-    assert all(torch.equal(x, y) for x, y in zip(interleaved, expected))
+    assert len(interleaved) == 8 and all(torch.equal(x, y) for x, y in zip(interleaved, expected))
+
+
+def test_dataloader_workers_serve_the_same_batches_in_the_same_order(dataset):
+    for packing in ("truncate", "best_fit"):
+        alone = first_batches(datamodule(dataset, packing=packing, seq_len=64), 5)
+        workers = first_batches(datamodule(dataset, packing=packing, seq_len=64, num_workers=2), 5)
+        assert all(torch.equal(x, y) for x, y in zip(alone, workers))
 
 
 def test_mixture_weights_are_followed(dataset):
     dm = datamodule(dataset, mixture={"code": 0.9, "math": 0.1})
     stream = MixtureWindows({d: s.train for d, s in dm.streams.items()}, dm.mixture, 32, 0, 0, 0, 1)
-    picks = [stream.choose(i)[0] for i in range(2000)]
-    assert abs(picks.count(0) / 2000 - 0.9) < 0.03
+    domains, starts = stream.choose(np.arange(4000))
+    assert abs((domains == 0).mean() - 0.9) < 0.02
+    assert (starts >= 0).all() and (starts < stream.choices[domains]).all()
+    picks, choices = (domains == 0).sum(), stream.choices[0]
+    expected = choices * (1 - np.exp(-picks / choices))  # distinct offsets of uniform draws with replacement
+    assert len(np.unique(starts[domains == 0])) > 0.95 * expected, "offsets spread uniformly over the domain"
 
 
 def test_validation_reads_only_held_out_documents(dataset):
@@ -160,8 +171,8 @@ def test_every_domain_holds_out_whole_documents_that_training_never_reads(datase
         assert len(held_out) == 30 and train + held_out == everything
         assert not set(train) & set(held_out), f"{domain}: a held-out document is also a training document"
     # training windows are cut from the training part only; validation from the held-out part only
-    windows = MixtureWindows({d: s.train for d, s in dm.streams.items()}, dm.mixture, 32, 7, 0, 0, 1)
-    assert all(len(windows.streams[d]) == len(s.train) for d, s in zip(windows.domains, dm.streams.values()))
+    training = dm.train_dataloader().dataset
+    assert [len(t) for t in training.streams] == [len(dm.streams[d].train) for d in training.domains]
     val = [s for batch in dm.val_dataloader() for s in batch["input_ids"]]
     held_out_tokens = {d: s.val.tolist() for d, s in dm.streams.items()}
     for sample in val:

@@ -1,4 +1,6 @@
-"""`python run.py` end to end on CPU: training, metrics, plots, checkpoints, resume, HF export."""
+"""`python run.py` end to end on CPU: training, metrics, plots, checkpoints, resume, HF export (on the byte
+stream, experiment=tiny_bytes), and the default run: the embedded corpus prepared once (cached by
+fingerprint), then the toy curriculum stage by stage."""
 
 import csv
 import json
@@ -15,7 +17,8 @@ from glm46.hf import load_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RUN = [
-    "data.max_bytes=300000", "data.seq_len=64", "data.batch_size=4", "trainer.val_check_interval=10",
+    "experiment=tiny_bytes", "data.max_bytes=300000", "data.seq_len=64", "data.batch_size=4",
+    "trainer.val_check_interval=10",
     "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2", "callbacks.model_checkpoint.every_n_train_steps=10",
 ]
 
@@ -155,28 +158,97 @@ def test_init_from_a_checkpoint_or_an_hf_directory_loads_the_weights(trained):
             assert torch.equal(model.state_dict()[name], tensor), (source, name)
 
 
+def fake_prepare(calls):
+    """A stand-in for task=prepare that records its settings and writes shards with a new fingerprint."""
+    def prepare(settings):
+        calls.append(settings)
+        tokens = Path(settings.data.output_dir) / "tokens"
+        tokens.mkdir(parents=True, exist_ok=True)
+        (tokens / "shards.json").write_text(json.dumps({"fingerprint": f"build-{len(calls)}"}))
+    return prepare
+
+
+def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(compose_config, tmp_path):
+    from glm46.curriculum import prepare_once
+    from glm46.tasks import prepare_data
+
+    corpus, dataset = tmp_path / "corpus.jsonl", tmp_path / "dataset"
+    rng = random.Random(0)
+    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
+                              for _ in range(100)))
+
+    def config(*overrides):
+        return compose_config(f"data.path={dataset}", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
+                              "prepare.tokenizer.vocab_size=400", *overrides)
+
+    prepare_once(config(), lambda settings: prepare_data(settings, None))  # the real preparation, first use
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["documents_in"] == 100 and (dataset / "tokens" / "shards.json").is_file()
+    calls = []
+    prepare_once(config(), fake_prepare(calls))
+    prepare_once(config("prepare.num_workers=1"), fake_prepare(calls))  # does not change the output
+    assert calls == [], "a second run reuses the prepared dataset"
+
+    prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
+    assert len(calls) == 1 and calls[0].data.reader == "jsonl" and calls[0].data.output_dir == str(dataset)
+    prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
+    assert len(calls) == 1, "the rebuilt dataset is cached under its new fingerprint"
+
+    with open(corpus, "a") as f:  # a changed source
+        f.write(json.dumps({"text": "one more document, long enough to be kept by the quality rules."}) + "\n")
+    prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
+    assert len(calls) == 2
+
+    (dataset / "tokens" / "shards.json").write_text(json.dumps({"fingerprint": "another task=prepare"}))
+    prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
+    assert len(calls) == 3, "shards rewritten by another preparation are not taken for this one's"
+
+
+def test_a_run_on_data_without_a_path_prepares_nothing(compose_config):
+    from glm46.curriculum import prepare_once
+
+    calls = []
+    prepare_once(compose_config("experiment=tiny_bytes"), fake_prepare(calls))
+    prepare_once(compose_config("data=stdlib"), fake_prepare(calls))  # the default run's stages on the byte stream
+    assert calls == []
+
+
 @pytest.mark.slow
-def test_toy_curriculum_on_the_embedded_corpus_from_pretraining_to_midtraining(tmp_path):
-    dataset = tmp_path / "embedded"
-    prepared = subprocess.run(
-        [sys.executable, "run.py", "task=prepare", "data=embedded", f"data.output_dir={dataset}",
-         "data.options.math_problems=2000", "data.options.reasoning_problems=1000",
-         f"hydra.run.dir={tmp_path / 'prep'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert prepared.returncode == 0, prepared.stderr[-2000:]
-    common = ["experiment=toy_curriculum", f"data.path={dataset}", "data.batch_size=4", "trainer.log_every_n_steps=2",
-              "trainer.val_check_interval=5", "trainer.limit_val_batches=2"]
-    stage1 = subprocess.run(
-        [sys.executable, "run.py", *common, "phase.tokens=10240", f"hydra.run.dir={tmp_path / 'stage1'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert stage1.returncode == 0, stage1.stderr[-3000:]
-    assert torch.load(tmp_path / "stage1" / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 10
-    stage2 = subprocess.run(
-        [sys.executable, "run.py", *common, "phase=toy_midtrain", "phase.seq_len=256", "phase.tokens=5120",
-         f"init_from={tmp_path / 'stage1' / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'stage2'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert stage2.returncode == 0, stage2.stderr[-3000:]
-    checkpoint = torch.load(tmp_path / "stage2" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert checkpoint["global_step"] == 5 and checkpoint["ShardDataModule"]["phase"] == "toy_midtrain"
-    first_loss = column(metrics(tmp_path / "stage1"), "train/loss")[0]
-    assert column(metrics(tmp_path / "stage2"), "train/loss")[0] < first_loss, "stage 2 starts from stage 1's weights"
+def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curriculum(tmp_path):
+    dataset, run_dir = tmp_path / "embedded", tmp_path / "run"
+    small = [f"data.path={dataset}", "auto_prepare.options.math_problems=2000",
+             "auto_prepare.options.reasoning_problems=1000", "auto_prepare.options.sft_conversations=1000",
+             "auto_prepare.options.rl_prompts=200", "prepare.tokenizer.vocab_size=2048", "data.batch_size=4",
+             "phase.seq_len=128", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2",
+             f"hydra.run.dir={run_dir}"]
+    first = subprocess.run([sys.executable, "run.py", *small, "trainer.max_steps=4"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
+    assert f"dataset: preparing {dataset}" in first.stdout
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    assert manifest["documents_in"] == manifest["documents_out"] + sum(manifest["dropped"].values())
+    assert {"code", "repo_code", "docs", "math", "reasoning", "sft", "rl"} <= set(manifest["domains"])
+
+    stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain"}
+    first_losses = []
+    for name, phase in stages.items():
+        stage_dir = run_dir / "stages" / name
+        checkpoint = torch.load(stage_dir / "checkpoints" / "last.ckpt", weights_only=False)
+        assert checkpoint["global_step"] == 4 and checkpoint["ShardDataModule"]["phase"] == phase
+        assert (stage_dir / "hf" / "config.json").is_file() and (stage_dir / ".hydra" / "config.yaml").is_file()
+        assert f"phase={phase}" in (stage_dir / ".hydra" / "overrides.yaml").read_text()
+        first_losses.append(column(metrics(stage_dir), "train/loss")[0])
+    # the run directory is the last stage's (SFT), as any run directory
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 4 and checkpoint["SFTDataModule"]["phase"] == "toy_sft"
+    assert (run_dir / "hf" / "config.json").is_file() and column(metrics(run_dir), "val/loss")
+    first_losses.append(column(metrics(run_dir), "train/loss")[0])
+    assert all(loss < first_losses[0] for loss in first_losses[1:]), f"each stage starts from the last: {first_losses}"
+
+    again = subprocess.run([sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert f"dataset: {dataset} (prepared" in again.stdout and "preparing" not in again.stdout
+    assert again.stdout.count("finished before, skipped") == 3
+    assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

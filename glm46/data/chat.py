@@ -53,24 +53,30 @@ def render_chat(messages: list[dict[str, str]], generation_prompt: bool = False)
 
 
 class ChatTokens:
-    """The special-token ids the chat format uses, from a tokenizer."""
+    """The special-token ids the chat format uses, from a tokenizer, and a per-id table of their kinds."""
+
+    BOUNDARY, ASSISTANT = 1, 2
 
     def __init__(self, tokenizer: GLMTokenizer):
-        self.roles = np.array([tokenizer.token_id(t) for t in ROLE_TOKENS.values()])
         self.assistant = tokenizer.token_id(ROLE_TOKENS["assistant"])
         self.eos = tokenizer.token_id(EOS)
         self.gmask = tokenizer.token_id(PREFIX[0])
+        boundaries = [tokenizer.token_id(t) for t in ROLE_TOKENS.values()] + [self.eos, self.gmask]
+        self.kind = np.zeros(max(tokenizer.vocab_size, *boundaries) + 1, dtype=np.int8)  # 0: any other token
+        self.kind[boundaries] = self.BOUNDARY
+        self.kind[self.assistant] = self.ASSISTANT
 
 
 def assistant_mask(ids: np.ndarray, chat: ChatTokens) -> np.ndarray:
     """`format_chat`'s loss mask, from ids alone (uint8, the length of `ids`): 1 on the tokens of an assistant
     turn after its role token and newline, and on the role token or <|endoftext|> that closes it.
     `ids` may hold several conversations end to end; it should start at a conversation's start."""
-    ids = np.asarray(ids)
-    n = len(ids)
-    boundary = np.isin(ids, chat.roles) | (ids == chat.eos) | (ids == chat.gmask)  # a turn starts or ends here
-    latest = np.maximum.accumulate(np.where(boundary, np.arange(n), -1))  # the newest boundary at or before i
-    previous = np.r_[-1, latest[:-1]]  # the newest boundary strictly before i
-    in_reply = (previous >= 0) & (ids[np.maximum(previous, 0)] == chat.assistant)
-    content = in_reply & ~boundary & (np.arange(n) != previous + 1)  # not the newline after <|assistant|>
+    kind = chat.kind[np.asarray(ids)]
+    boundary = kind > 0  # a role token, <|endoftext|> or [gMASK]: a turn starts or ends here
+    index = np.arange(len(kind))
+    previous = np.empty_like(index)  # the newest boundary strictly before i (-1: none)
+    previous[:1] = -1
+    np.maximum.accumulate(np.where(boundary, index, -1)[:-1], out=previous[1:])
+    in_reply = np.where(previous >= 0, kind[previous], 0) == ChatTokens.ASSISTANT
+    content = in_reply & ~boundary & (index != previous + 1)  # not the newline after <|assistant|>
     return (content | (in_reply & boundary)).astype(np.uint8)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import lightning as L
 import numpy as np
-import torch
 from torch.utils.data import DataLoader, Dataset
 
 from glm46.data.byte_tokenizer import ByteTokenizer
@@ -17,11 +16,12 @@ from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
 
 
-def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, torch.Tensor]:
-    """The training sample of seq_len tokens at `start` (and the next token for the last label)."""
-    chunk = torch.from_numpy(np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64))
-    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": torch.arange(seq_len),
-            "loss_mask": torch.ones(seq_len, dtype=torch.long)}
+def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The training sample of seq_len tokens at `start` (and the next token for the last label), as arrays
+    (DataLoader's collation makes them tensors)."""
+    chunk = np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64)
+    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": np.arange(seq_len),
+            "loss_mask": np.ones(seq_len, dtype=np.int64)}
 
 
 class TokenWindows(Dataset):
@@ -35,7 +35,7 @@ class TokenWindows(Dataset):
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.seq_len
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return window(self.tokens, index * self.seq_len, self.seq_len)
 
 

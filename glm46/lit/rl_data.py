@@ -18,7 +18,6 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
-import torch
 
 from glm46.data.chat import ChatTokens
 from glm46.data.rl import extract_answer
@@ -33,7 +32,7 @@ class Prompts(MixtureWindows):
         super().__init__(*args, **kwargs)
         self.tokenizer, self.assistant = tokenizer, ChatTokens(tokenizer).assistant
 
-    def sample(self, domain: int, item: int) -> dict[str, torch.Tensor]:
+    def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
         document = np.asarray(self.streams[domain][start : start + length], dtype=np.int64)
         end = int(np.flatnonzero(document == self.assistant)[-1]) + 1
@@ -43,16 +42,15 @@ class Prompts(MixtureWindows):
             raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.data.rl)")
         prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
         prompt[:end] = document[:end]
-        return {"prompt_ids": torch.from_numpy(prompt), "prompt_length": torch.tensor(end),
-                "answer": torch.tensor(answer)}
+        return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer)}
 
 
 class PromptDataModule(ShardDataModule):
     """seq_len is the longest prompt served: documents with longer prompts (or no assistant turn) are left out."""
 
     def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 64, phase: str = "rl"):
-        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing="pad")
+                 val_fraction: float = 0.02, val_windows: int = 64, phase: str = "rl", num_workers: int = 0):
+        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, "pad", num_workers)
         self.tokenizer = GLMTokenizer.from_file(self.root / "tokenizer.json")
         self.dataset = partial(Prompts, tokenizer=self.tokenizer)
 

@@ -9,8 +9,6 @@ and the fingerprint check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from glm46.data.chat import ChatTokens, assistant_mask
@@ -19,25 +17,40 @@ from glm46.lit.shard_data import ShardDataModule
 
 
 class ConversationTargets:
-    """tokens[start : start + count] -> 1 on assistant tokens (`assistant_mask`), read from the start of the
-    conversation the span lies in, so a conversation cut into pieces keeps its roles."""
+    """A packed row's assistant tokens (`assistant_mask`): computed over the whole row, which is exact for
+    pieces that start a conversation (each begins with [gMASK]), and from the conversation's start for a
+    piece that continues one cut at a bin's length, so that it keeps its roles."""
 
     def __init__(self, tokens: np.ndarray, offsets: np.ndarray, chat: ChatTokens):
         self.tokens, self.offsets, self.chat = tokens, offsets, chat
 
-    def __call__(self, start: int, count: int) -> np.ndarray:
+    def __call__(self, ids: np.ndarray, pieces: list[tuple[int, int]]) -> np.ndarray:
+        mask = assistant_mask(ids, self.chat)
+        starts = np.array([start for start, _ in pieces])
+        firsts = self.offsets[np.searchsorted(self.offsets, starts, side="right") - 1]
+        used = 0
+        for (start, length), first in zip(pieces, firsts):
+            if first != start:
+                mask[used : used + length] = self.span(start, length)
+            used += length
+        return mask
+
+    def span(self, start: int, count: int) -> np.ndarray:
+        """The mask of tokens[start : start + count], read from the start of its conversation."""
         first = int(self.offsets[np.searchsorted(self.offsets, start, side="right") - 1])
         return assistant_mask(self.tokens[first : start + count], self.chat)[start - first :]
 
 
 class SFTDataModule(ShardDataModule):
     def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "sft", packing: str = "best_fit"):
+                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "sft", packing: str = "best_fit",
+                 num_workers: int = 0):
         if packing == "truncate":
             raise ValueError("data.packing=truncate would cut conversations at random: SFT packs whole "
                              "conversations (best_fit) or pads one per row (pad)")
-        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing)
+        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing,
+                         num_workers)
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
 
-    def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> ConversationTargets:
         return ConversationTargets(tokens, offsets, self.chat)

@@ -22,7 +22,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from glm46.data.shards import load_shard
 from glm46.lit.datamodule import window
@@ -74,58 +74,85 @@ def best_fit_bins(offsets: np.ndarray, capacity: int) -> list[list[tuple[int, in
 
 
 def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_id: int,
-           targets: Callable[[int, int], np.ndarray] | None = None) -> dict[str, torch.Tensor]:
+           targets: Callable[[np.ndarray, list[tuple[int, int]]], np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Documents end to end with restarting position ids; no loss across a boundary or on padding, and
-    with `targets`, only on the tokens it marks. Labels are IGNORE_INDEX wherever loss_mask is 0."""
-    ids, positions, mask = [], [], []
+    with `targets` (the row's ids and pieces -> 1 where a token is a training target), only on the tokens
+    it marks. Labels are IGNORE_INDEX wherever loss_mask is 0."""
+    ids = np.full(seq_len + 1, pad_id, dtype=np.int64)
+    positions = np.empty(seq_len + 1, dtype=np.int64)
+    inside = np.zeros(seq_len + 1, dtype=np.int64)  # 1 where the next token is in the same piece
+    used = 0
     for start, length in pieces:
-        ids.append(np.asarray(tokens[start : start + length], dtype=np.int64))
-        positions.append(np.arange(length))
-        inside = np.ones(length - 1, dtype=np.int64) if targets is None else targets(start + 1, length - 1)
-        mask.append(np.r_[inside, 0])  # the last token's label is another document
-    used = sum(length for _, length in pieces)
-    ids.append(np.full(seq_len + 1 - used, pad_id, dtype=np.int64))
-    positions.append(np.arange(seq_len + 1 - used))
-    mask.append(np.zeros(seq_len + 1 - used, dtype=np.int64))
-    ids, positions, mask = (torch.from_numpy(np.concatenate(a).astype(np.int64)) for a in (ids, positions, mask))
-    labels = ids[1:].masked_fill(mask[:-1] == 0, IGNORE_INDEX)
-    return {"input_ids": ids[:-1], "labels": labels, "position_ids": positions[:-1], "loss_mask": mask[:-1]}
+        ids[used : used + length] = tokens[start : start + length]
+        positions[used : used + length] = np.arange(length)
+        inside[used : used + length - 1] = 1
+        used += length
+    positions[used:] = np.arange(seq_len + 1 - used)
+    mask = inside[:-1] if targets is None else inside[:-1] * targets(ids, pieces)[1:]
+    return {"input_ids": ids[:-1], "labels": np.where(mask == 1, ids[1:], IGNORE_INDEX),
+            "position_ids": positions[:-1], "loss_mask": mask}
+
+
+def uniforms(seed: int, indices: np.ndarray, draws: int = 2) -> np.ndarray:
+    """[len(indices), draws] floats in [0, 1), a pure function of (seed, index, draw): SplitMix64 over a
+    counter, vectorised, so a batch of samples costs a few array operations instead of a generator each."""
+    with np.errstate(over="ignore"):
+        counter = (np.asarray(indices, dtype=np.uint64)[:, None] * np.uint64(draws)
+                   + np.arange(draws, dtype=np.uint64)[None, :] + np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
+        z = counter * np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 class MixtureWindows(IterableDataset):
-    """Infinite samples: sample g picks a domain by the mixture weights, then a window at a random
-    offset (`bins` None: random truncation) or one of the domain's bins (packed documents)."""
+    """Infinite batches: global sample g picks a domain by the mixture weights, then a window at a random
+    offset (`bins` None: random truncation) or one of the domain's bins (packed documents), from (seed, g).
+
+    This rank's k-th sample is g = start + k * world_size + rank, and batch b holds its samples
+    b * batch_size ... (b + 1) * batch_size - 1, so the stream is the same for any number of DataLoader
+    workers (worker w builds batches w, w + workers, ...; the DataLoader returns them in order)."""
 
     def __init__(self, streams: dict[str, np.ndarray], weights: dict[str, float], seq_len: int, seed: int,
                  start: int, rank: int, world_size: int, bins: dict[str, list] | None = None, pad_id: int = 0,
-                 targets: dict[str, Callable[[int, int], np.ndarray]] | None = None):
+                 targets: dict[str, Callable | None] | None = None, batch_size: int = 1):
         self.domains = [d for d in weights if weights[d] > 0]
         self.streams = [streams[d] for d in self.domains]
         self.bins = [bins[d] for d in self.domains] if bins is not None else None
         self.targets = [targets[d] for d in self.domains] if targets is not None else [None] * len(self.domains)
         total = sum(weights[d] for d in self.domains)
         self.cumulative = np.cumsum([weights[d] / total for d in self.domains])
+        self.choices = np.array([len(b) for b in self.bins] if self.bins is not None else
+                                [len(s) - seq_len for s in self.streams])
         self.seq_len, self.seed, self.start, self.rank, self.world_size = seq_len, seed, start, rank, world_size
-        self.pad_id = pad_id
+        self.pad_id, self.batch_size = pad_id, batch_size
 
-    def choose(self, index: int) -> tuple[int, int]:
-        """(domain number, window start or bin number) of global sample `index`."""
-        rng = np.random.default_rng([self.seed, index])
-        domain = min(int(np.searchsorted(self.cumulative, rng.random(), side="right")), len(self.domains) - 1)
-        choices = len(self.bins[domain]) if self.bins is not None else len(self.streams[domain]) - self.seq_len
-        return domain, int(rng.integers(0, choices))
+    def choose(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(domain numbers, window starts or bin numbers) of the global samples `indices`."""
+        u = uniforms(self.seed, indices)
+        domains = np.minimum(np.searchsorted(self.cumulative, u[:, 0], side="right"), len(self.domains) - 1)
+        return domains, (u[:, 1] * self.choices[domains]).astype(np.int64)
 
-    def sample(self, domain: int, item: int) -> dict[str, torch.Tensor]:
+    def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         tokens = self.streams[domain]
         if self.bins is None:
             return window(tokens, item, self.seq_len)
         return packed(tokens, self.bins[domain][item], self.seq_len, self.pad_id, self.targets[domain])
 
+    def batch(self, number: int) -> dict[str, torch.Tensor]:
+        """This rank's batch `number` (counted from `start`)."""
+        local = np.arange(number * self.batch_size, (number + 1) * self.batch_size)
+        domains, items = self.choose(self.start + local * self.world_size + self.rank)
+        rows = [self.sample(int(d), int(i)) for d, i in zip(domains, items)]
+        return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
+
     def __iter__(self):
-        index = self.start + self.rank
+        worker = get_worker_info()
+        number, step = (worker.id, worker.num_workers) if worker else (0, 1)
         while True:
-            yield self.sample(*self.choose(index))
-            index += self.world_size
+            yield self.batch(number)
+            number += step
 
 
 class ShardDataModule(L.LightningDataModule):
@@ -136,7 +163,7 @@ class ShardDataModule(L.LightningDataModule):
 
     def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
                  val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain",
-                 packing: str = "truncate"):
+                 packing: str = "truncate", num_workers: int = 0):
         super().__init__()
         self.root = Path(path)
         self.path = self.root / "tokens"
@@ -152,6 +179,7 @@ class ShardDataModule(L.LightningDataModule):
             raise ValueError(f"data.packing={packing!r}: expected one of {list(PACKINGS)}")
         self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
+        self.num_workers = num_workers
         self.start_sample = 0
         self.streams: dict[str, DomainStream] = {}
         self.bins: dict[str, list] = {}
@@ -170,8 +198,9 @@ class ShardDataModule(L.LightningDataModule):
         return self.index["eos_token_id"]
 
     # -- hooks for subclasses
-    def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> Callable[[int, int], np.ndarray] | None:
-        """Which tokens of a packed row are trained (None: every token within a document)."""
+    def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> Callable | None:
+        """(row ids, pieces) -> 1 where a token of a packed row is a training target, for the documents of
+        `tokens` (None: every token; `packed` never trains across a document boundary)."""
         return None
 
     def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
@@ -202,9 +231,10 @@ class ShardDataModule(L.LightningDataModule):
         packed_rows = self.packing != "truncate"
         dataset = self.dataset({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
                                self.seed, self.start_sample, rank, world, bins=self.bins if packed_rows else None,
-                               pad_id=self.pad_id,
+                               pad_id=self.pad_id, batch_size=self.batch_size,
                                targets={d: self.targets(s.train, s.train_offsets) for d, s in self.streams.items()})
-        return DataLoader(dataset, batch_size=self.batch_size)
+        return DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
+                          persistent_workers=self.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         """The first val_windows windows (or packed rows) of each domain's held-out documents, the domains

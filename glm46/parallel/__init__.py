@@ -2,9 +2,15 @@
 parallel over one device mesh) and DeepSpeed ZeRO; see glm46.parallel.layout for the sizes."""
 
 from .layout import Layout, layout_from_config, validate_layout
-from .strategies import (DeepSpeedStrategy, MeshParallelStrategy, data_parallel_group, data_parallel_rank_and_size,
-                         data_parallel_size)
+from .strategies import (
+    DeepSpeedStrategy,
+    MeshParallelStrategy,
+    data_parallel_group,
+    data_parallel_rank_and_size,
+    data_parallel_size,
+)
 
-__all__ = ["DeepSpeedStrategy", "Layout", "MeshParallelStrategy", "data_parallel_group", "data_parallel_rank_and_size",
-           "data_parallel_size",
-           "layout_from_config", "validate_layout"]
+__all__ = [
+    "DeepSpeedStrategy", "Layout", "MeshParallelStrategy", "data_parallel_group", "data_parallel_rank_and_size",
+    "data_parallel_size", "layout_from_config", "validate_layout",
+]

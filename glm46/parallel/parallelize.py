@@ -109,7 +109,7 @@ def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
         checkpoint(layer)
 
 
-def mixed_precision_policy(settings) -> "torch.distributed.fsdp.MixedPrecisionPolicy":
+def mixed_precision_policy(settings) -> torch.distributed.fsdp.MixedPrecisionPolicy:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if not settings:
@@ -126,7 +126,7 @@ def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool,
     from torch.distributed.fsdp import fully_shard
 
     dense_mesh = hsdp_mesh(mesh, "dp_replicate", "dp_shard")
-    kwargs = dict(mp_policy=mixed_precision_policy(mixed_precision), reshard_after_forward=reshard_after_forward)
+    kwargs = {"mp_policy": mixed_precision_policy(mixed_precision), "reshard_after_forward": reshard_after_forward}
     if expert_parallel:
         expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
         for layer in decoder_layers(model):

@@ -5,11 +5,16 @@ tensor at a time, for an export written by rank 0.
 end, in the same order (each DTensor is all-gathered, each ZeRO-3 parameter gathered by
 DeepSpeed); memory holds one full tensor at a time beside the shards. On an unsharded model it
 is `model.state_dict().items()` without any communication.
+
+`read_sharded_checkpoint` reads the weights back out of a sharded layout's checkpoint folder (DCP or
+DeepSpeed) in one process, whatever layout wrote it: `init_from=<folder>`.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,3 +54,28 @@ def full_state_items(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor
 def is_writer() -> bool:
     """Whether this process writes shared files: global rank 0, or the only process."""
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def read_sharded_checkpoint(path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The full weights of `model` (a GLM46ForCausalLM, unsharded) from a sharded Lightning checkpoint folder:
+    a distributed checkpoint (DCP, MeshParallelStrategy: `*.distcp` + `meta.pt`) or a DeepSpeed ZeRO folder
+    (`checkpoint/zero_pp_rank_*`); None for anything else. Read in one process, whatever layout wrote it;
+    the LightningModule's `model.` prefix is removed."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if (path / ".metadata").is_file():
+        import torch.distributed.checkpoint as dcp
+
+        state = {"state_dict": {f"model.{k}": v.clone() for k, v in model.state_dict().items()}}
+        single = not (dist.is_available() and dist.is_initialized())
+        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": reading in one process is the point
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(state, checkpoint_id=path, no_dist=single)  # only these keys
+        return {k.removeprefix("model."): v for k, v in state["state_dict"].items()}
+    if (path / "latest").is_file() or list(path.glob("*/zero_pp_rank_*_model_states.pt")):
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(path)
+        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
+    return None

@@ -19,9 +19,8 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators.cuda import CUDAAccelerator
-from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
-from lightning.pytorch.strategies import ModelParallelStrategy
 
 from .layout import Layout, layout_from_config, validate_layout
 from .mesh import build_mesh
@@ -87,7 +86,16 @@ class MeshParallelStrategy(ModelParallelStrategy):
 
 
 class DeepSpeedStrategy(_LightningDeepSpeedStrategy):
-    """Lightning's DeepSpeedStrategy, also on CPU (gloo); unchanged on CUDA."""
+    """Lightning's DeepSpeedStrategy, also on CPU (gloo); unchanged on CUDA.
+
+    force_ds_cpu_optimizer: DeepSpeed's `zero_force_ds_cpu_optimizer`: with offload_optimizer, refuse any
+    optimizer but DeepSpeed's CPU Adam (DeepSpeed's default, for speed); False lets a torch optimizer step
+    the offloaded state.
+    """
+
+    def __init__(self, *args, force_ds_cpu_optimizer: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.force_ds_cpu_optimizer = force_ds_cpu_optimizer
 
     def _on_cpu(self) -> bool:
         return not isinstance(self.accelerator, CUDAAccelerator)
@@ -105,6 +113,7 @@ class DeepSpeedStrategy(_LightningDeepSpeedStrategy):
         self._init_deepspeed_distributed()
 
     def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+        self.config.setdefault("zero_force_ds_cpu_optimizer", self.force_ds_cpu_optimizer)
         if not self._on_cpu():
             if self.zero_stage_3:
                 register_external_parameters(model)
@@ -131,7 +140,7 @@ def register_external_parameters(module: torch.nn.Module) -> None:
     for that module's forward and again for its backward."""
     import deepspeed
 
-    for parameter in getattr(module, "external_parameters", lambda: [])():
+    for parameter in getattr(module, "external_parameters", list)():
         deepspeed.zero.register_external_parameter(module, parameter)
 
 

@@ -65,9 +65,10 @@ class ExpertBalancer(L.Callback):
             self.history.append((trainer.global_step, counts.cpu()))
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.history_file and self.history and trainer.is_global_zero and trainer.log_dir:
+        log_dir = trainer.log_dir  # a broadcast under multi-process strategies: every rank must ask
+        if self.history_file and self.history and trainer.is_global_zero and log_dir:
             steps, counts = zip(*self.history)
-            np.savez(Path(trainer.log_dir) / self.history_file, steps=np.array(steps), counts=torch.stack(counts).numpy())
+            np.savez(Path(log_dir) / self.history_file, steps=np.array(steps), counts=torch.stack(counts).numpy())
 
     def state_dict(self) -> dict:
         return {"pending": self.pending, "history": self.history}
