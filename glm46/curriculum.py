@@ -5,7 +5,8 @@ An experiment lists its earlier stages under `stages` (name -> command-line over
 `[data=embedded_shards, phase=toy_pretrain1]`). Each is composed like `python run.py <its overrides>
 <this run's overrides>`, validated before anything trains, and trained with its own Trainer in
 `<run dir>/stages/<name>/`, a run directory of its own (.hydra/, checkpoints/, metrics.csv, plots, hf/),
-starting from the previous stage's `checkpoints/last.ckpt` (the first from `init_from`). The composition
+starting from the previous stage's final weights, its `hf/` export (the first from `init_from`; a stage's
+`last.ckpt` can be older than its last step: Lightning writes it at checkpoint intervals). The composition
 itself is the last stage: it trains in the run directory from the last earlier stage's weights, so the
 run directory holds what any run's does. With `ckpt_path=last`, stages that finished (their hf/ exists)
 are skipped and the first unfinished one resumes from its newest checkpoint.
@@ -36,13 +37,15 @@ RL_DATA = "glm46.lit.rl_data.PromptDataModule"
 
 def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig], object]) -> None:
     """Build the dataset `cfg.auto_prepare` describes (a `data=embedded|jsonl|...` node) with `prepare`, unless
-    its output_dir already holds it with the same fingerprint. Nothing to do when the training data reads no
-    prepared dataset (a data node without `path`, e.g. data=stdlib)."""
+    its output_dir already holds it with the same fingerprint. Only when the training data reads that folder:
+    a run on another dataset (data.path elsewhere, or data=stdlib) never writes there, nor into its own."""
     if not cfg.get("auto_prepare") or "path" not in cfg.data:
         return
     source = OmegaConf.to_container(cfg.auto_prepare, resolve=True)
-    fingerprint = prepare_fingerprint(source, OmegaConf.to_container(cfg.prepare, resolve=True))
     output_dir = Path(source["output_dir"])
+    if Path(cfg.data.path).absolute() != output_dir.absolute():
+        return
+    fingerprint = prepare_fingerprint(source, OmegaConf.to_container(cfg.prepare, resolve=True))
     if is_prepared(output_dir, fingerprint):
         print(f"dataset: {output_dir} (prepared, fingerprint {fingerprint})")
         return
@@ -142,7 +145,7 @@ def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -
                 print(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
                 return {}
             report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
-        init_from = stage_dir / "checkpoints" / "last.ckpt"
+        init_from = stage_dir / "hf"
     with open_dict(cfg):
         cfg.init_from = str(init_from)
     started = time.time()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForCausalLM
 
 from glm46.hf import load_hf
@@ -134,7 +135,8 @@ def test_train_on_a_prepared_dataset(tmp_path):
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     result = subprocess.run(
-        [sys.executable, "run.py", "data=shards", f"data.path={dataset}", "data.mixture={general: 1.0}",
+        [sys.executable, "run.py", "experiment=tiny_bytes", "data=shards", f"data.path={dataset}",
+         "data.mixture={general: 1.0}",
          "data.seq_len=64", "data.batch_size=4", "model.vocab_size=400", "trainer.max_steps=12",
          "trainer.val_check_interval=6", "trainer.log_every_n_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -179,8 +181,8 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
                               for _ in range(100)))
 
     def config(*overrides):
-        return compose_config(f"data.path={dataset}", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
-                              "prepare.tokenizer.vocab_size=400", *overrides)
+        return compose_config("data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
+                              f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=400", *overrides)
 
     prepare_once(config(), lambda settings: prepare_data(settings, None))  # the real preparation, first use
     manifest = json.loads((dataset / "manifest.json").read_text())
@@ -205,19 +207,24 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
     assert len(calls) == 3, "shards rewritten by another preparation are not taken for this one's"
 
 
-def test_a_run_on_data_without_a_path_prepares_nothing(compose_config):
+def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose_config, tmp_path):
     from glm46.curriculum import prepare_once
 
     calls = []
     prepare_once(compose_config("experiment=tiny_bytes"), fake_prepare(calls))
     prepare_once(compose_config("data=stdlib"), fake_prepare(calls))  # the default run's stages on the byte stream
-    assert calls == []
+    # the default experiment on a dataset of one's own: neither the embedded corpus nor that folder is written
+    prepare_once(compose_config("data=shards", f"data.path={tmp_path}", f"auto_prepare.output_dir={tmp_path / 'x'}"),
+                 fake_prepare(calls))
+    prepare_once(compose_config(f"data.path={tmp_path}"), fake_prepare(calls))
+    assert calls == [] and list(tmp_path.iterdir()) == []
+    assert compose_config(f"auto_prepare.output_dir={tmp_path}").data.path == str(tmp_path)
 
 
 @pytest.mark.slow
 def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curriculum(tmp_path):
     dataset, run_dir = tmp_path / "embedded", tmp_path / "run"
-    small = [f"data.path={dataset}", "auto_prepare.options.math_problems=2000",
+    small = [f"auto_prepare.output_dir={dataset}", "auto_prepare.options.math_problems=2000",
              "auto_prepare.options.reasoning_problems=1000", "auto_prepare.options.sft_conversations=1000",
              "auto_prepare.options.rl_prompts=200", "prepare.tokenizer.vocab_size=2048", "data.batch_size=4",
              "phase.seq_len=128", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2",
@@ -231,14 +238,19 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     assert {"code", "repo_code", "docs", "math", "reasoning", "sft", "rl"} <= set(manifest["domains"])
 
     stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain"}
-    first_losses = []
+    first_losses, previous = [], None
     for name, phase in stages.items():
         stage_dir = run_dir / "stages" / name
         checkpoint = torch.load(stage_dir / "checkpoints" / "last.ckpt", weights_only=False)
         assert checkpoint["global_step"] == 4 and checkpoint["ShardDataModule"]["phase"] == phase
         assert (stage_dir / "hf" / "config.json").is_file() and (stage_dir / ".hydra" / "config.yaml").is_file()
         assert f"phase={phase}" in (stage_dir / ".hydra" / "overrides.yaml").read_text()
+        stage_config = yaml.safe_load((stage_dir / ".hydra" / "config.yaml").read_text())
+        assert stage_config["init_from"] == previous and stage_config["phase"]["name"] == phase
+        previous = str(stage_dir / "hf")  # each stage starts from the previous one's final weights
         first_losses.append(column(metrics(stage_dir), "train/loss")[0])
+    chain = json.loads((run_dir / "curriculum.json").read_text())
+    assert [entry["init_from"] for entry in chain] == [None] + [str(run_dir / "stages" / n / "hf") for n in stages]
     # the run directory is the last stage's (SFT), as any run directory
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 4 and checkpoint["SFTDataModule"]["phase"] == "toy_sft"
