@@ -60,7 +60,7 @@ def test_the_ablation_changes_exactly_the_optimizer_keys():
     assert diff_configs(choices_a, choices_b) == {"optim": {"a": "muon", "b": "adamw"}}
     assert diff_configs(cfg_a, cfg_b) == ABLATION_KEYS
     # resolved: the step count comes from the `steps` resolver, the lr schedule from the optimizer
-    assert cfg_a["trainer"]["max_steps"] == 15_000_000_000_000 // 4096
+    assert cfg_a["trainer"]["max_steps"] == -(-15_000_000_000_000 // 67_108_864)  # tokens / global batch
     assert cfg_a["schedule"]["lr"]["peak"] == 2.5e-4
     assert cfg_a["data"]["path"] == "???"  # a missing value does not stop the diff
     assert "hydra" not in cfg_a
@@ -111,7 +111,7 @@ def test_yaml_output(capsys):
 
 def test_a_run_directory_against_override_lists(capsys, run_dir):
     cfg, choices = compose_from(str(run_dir))
-    assert choices["model"] == "tiny" and choices["optim"] == "muon"
+    assert choices["model"] == "tiny_8k" and choices["optim"] == "muon"
     assert cfg["task"] == "estimate" and "hydra" not in cfg
     # its own overrides compose to the same config: no difference (the output dir is not compared)
     assert run_main(capsys, str(run_dir), "task=estimate", "--exit-code")[0] == 0

@@ -81,7 +81,9 @@ def test_glm45_phases_set_sequence_rope_packing_and_steps(compose_config, experi
     cfg = compose_config(f"experiment={experiment}", "data.path=/data", "init_from=/ckpt")
     assert (cfg.data.seq_len, cfg.model.rope_theta, cfg.data.packing) == (seq_len, rope_theta, packing)
     assert cfg.model.max_position_embeddings == 202752
-    assert cfg.trainer.max_steps == math.ceil(tokens / seq_len)  # one device, one sequence per micro-batch
+    # the phase's global batch (64M tokens; 128M at 128K) per optimizer step, whatever the cluster
+    assert cfg.trainer.max_steps == math.ceil(tokens / cfg.phase.global_batch_tokens)
+    assert cfg.phase.global_batch_tokens == (134_217_728 if seq_len == 131072 else 67_108_864)
     assert cfg.schedule.run_tokens >= tokens
 
 
