@@ -14,10 +14,10 @@ import argparse
 import json
 import random
 import tempfile
-import time
 from pathlib import Path
 
 from datasketch import MinHash, MinHashLSH
+from timing import timed
 
 from glm46.data.dedup import dedup_near, shingles
 from glm46.data.documents import Ledger
@@ -57,13 +57,6 @@ def naive(path: Path, num_perm: int, threshold: float) -> int:
 def ours(path: Path, num_perm: int, threshold: float, workers: int) -> int:
     ledger = Ledger()
     return len(dedup_near(list(read_jsonl([str(path)], ledger)), ledger, threshold, num_perm, num_workers=workers))
-
-
-def timed(run):
-    """(what run() returns, its wall seconds, its CPU seconds over all the process's threads)."""
-    start, cpu = time.perf_counter(), time.process_time()
-    result = run()
-    return result, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:

@@ -11,21 +11,14 @@ tokens per CPU-second (all threads of the process) tell how much of that is othe
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from timing import timed
 
 from glm46.data.documents import Ledger
 from glm46.data.embedded import read_embedded
 from glm46.data.shards import EOS, encode_documents
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
-
-
-def timed(run):
-    """(what run() returns, its wall seconds, its CPU seconds over all the process's threads)."""
-    start, cpu = time.perf_counter(), time.process_time()
-    result = run()
-    return result, time.perf_counter() - start, time.process_time() - cpu
 
 
 def main() -> None:

@@ -80,12 +80,18 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
     return hardware, layout_from_config(cfg.parallelism, hardware.world_size)
 
 
-def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
-    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU."""
+def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
+    """glm46.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
     optimizer = "muon" if cfg.optim.optimizer._target_.endswith("Muon") else "adamw"
     result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
                   optimizer, cfg.parallelism.activation_checkpointing, cfg.parallelism.pipeline_parallel)
+    return result, hardware, layout
+
+
+def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
+    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU."""
+    result, hardware, layout = composed_plan(cfg, config)
     print(format_plan(result, hardware, layout))
     return result
 
@@ -121,17 +127,15 @@ def validate(cfg: DictConfig) -> GLM46Config:
     cluster = cfg.cluster
     if cluster.scheduler == "slurm" and not cluster.get("partition"):
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
-    hardware, layout = hardware_and_layout(cfg)
-    validate_layout(cfg.parallelism, config, hardware.world_size, cfg.optim.get("optimizer"))
+    world_size = cluster.num_nodes * cluster.devices
+    validate_layout(cfg.parallelism, config, world_size, cfg.optim.get("optimizer"))
     for key in RESOLVED_BEFORE_RUNNING if cfg.task == "train" else ():  # a resolver's error names its key
         try:
             OmegaConf.to_container(cfg[key], resolve=True)
         except OmegaConfBaseException as error:
             raise ConfigError(str(error).splitlines()[0] + f" ({key}: {getattr(error, 'full_key', '')})") from None
     if cfg.task == "train" and cluster.accelerator == "gpu":
-        result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
-                      "muon" if cfg.optim.optimizer._target_.endswith("Muon") else "adamw",
-                      cfg.parallelism.activation_checkpointing)
+        result = composed_plan(cfg, config)[0]
         if not result["fits"]:
             raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: " + result["notes"][-1])
     return config
