@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from glm46.hf import load_hf, save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
+from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
 from glm46.modules import ConfigError, GLM46Config
 from glm46.parallel.state import read_sharded_checkpoint
 from glm46.plots import plot_run
@@ -27,14 +28,18 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
         lr_schedule=instantiate(cfg.schedule.lr),
         mtp_weight=instantiate(cfg.schedule.mtp_weight),
         balance_loss_alpha=cfg.schedule.balance_loss_alpha,
+        guard=instantiate(cfg.guard) if cfg.get("guard") else None,
     )
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
-    # Under Slurm the Preemption callback owns checkpoint-and-requeue, not Lightning's auto-requeue.
-    plugins = [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else None
+    plugins = []
+    if SLURMEnvironment.detect():  # the Preemption callback owns checkpoint-and-requeue, not Lightning
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    if cfg.parallelism.engine != "deepspeed":  # DeepSpeed writes its own folders (with a `latest` marker)
+        plugins.append(AtomicCheckpointIO())
     return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins,
                        default_root_dir=str(output_dir))
 
@@ -66,7 +71,8 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     if cfg.init_from:
         load_initial_weights(module.model, cfg.init_from)
     trainer = build_trainer(cfg, output_dir)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+    checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
+    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg.ckpt_path, checkpoint_dir))
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
     if interrupted:
         print(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")

@@ -9,8 +9,6 @@ import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 
-
-
 TINY = dict(
     vocab_size=160,
     hidden_size=64,
@@ -56,8 +54,6 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-
-
 class SlowSteps(L.Callback):
     """Make each training step last at least `seconds` (the requeue test needs a run longer than an allocation)."""
 
@@ -78,3 +74,14 @@ class SignalAtStep(L.Callback):
         if trainer.global_step == self.step and not self.sent:
             self.sent = True
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class KillAtBatch(L.Callback):
+    """SIGKILL this process as micro-batch `batch` starts: no handler runs, nothing is flushed or saved."""
+
+    def __init__(self, batch: int):
+        self.batch = batch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)

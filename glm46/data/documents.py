@@ -35,23 +35,32 @@ class Ledger:
     trimmed_bytes: int = 0
     examples: dict[str, list[str]] = field(default_factory=dict)  # reason -> first few "file:line: detail"
     max_examples: int = 20
+    files: int = 0  # input files read
+    empty_files: list[str] = field(default_factory=list)  # the first few of them that held no input at all
 
     def admit(self, doc: Document) -> Document:
         self.documents_in += 1
         self.bytes_in += doc.nbytes
         return doc
 
-    def reject(self, reason: str, where: str, detail: str = "", nbytes: int = 0) -> None:
-        """Input that could not become a document (a malformed line, undecodable bytes)."""
-        self.documents_in += 1
+    def reject(self, reason: str, where: str, detail: str = "", nbytes: int = 0, count: int = 1) -> None:
+        """Input that could not become a document (a malformed line, undecodable bytes); `count` inputs
+        at once for a whole unreadable block (a parquet file without a `text` column, a corrupt row group)."""
+        self.documents_in += count
         self.bytes_in += nbytes
-        self._drop(reason, nbytes, f"{where}: {detail}" if detail else where)
+        self._drop(reason, nbytes, f"{where}: {detail}" if detail else where, count)
+
+    def read_file(self, file: object, inputs_before: int) -> None:
+        """Count a file read; remember it if it held no input (`inputs_before`: documents_in before it)."""
+        self.files += 1
+        if self.documents_in == inputs_before and len(self.empty_files) < self.max_examples:
+            self.empty_files.append(str(file))
 
     def drop(self, doc: Document, reason: str) -> None:
         self._drop(reason, doc.nbytes, doc.source)
 
-    def _drop(self, reason: str, nbytes: int, example: str) -> None:
-        self.dropped[reason] += 1
+    def _drop(self, reason: str, nbytes: int, example: str, count: int = 1) -> None:
+        self.dropped[reason] += count
         self.dropped_bytes[reason] += nbytes
         examples = self.examples.setdefault(reason, [])
         if len(examples) < self.max_examples:

@@ -2,7 +2,9 @@
 
 The output folder holds `documents/<domain>.jsonl` and `manifest.json`, which accounts for every
 input document: `documents_in == documents_out + sum(dropped.values())`, with bytes alike, per stage
-and per domain, plus the file:line of the first unreadable inputs of each kind.
+and per domain, plus the file:line of the first unreadable inputs of each kind. A run that keeps no
+document writes its manifest and raises EmptyDatasetError with the counts, instead of failing later
+in tokenizer training or shard writing.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from .sources import read_jsonl, read_parquet, read_text_folder
 READERS = {"embedded": read_embedded, "jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
 
 
+class EmptyDatasetError(ValueError):
+    """Preparation kept no document: the message gives the counts of every reason and stage."""
+
+
 def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
     """Unicode NFC, Unix newlines, no surrounding blank space; documents left empty are dropped."""
     kept = []
@@ -37,6 +43,18 @@ def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
             kept.append(doc)
         else:
             ledger.drop(doc, "empty")
+    return kept
+
+
+def length_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
+    """The max_chars rule, applied before deduplication: a gigantic document is dropped for its length
+    without first costing MinHash memory (about 20 bytes per character of a document)."""
+    kept = []
+    for doc in docs:
+        if len(doc.text) > rules.max_chars:
+            ledger.drop(doc, "quality/max_chars")
+        else:
+            kept.append(doc)
     return kept
 
 
@@ -73,6 +91,8 @@ def run_pipeline(docs: Iterable[Document], ledger: Ledger, stages: list[tuple[st
 
 def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir: Path, settings: dict) -> dict:
     (output_dir / "documents").mkdir(parents=True, exist_ok=True)
+    for stale in (output_dir / "documents").glob("*.jsonl"):  # an earlier run's domains would be tokenized too
+        stale.unlink()
     by_domain = defaultdict(list)
     for doc in docs:
         by_domain[doc.domain].append(doc)
@@ -91,6 +111,8 @@ def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir
         "bytes_out": bytes_out,
         "bytes_dropped": dict(ledger.dropped_bytes),
         "bytes_trimmed": ledger.trimmed_bytes,  # whitespace and line ends removed by normalisation
+        "files": ledger.files,  # input files read (not counted by the embedded reader)
+        "empty_files": ledger.empty_files,  # the first of them that held no input (no line, no row)
         "domains": {d: {"documents": len(v), "bytes": sum(x.nbytes for x in v)} for d, v in sorted(by_domain.items())},
         "stages": report,
         "examples": ledger.examples,
@@ -103,7 +125,7 @@ def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir
 
 def prepare(docs: Iterable[Document], ledger: Ledger, output_dir: str | Path, dedup: dict,
             quality: QualityRules, num_workers: int = 1) -> dict:
-    stages = []
+    stages = [("max_chars", lambda d, led: length_filter(d, led, quality))]
     if dedup.get("exact", True):
         stages.append(("exact_dedup", dedup_exact))
     if dedup.get("url", True):
@@ -114,4 +136,20 @@ def prepare(docs: Iterable[Document], ledger: Ledger, output_dir: str | Path, de
     stages.append(("quality", lambda d, led: quality_filter(d, led, quality)))
     kept, report = run_pipeline(docs, ledger, stages)
     settings = {"dedup": dedup, "quality": vars(quality), "num_workers": num_workers}
-    return write_dataset(kept, ledger, report, Path(output_dir), settings)
+    manifest = write_dataset(kept, ledger, report, Path(output_dir), settings)
+    if not kept:
+        raise EmptyDatasetError(empty_dataset_message(manifest, Path(output_dir)))
+    return manifest
+
+
+def empty_dataset_message(manifest: dict, output_dir: Path) -> str:
+    """What EmptyDatasetError says: no input at all, or every reason and stage that dropped documents."""
+    if not manifest["documents_in"]:
+        empty = manifest["empty_files"]
+        listed = f" ({len(empty)} empty: {', '.join(empty[:3])})" if empty else ""
+        return f"no documents in the input: {manifest['files']} file(s) read{listed}"
+    dropped = ", ".join(f"{reason} {count}" for reason, count in sorted(manifest["dropped"].items()))
+    stages = ", ".join(f"{s['stage']} {s.get('documents_in', manifest['documents_in'])} -> {s['documents_out']}"
+                       for s in manifest["stages"] if s["dropped"] or s["stage"] == "read+normalise")
+    return (f"no documents left after filtering: {manifest['documents_in']} in, 0 out; dropped: {dropped}; "
+            f"per stage: {stages}; the first file:line of each reason in {output_dir / 'manifest.json'}")

@@ -86,9 +86,37 @@ def write_shards(dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: s
     return index
 
 
+def read_index(tokens_dir: str | Path) -> dict:
+    """shards.json of a tokens folder; a file that does not parse is an error naming it."""
+    file = Path(tokens_dir) / "shards.json"
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{file} is not valid JSON ({error}): prepare the dataset again") from None
+
+
 def load_shard(tokens_dir: str | Path, domain: str) -> tuple[np.memmap, np.ndarray]:
-    """(tokens as a read-only memory map, document offsets) of one domain."""
+    """(tokens as a read-only memory map, document offsets) of one domain.
+
+    Each file is checked against shards.json's token count, so a truncated or cut-short copy fails here,
+    naming the file, instead of in the middle of training (a change of bytes in place is not detected:
+    that would take reading the whole shard)."""
     tokens_dir = Path(tokens_dir)
-    index = json.loads((tokens_dir / "shards.json").read_text())
-    tokens = np.memmap(tokens_dir / f"{domain}.bin", dtype=index["dtype"], mode="r")
-    return tokens, np.load(tokens_dir / f"{domain}.idx.npy")
+    index = read_index(tokens_dir)
+    count, dtype = index["domains"][domain]["tokens"], np.dtype(index["dtype"])
+    data, idx = tokens_dir / f"{domain}.bin", tokens_dir / f"{domain}.idx.npy"
+    if not data.exists():
+        raise FileNotFoundError(f"{data} is missing: prepare the dataset again")
+    if data.stat().st_size != count * dtype.itemsize:
+        raise ValueError(f"{data} holds {data.stat().st_size} bytes but shards.json records {count} {dtype.name} "
+                         f"tokens ({count * dtype.itemsize} bytes): the file is truncated or corrupted; "
+                         f"prepare the dataset again")
+    try:
+        offsets = np.load(idx)
+    except (OSError, ValueError, EOFError) as error:  # missing, truncated or not a .npy file
+        raise ValueError(f"{idx} does not load ({error}): prepare the dataset again") from None
+    documents = index["domains"][domain]["documents"]
+    if offsets.shape != (documents + 1,) or offsets[0] != 0 or offsets[-1] != count:
+        raise ValueError(f"{idx} does not hold the {documents + 1} document offsets 0 ... {count} that shards.json "
+                         f"records: prepare the dataset again")
+    return np.memmap(data, dtype=dtype, mode="r"), offsets

@@ -1,20 +1,31 @@
 """Readers for user data: JSONL, plain-text folders and parquet. Unreadable input is counted in the
-ledger with its file and line, never raised and never silently skipped."""
+ledger with its file and line, never raised and never silently skipped; what cannot be counted (a
+missing path, a folder without input files, a parquet file whose footer does not read) is an error
+naming the path, raised before the first document is read."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from .documents import Document, Ledger
+
+# A domain names files (documents/<domain>.jsonl, tokens/<domain>.bin) and mixture keys.
+DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
+              float: "a number", type(None): "null"}
 
 
 def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     files = []
     for path in map(Path, paths):
         if path.is_dir():
-            files += sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
+            if not found:
+                raise FileNotFoundError(f"data.paths: {path} holds no {' or '.join(suffixes)} files")
+            files += found
         elif path.exists():
             files.append(path)
         else:
@@ -22,56 +33,112 @@ def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     return files
 
 
+def _kind(value: object) -> str:
+    return JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _problem(record: object) -> str | None:
+    """Why a record cannot be a document, or None."""
+    if not isinstance(record, dict):
+        return f"{_kind(record)}, not an object with a string field 'text'"
+    if "text" not in record:
+        return f"no field 'text' (fields: {', '.join(map(str, list(record)[:10])) or 'none'})"
+    if not isinstance(record["text"], str):
+        return f"field 'text' is {_kind(record['text'])}, not a string"
+    domain = record.get("domain")
+    if domain not in (None, "") and not (isinstance(domain, str) and DOMAIN.fullmatch(domain)):
+        return f"field 'domain' is {repr(domain)[:60]}, not a name of letters, digits, '_', '-' and '.'"
+    return None
+
+
 def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes: int = 0) -> Document | None:
     """A JSONL line or parquet row {"text": str, optional "url", "id", "domain"} -> Document, or counted."""
-    text = record.get("text") if isinstance(record, dict) else None
-    if not isinstance(text, str):
-        ledger.reject("malformed", where, "no string field 'text'", nbytes)
+    problem = _problem(record)
+    if problem:
+        ledger.reject("malformed", where, problem, nbytes)
+        return None
+    text = record["text"]
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:  # a "\ud800" escape: valid JSON, but no Unicode text
+        ledger.reject("undecodable", where, f"field 'text': {error.reason} ({text[error.start]!r})", nbytes)
         return None
     url, key = record.get("url"), record.get("id")
     return ledger.admit(Document(
-        text=text, domain=str(record.get("domain") or default_domain), source=where,
+        text=text, domain=record.get("domain") or default_domain, source=where,
         id=where if key is None else str(key), url=url if isinstance(url, str) else None,
     ))
 
 
 def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
     for file in _files(paths, (".jsonl", ".json")):
+        before = ledger.documents_in
         with open(file, "rb") as f:
             for number, raw in enumerate(f, start=1):
                 where = f"{file}:{number}"
                 if not raw.strip():
                     continue  # blank lines are not documents
-                try:
-                    record = json.loads(raw.decode("utf-8"))
+                try:  # a byte-order mark (some Windows editors write one) may open the file
+                    record = json.loads(raw.rstrip(b"\r\n").decode("utf-8-sig" if number == 1 else "utf-8"))
                 except UnicodeDecodeError as error:
                     ledger.reject("undecodable", where, str(error), len(raw))
                     continue
                 except json.JSONDecodeError as error:
-                    ledger.reject("malformed", where, error.msg, len(raw))
+                    ledger.reject("malformed", where, f"{error.msg} (column {error.colno})", len(raw))
                     continue
                 doc = _from_record(record, where, ledger, default_domain, len(raw))
                 if doc is not None:
                     yield doc
+        ledger.read_file(file, before)
 
 
 def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
+    """One document per row, read one row group at a time. A file without a `text` column counts all its
+    rows as malformed, a row group that does not read (corrupt pages) all of its rows as undecodable."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    for file in _files(paths, (".parquet",)):
-        for row, record in enumerate(pq.read_table(file).to_pylist()):
-            doc = _from_record(record, f"{file}:row {row}", ledger, default_domain)
-            if doc is not None:
-                yield doc
+    files = _files(paths, (".parquet",))
+    for file in files:  # every footer before the first document: a file that does not open at all fails here
+        try:
+            pq.read_metadata(file)
+        except (pa.ArrowException, OSError) as error:
+            raise ValueError(f"data.paths: {file} is not a readable parquet file ({error})") from None
+    for file in files:
+        before = ledger.documents_in
+        parquet = pq.ParquetFile(file)
+        names, rows = parquet.schema_arrow.names, parquet.metadata.num_rows
+        if "text" not in names:
+            if rows:
+                ledger.reject("malformed", f"{file}:rows 0-{rows - 1}", f"no column 'text' (columns: "
+                              f"{', '.join(names) or 'none'})", count=rows)
+        else:
+            columns = [c for c in ("text", "url", "id", "domain") if c in names]
+            first = 0
+            for group in range(parquet.num_row_groups):
+                size = parquet.metadata.row_group(group).num_rows
+                try:
+                    records = parquet.read_row_group(group, columns=columns).to_pylist()
+                except (pa.ArrowException, OSError) as error:
+                    ledger.reject("undecodable", f"{file}:rows {first}-{first + size - 1}",
+                                  f"row group {group} does not read ({' '.join(str(error).split())})", count=size)
+                    records = []
+                for row, record in enumerate(records, start=first):
+                    doc = _from_record(record, f"{file}:row {row}", ledger, default_domain)
+                    if doc is not None:
+                        yield doc
+                first += size
+        ledger.read_file(file, before)
 
 
 def read_text_folder(paths: list[str], ledger: Ledger, default_domain: str = "general",
                      suffixes: tuple[str, ...] = (".txt", ".md")) -> Iterator[Document]:
     """One document per file."""
-    for file in _files(paths, suffixes):
+    for file in _files(paths, tuple(suffixes)):
         raw = file.read_bytes()
+        ledger.files += 1
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as error:
             ledger.reject("undecodable", str(file), str(error), len(raw))
             continue

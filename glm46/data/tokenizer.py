@@ -58,7 +58,12 @@ class GLMTokenizer:
 
     @classmethod
     def from_file(cls, path: str | Path) -> GLMTokenizer:
-        return cls(Tokenizer.from_file(str(path)))
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"tokenizer {path} does not exist")
+        try:
+            return cls(Tokenizer.from_file(str(path)))
+        except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception without the file
+            raise ValueError(f"tokenizer {path} does not load ({error})") from None
 
     def save(self, path: str | Path) -> None:
         self.tokenizer.save(str(path))

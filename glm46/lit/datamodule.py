@@ -14,14 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 from glm46.data.byte_tokenizer import ByteTokenizer
 from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
-
-
-def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, np.ndarray]:
-    """The training sample of seq_len tokens at `start` (and the next token for the last label), as arrays
-    (DataLoader's collation makes them tensors)."""
-    chunk = np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64)
-    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": np.arange(seq_len),
-            "loss_mask": np.ones(seq_len, dtype=np.int64)}
+from glm46.lit.shard_data import MixtureWindows, window
+from glm46.parallel.strategies import data_parallel_rank_and_size
 
 
 class TokenWindows(Dataset):
@@ -42,23 +36,26 @@ class TokenWindows(Dataset):
 class StdlibDataModule(L.LightningDataModule):
     """The Python standard library as a byte-level token stream: a corpus every machine has.
 
-    The last `val_fraction` of the stream is held out for validation.
+    The last `val_fraction` of the stream is held out for validation. Training windows start at random
+    offsets drawn from (seed, sample index), as glm46.lit.shard_data draws them, so the data position saved
+    in a checkpoint (samples consumed) makes a resume read exactly what the interrupted run would have.
     """
 
     def __init__(self, seq_len: int = 256, batch_size: int = 8, max_bytes: int = 8_000_000,
-                 val_fraction: float = 0.02, num_workers: int = 0):
+                 val_fraction: float = 0.02, num_workers: int = 0, seed: int = 0):
         super().__init__()
         self.save_hyperparameters()
         self.tokenizer = ByteTokenizer()
-        self.train_set: TokenWindows | None = None
+        self.train_tokens: np.ndarray | None = None
         self.val_set: TokenWindows | None = None
+        self.start_sample = 0
 
     @property
     def vocab_size(self) -> int:
         return self.tokenizer.vocab_size
 
     def setup(self, stage: str | None = None) -> None:
-        if self.train_set is not None:
+        if self.train_tokens is not None:
             return
         eos = np.array([self.tokenizer.eos_token_id], dtype=np.uint16)
         parts, total = [], 0
@@ -69,12 +66,23 @@ class StdlibDataModule(L.LightningDataModule):
             parts += [self.tokenizer.encode(doc.text), eos]
         tokens = np.concatenate(parts)
         split = int(len(tokens) * (1 - self.hparams.val_fraction))
-        self.train_set = TokenWindows(tokens[:split], self.hparams.seq_len)
+        self.train_tokens = tokens[:split]
+        TokenWindows(self.train_tokens, self.hparams.seq_len)  # refuses a stream shorter than one window
         self.val_set = TokenWindows(tokens[split:], self.hparams.seq_len)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.hparams.batch_size, shuffle=True, drop_last=True,
-                          num_workers=self.hparams.num_workers)
+        rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)
+        dataset = MixtureWindows({"code": self.train_tokens}, {"code": 1.0}, self.hparams.seq_len, self.hparams.seed,
+                                 self.start_sample, rank, world, batch_size=self.hparams.batch_size)
+        return DataLoader(dataset, batch_size=None, num_workers=self.hparams.num_workers)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val_set, batch_size=self.hparams.batch_size, num_workers=self.hparams.num_workers)
+
+    def state_dict(self) -> dict:
+        """The data position: global samples this run has trained on (tokens seen / seq_len)."""
+        tokens_seen = self.trainer.lightning_module.tokens_seen if self.trainer else 0
+        return {"seed": self.hparams.seed, "samples": tokens_seen // self.hparams.seq_len}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.start_sample = state["samples"]

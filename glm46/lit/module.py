@@ -3,22 +3,32 @@
 loss = CE + lambda_mtp(tokens) * MTP + alpha * sequence-wise balance loss, over the batch's loss mask.
 Schedules (LR, MTP weight) read `tokens_seen`, which is counted over all data-parallel ranks and
 saved in the checkpoint, so a resume or a change of batch size keeps them where they were.
+The checkpoint also holds the RNG states and the step guard's state (glm46.lit.guard): a resume continues
+bit for bit.
 """
 
 from __future__ import annotations
 
+import logging
+import random
 from collections.abc import Callable
+from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from glm46.lit.checkpoints import resume_path
+from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.strategies import data_parallel_size
+
+log = logging.getLogger(__name__)
 
 
 class GLM46LitModule(L.LightningModule):
@@ -29,6 +39,7 @@ class GLM46LitModule(L.LightningModule):
         lr_schedule: Callable[[int], float],
         mtp_weight: Callable[[int], float],
         balance_loss_alpha: float = 1e-4,
+        guard: StepGuard | None = None,
     ):
         super().__init__()
         self.config = model_config
@@ -37,6 +48,10 @@ class GLM46LitModule(L.LightningModule):
         self.lr_schedule = lr_schedule
         self.mtp_weight = mtp_weight
         self.balance_loss_alpha = balance_loss_alpha
+        self.guard = guard
+        self.skipping_step = False  # the guard judged this optimizer step bad: no update anywhere
+        self._step_loss = torch.zeros(())  # summed over the micro-batches of the step in progress
+        self._step_micro_batches = 0
         self.tokens_seen = 0
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
@@ -70,6 +85,8 @@ class GLM46LitModule(L.LightningModule):
             loss = loss + self.balance_loss_alpha * out.balance_loss
             self.log("train/balance_loss", out.balance_loss)
         self.latest_expert_counts = None if out.expert_counts is None else out.expert_counts.detach()
+        self._step_loss = self._step_loss.to(loss.device) + loss.detach().float()
+        self._step_micro_batches += 1
         self.tokens_seen += batch["input_ids"].numel() * data_parallel_size(self.trainer)  # TP ranks share a batch
         self.log("train/loss", out.loss, prog_bar=True)
         self.log("train/total_loss", loss)
@@ -80,6 +97,47 @@ class GLM46LitModule(L.LightningModule):
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         self.log("optim/grad_norm", total_grad_norm(self.parameters()))
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
+        """Lightning's step, with the guard's verdict taken right after the last backward of the step,
+        before the callbacks (the balancer) and the optimizer act on it."""
+        def closure():
+            result = optimizer_closure()
+            self._judge_step(optimizer)
+            return result
+        optimizer.step(closure=closure if self.guard is not None else optimizer_closure)
+
+    def _judge_step(self, optimizer) -> None:
+        loss = self.trainer.strategy.reduce(self._step_loss / max(self._step_micro_batches, 1), reduce_op="mean")
+        self._step_loss, self._step_micro_batches = torch.zeros(()), 0
+        reason = self.guard.judge(float(loss), float(total_grad_norm(self.parameters())))
+        self.skipping_step = reason is not None
+        if self.skipping_step:
+            optimizer.zero_grad(set_to_none=True)  # optimizers skip parameters without a gradient
+            log.warning(f"step {self.trainer.global_step}: skipped, {reason} "
+                        f"({self.guard.bad_in_a_row} bad in a row)")
+        self.log("guard/skipped_steps", float(self.guard.skipped))
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        if self.guard is not None and self.skipping_step and self.guard.must_act:
+            self._roll_back()
+
+    def _roll_back(self) -> None:
+        """Restore the newest checkpoint's weights and optimizer state; keep the data position."""
+        guard, step = self.guard, self.trainer.global_step
+        directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)
+        path = resume_path("last", Path(directory)) if directory else None
+        why = f"step {step}: {guard.bad_in_a_row} bad steps in a row"
+        if guard.on_repeated == "stop" or path is None or guard.rollbacks >= guard.max_rollbacks:
+            reason = ("guard.on_repeated=stop" if guard.on_repeated == "stop" else "no checkpoint to roll back to"
+                      if path is None else f"already rolled back guard.max_rollbacks={guard.max_rollbacks} times")
+            raise TrainingDiverged(f"{why} ({reason}); the run stops. Newest checkpoint: {path}")
+        checkpoint = self.trainer.strategy.load_checkpoint(path)
+        self.trainer.strategy.load_model_state_dict(checkpoint)
+        self.trainer.strategy.load_optimizer_state_dict(checkpoint)
+        guard.rolled_back()
+        log.warning(f"{why}: rolled back to the weights and optimizer state of {path} (step "
+                    f"{checkpoint['global_step']}); training goes on with the batches after the bad ones")
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes."""
@@ -105,6 +163,23 @@ class GLM46LitModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
+        name, keys, position, has_gauss, gauss = np.random.get_state()  # as tensors and numbers: weights_only loads
+        checkpoint["rng_states"] = {"python": random.getstate(),
+                                    "numpy": (name, torch.from_numpy(keys.copy()), position, has_gauss, gauss),
+                                    "torch": torch.get_rng_state(),
+                                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        if self.guard is not None:
+            checkpoint["guard"] = self.guard.state_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         self.tokens_seen = checkpoint["tokens_seen"]
+        if "rng_states" in checkpoint:
+            rng = checkpoint["rng_states"]
+            random.setstate(rng["python"])
+            name, keys, position, has_gauss, gauss = rng["numpy"]
+            np.random.set_state((name, keys.numpy(), position, has_gauss, gauss))
+            torch.set_rng_state(rng["torch"])
+            if rng["cuda"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        if self.guard is not None and "guard" in checkpoint:
+            self.guard.load_state_dict(checkpoint["guard"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,8 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from glm46.data.shards import load_shard
-from glm46.lit.datamodule import window
+from glm46.data.shards import load_shard, read_index
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.strategies import data_parallel_rank_and_size
 
@@ -91,6 +89,14 @@ def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_
     mask = inside[:-1] if targets is None else inside[:-1] * targets(ids, pieces)[1:]
     return {"input_ids": ids[:-1], "labels": np.where(mask == 1, ids[1:], IGNORE_INDEX),
             "position_ids": positions[:-1], "loss_mask": mask}
+
+
+def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, np.ndarray]:
+    """The training sample of seq_len tokens at `start` (and the next token for the last label), as arrays
+    (DataLoader's collation makes them tensors)."""
+    chunk = np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64)
+    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": np.arange(seq_len),
+            "loss_mask": np.ones(seq_len, dtype=np.int64)}
 
 
 def uniforms(seed: int, indices: np.ndarray, draws: int = 2) -> np.ndarray:
@@ -170,7 +176,7 @@ class ShardDataModule(L.LightningDataModule):
         index_file = self.path / "shards.json"
         if not index_file.exists():
             raise FileNotFoundError(f"data.path: {index_file} not found; run task=prepare first")
-        self.index = json.loads(index_file.read_text())
+        self.index = read_index(self.path)
         unknown = sorted(set(mixture) - set(self.index["domains"]))
         if unknown:
             raise ValueError(f"data.mixture names domains {unknown} that {self.path} does not have "

@@ -1,8 +1,9 @@
-"""Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption."""
+"""Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption, checkpoints."""
 
 from .balancer import ExpertBalancer, max_violation
 from .batch_warmup import BatchSizeWarmup
+from .checkpoint import ModelCheckpoint
 from .preemption import Preemption
 from .throughput import Throughput
 
-__all__ = ["BatchSizeWarmup", "ExpertBalancer", "Preemption", "Throughput", "max_violation"]
+__all__ = ["BatchSizeWarmup", "ExpertBalancer", "ModelCheckpoint", "Preemption", "Throughput", "max_violation"]

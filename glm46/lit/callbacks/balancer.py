@@ -43,6 +43,9 @@ class ExpertBalancer(L.Callback):
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer) -> None:
         if self.pending is None:
             return
+        if getattr(pl_module, "skipping_step", False):  # the step guard dropped this step: no update
+            self.pending = None
+            return
         # The global batch: summed over the data-parallel ranks (tensor-parallel ranks share a batch;
         # expert-parallel ranks count their own tokens before dispatch, so they are data-parallel here).
         group = data_parallel_group(trainer.strategy)

@@ -1,0 +1,192 @@
+"""The bad-configuration catalogue: compositions that cannot run, each refused before any training or Slurm
+submission, with a message naming the offending key and the values.
+
+Each row is (id, base, bad, stage, patterns): `base + bad` is the command line; `stage` says where it is
+refused: "compose" (Hydra's composition: hydra.errors.ConfigCompositionException, the message and its cause
+checked) or "validate" (composition succeeds, glm46.tasks.validate raises ConfigError). Every pattern is a
+regex that must occur in the message; together they name the key and the bad value(s). A second test
+validates each `base` alone, so every refusal is the `bad` overrides' doing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from glm46.modules import ConfigError
+from glm46.tasks import validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+TINY = ["experiment=tiny_bytes"]  # the tiny model on the standard library's bytes: no dataset needed
+TOY = ["experiment=toy_curriculum"]  # one toy curriculum stage on prepared shards (not read at validation)
+PHASE1 = ["experiment=pretrain_phase1", "cluster=h800_1024n"]  # the 355B phase-1 job on 1024 x 8 H800
+TP4 = [*TINY, "parallelism=tp", "cluster.devices=4"]  # tensor parallel 2 x data parallel 2
+TP16 = [*TINY, "parallelism=tp", "cluster.devices=16"]
+EP6 = [*TINY, "parallelism=ep", "cluster.devices=6"]  # expert parallel 2 over 6 ranks
+DATASET = [*TOY, "data.path={dataset}"]  # a prepared dataset with the toy_pretrain1 domains only
+COMPOSE, VALIDATE = "compose", "validate"
+
+TABLE = [
+    # -- unknown group members, misspelt keys and wrong types: Hydra refuses while composing
+    ("unknown-model", [], ["model=nope"], COMPOSE, [r"Could not find 'model/nope'", r"glm46_355b"]),
+    ("unknown-cluster", [], ["cluster=nope"], COMPOSE, [r"Could not find 'cluster/nope'", r"h800_1024n"]),
+    ("unknown-experiment", [], ["experiment=nope"], COMPOSE, [r"Could not find 'experiment/nope'", r"pretrain_phase1"]),
+    ("unknown-optim", [], ["optim=nope"], COMPOSE, [r"Could not find 'optim/nope'", r"adamw"]),
+    ("unknown-parallelism", [], ["parallelism=nope"], COMPOSE, [r"Could not find 'parallelism/nope'", r"fsdp2_ep"]),
+    ("misspelt-model-key", [], ["model.hiden_size=3"], COMPOSE,
+     [r"Key 'hiden_size' not in 'GLM46Config'", r"model\.hiden_size=3"]),
+    ("misspelt-trainer-key", [], ["trainer.max_step=3"], COMPOSE,
+     [r"Key 'max_step' is not in struct", r"trainer\.max_step=3"]),
+    ("mixture-domain-not-in-phase", TOY, ["phase.mixture.web=0.5"], COMPOSE,
+     [r"Key 'web' is not in struct", r"phase\.mixture\.web=0\.5"]),
+    ("model-int-is-text", [], ["model.num_hidden_layers=abc"], COMPOSE,
+     [r"Value 'abc' of type 'str' could not be converted to Integer", r"full_key: model\.num_hidden_layers"]),
+    ("model-bool-is-text", [], ["model.use_qk_norm=maybe"], COMPOSE,
+     [r"Value 'maybe' is not a valid bool", r"full_key: model\.use_qk_norm"]),
+    # -- the task and the data's sizes
+    ("unknown-task", [], ["task=nope"], VALIDATE,
+     [r"task='nope' is not one of \['estimate', 'plan', 'prepare', 'train'\]"]),
+    ("batch-size-fraction", TINY, ["data.batch_size=1.5"], VALIDATE, [r"data\.batch_size=1\.5 must be an integer >= 1"]),
+    ("batch-size-zero", TINY, ["data.batch_size=0"], VALIDATE, [r"data\.batch_size=0 must be an integer >= 1"]),
+    ("seq-len-text", TINY, ["data.seq_len=abc"], VALIDATE, [r"data\.seq_len='abc' must be an integer >= 1"]),
+    ("seq-len-beyond-context", TINY, ["data.seq_len=4096"], VALIDATE,
+     [r"data\.seq_len=4096 exceeds model\.max_position_embeddings=2048"]),
+    # -- inconsistent model shapes (GLM46Config.validate)
+    ("kv-heads-not-dividing-heads", [], ["model.num_key_value_heads=3"], VALIDATE,
+     [r"^model: invalid model config: ", r"num_attention_heads=8 must be divisible by num_key_value_heads=3"]),
+    ("top-k-above-experts", [], ["model.num_experts_per_tok=17"], VALIDATE,
+     [r"num_experts_per_tok=17 must be <= n_routed_experts=16"]),
+    ("dense-layers-above-layers", [], ["model.first_k_dense_replace=5"], VALIDATE,
+     [r"first_k_dense_replace=5 must be <= num_hidden_layers=4"]),
+    ("rotary-factor-above-1", [], ["model.partial_rotary_factor=1.5"], VALIDATE,
+     [r"partial_rotary_factor=1\.5 must be in \(0, 1\]"]),
+    ("rotary-dim-odd", [], ["model.head_dim=30", "model.partial_rotary_factor=0.1"], VALIDATE,
+     [r"rotary dim = int\(head_dim=30 \* partial_rotary_factor=0\.1\) = 3 must be even"]),
+    ("topk-group-above-groups", [], ["model.n_group=2", "model.topk_group=3"], VALIDATE,
+     [r"topk_group=3 must be <= n_group=2"]),
+    ("experts-not-dividing-groups", [], ["model.n_group=3"], VALIDATE,
+     [r"n_routed_experts=16 must be divisible by n_group=3"]),
+    ("hidden-size-zero", [], ["model.hidden_size=0"], VALIDATE, [r"hidden_size=0 must be >= 1"]),
+    ("vocab-negative", [], ["model.vocab_size=-5"], VALIDATE, [r"vocab_size=-5 must be >= 1"]),
+    # -- the cluster and the parallel layout (glm46.parallel.validate_layout)
+    ("devices-zero", TINY, ["cluster.devices=0"], VALIDATE, [r"cluster\.devices=0 must be an integer >= 1"]),
+    ("nodes-negative", TINY, ["cluster.num_nodes=-1"], VALIDATE, [r"cluster\.num_nodes=-1 must be an integer >= 1"]),
+    ("single-on-two-devices", TINY, ["cluster.devices=2"], VALIDATE,
+     [r"parallelism=single runs one process, but the cluster has world size 2 \(cluster\.num_nodes x cluster\.devices\)"]),
+    ("world-not-dividing-tp", TP4, ["cluster.devices=3"], VALIDATE,
+     [r"world size 3 \(cluster\.num_nodes x cluster\.devices\) must be divisible by parallelism\.tensor_parallel=2"]),
+    ("tp-not-dividing-kv-heads", TP4, ["parallelism.tensor_parallel=4"], VALIDATE,
+     [r"model\.num_key_value_heads=2 must be divisible by parallelism\.tensor_parallel=4"]),
+    ("tp-not-dividing-heads", TP16, ["parallelism.tensor_parallel=16"], VALIDATE,
+     [r"model\.num_attention_heads=8 must be divisible by parallelism\.tensor_parallel=16"]),
+    ("ep-not-dividing-experts", EP6, ["parallelism.expert_parallel=3"], VALIDATE,
+     [r"model\.n_routed_experts=16 must be divisible by parallelism\.expert_parallel=3"]),
+    ("world-not-dividing-tp-x-ep", EP6, ["parallelism.expert_parallel=4"], VALIDATE,
+     [r"world size 6 must be divisible by tensor_parallel x expert_parallel = 1 x 4 = 4"]),
+    ("pipeline-parallel", TINY, ["parallelism.pipeline_parallel=2"], VALIDATE,
+     [r"parallelism\.pipeline_parallel=2: Lightning offers no pipeline parallelism"]),
+    ("muon-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw"], ["optim=muon"], VALIDATE,
+     [r"optim\.optimizer=glm46\.optim\.Muon with parallelism\.engine=deepspeed"]),
+    ("slurm-without-partition", ["cluster=local_slurm"], ["cluster.partition=null"], VALIDATE,
+     [r"cluster=local_slurm submits to Slurm but cluster\.partition is not set"]),
+    ("355b-does-not-fit-fsdp2", PHASE1, ["parallelism=fsdp2"], VALIDATE,
+     [r"cluster=h800_1024n, parallelism=fsdp2: does not fit: [\d.]+ GiB per GPU > 90% of 80 GiB"]),
+    # -- the phase's token budget and global batch
+    ("budget-zero", TOY, ["phase.tokens=0"], VALIDATE,
+     [r"phase\.tokens=0 is less than one global batch of 2048 tokens \(trainer\.max_steps=0\)"]),
+    ("budget-below-global-batch", PHASE1, ["phase.tokens=1000000"], VALIDATE,
+     [r"phase\.tokens=1000000 is less than one global batch of 67108864 tokens"]),
+    ("global-batch-not-divisible", PHASE1, ["data.batch_size=5"], VALIDATE,
+     [r"phase\.global_batch_tokens=67108864 is not divisible by data\.batch_size x data\.seq_len x data-parallel "
+      r"ranks .* = 5 x 4096 x 1024 = 20971520"]),
+    # -- packing and mixture
+    ("unknown-packing", TOY, ["phase.packing=zigzag"], VALIDATE,
+     [r"data\.packing='zigzag' \(phase\.packing\) is not one of \['truncate', 'best_fit', 'pad'\]"]),
+    ("sft-truncates", [], ["phase.packing=truncate"], VALIDATE,
+     [r"data\.packing='truncate' with SFT data \(data=sft, embedded_sft\) would cut conversations"]),
+    ("mixture-weight-negative", TOY, ["phase.mixture.code=-1"], VALIDATE,
+     [r"data\.mixture\.code=-1 \(phase\.mixture\) must be a number >= 0"]),
+    ("mixture-all-zero", TOY, ["data.mixture={code: 0}"], VALIDATE,
+     [r"data\.mixture=\{'code': 0\} \(phase\.mixture\) gives no domain a positive weight"]),
+    ("mixture-domain-not-in-dataset", DATASET, ["phase=toy_midtrain"], VALIDATE,
+     [r"names domains \['repo_code'\] that data\.path=\S+ does not have \(it has \['code', 'docs', 'license', "
+      r"'math', 'reasoning'\]\)"]),
+    # -- trainer and optimizer
+    ("max-steps-zero", TINY, ["trainer.max_steps=0"], VALIDATE, [r"trainer\.max_steps=0 must be an integer >= 1"]),
+    ("accumulation-zero", TINY, ["trainer.accumulate_grad_batches=0"], VALIDATE,
+     [r"trainer\.accumulate_grad_batches=0 must be an integer >= 1"]),
+    ("precision-unknown", TINY, ["trainer.precision=fp8"], VALIDATE,
+     [r"trainer\.precision='fp8' is not one of Lightning's \['64-true', '32-true'.*'bf16-mixed'"]),
+    ("optimizer-not-importable", TINY, ["optim.optimizer._target_=glm46.optim.Nope"], VALIDATE,
+     [r"optim\.optimizer\._target_='glm46\.optim\.Nope' cannot be imported"]),
+    ("lr-negative", TINY, ["optim.optimizer.lr=-1"], VALIDATE, [r"optim\.optimizer\.lr=-1 must be a number > 0"]),
+    ("min-lr-above-peak", TINY, ["optim.min_lr=0.01"], VALIDATE,
+     [r"optim\.min_lr=0\.01 must be a number in \[0, optim\.optimizer\.lr=0\.003\]"]),
+    ("ns-dtype-unknown", TINY, ["optim.optimizer.ns_dtype=float8"], VALIDATE,
+     [r"optim\.optimizer\.ns_dtype='float8' \(Muon's Newton-Schulz\) is not one of \['bfloat16'"]),
+    ("ns-steps-zero", TINY, ["optim.optimizer.ns_steps=0"], VALIDATE,
+     [r"optim\.optimizer\.ns_steps=0 must be an integer >= 1"]),
+]
+
+TOY_PRETRAIN1_DOMAINS = ["code", "docs", "license", "math", "reasoning"]
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    """A prepared dataset's index as validation reads it: tokens/shards.json with the toy_pretrain1 domains."""
+    (tmp_path / "tokens").mkdir()
+    index = {"domains": {d: {"documents": 1, "tokens": 1} for d in TOY_PRETRAIN1_DOMAINS}}
+    (tmp_path / "tokens" / "shards.json").write_text(json.dumps(index))
+    return tmp_path
+
+
+def _filled(overrides: list[str], dataset: Path) -> list[str]:
+    return [o.replace("{dataset}", str(dataset)) for o in overrides]
+
+
+def test_the_catalogue_is_complete():
+    ids = [row[0] for row in TABLE]
+    assert len(ids) >= 24 and len(set(ids)) == len(ids)
+    assert all(row[3] in (COMPOSE, VALIDATE) and row[2] and row[4] for row in TABLE)
+
+
+@pytest.mark.parametrize("base", sorted({tuple(row[1]) for row in TABLE}), ids=" ".join)
+def test_every_base_composition_is_accepted(compose_config, dataset, base):
+    """Each row's base alone validates: the refusal below is the row's `bad` overrides' doing."""
+    validate(compose_config(*_filled(list(base), dataset)))
+
+
+@pytest.mark.parametrize("name, base, bad, stage, patterns", TABLE, ids=[row[0] for row in TABLE])
+def test_a_bad_configuration_is_refused_naming_key_and_values(compose_config, dataset, name, base, bad, stage,
+                                                              patterns):
+    overrides = _filled([*base, *bad], dataset)
+    if stage == COMPOSE:
+        with pytest.raises(ConfigCompositionException) as error:
+            compose_config(*overrides)
+        message = f"{error.value}\n{error.value.__cause__ or ''}"
+    else:
+        cfg = compose_config(*overrides)  # composes: the refusal is validation's
+        with pytest.raises(ConfigError) as error:
+            validate(cfg)
+        message = str(error.value)
+    for pattern in patterns:
+        assert re.search(pattern, message), f"{name}: {pattern!r} not in {message!r}"
+
+
+def test_run_py_refuses_before_submitting(tmp_path):
+    """Through run.py's real entry and the Slurm launcher: a refused job leaves no .submitit folder (nothing
+    queued) and no checkpoint, and its message names the key and the value."""
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "cluster=local_slurm", *TINY, "optim.optimizer.lr=-1",
+                             f"cluster.output_root={tmp_path}"], capture_output=True, text=True, cwd=tmp_path,
+                            timeout=300)
+    assert result.returncode != 0
+    assert "optim.optimizer.lr=-1 must be a number > 0" in result.stderr
+    assert not (tmp_path / "train" / ".submitit").exists()
+    assert not list(tmp_path.rglob("*.ckpt"))
