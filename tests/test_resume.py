@@ -81,3 +81,13 @@ def test_a_curriculum_killed_in_its_first_stage_resumes_across_the_phase_boundar
     assert "stage first:" in resumed.stdout
     assert_same_run(killed / "stages" / "first", straight / "stages" / "first", after_step=2)
     assert_same_run(killed, straight, after_step=0)
+
+
+@pytest.mark.slow
+def test_a_truncated_last_checkpoint_is_skipped_for_the_newest_valid_one(straight, tmp_path):
+    run(tmp_path, *kill_at(8), killed=True)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # as a disk that filled up would leave it
+    resumed = run(tmp_path, "ckpt_path=last")
+    assert f"skipping {last}: not a readable checkpoint" in resumed.stdout + resumed.stderr
+    assert_same_run(tmp_path, straight, after_step=4)  # from step0000004.ckpt, the same step

@@ -124,7 +124,7 @@ class GLM46LitModule(L.LightningModule):
 
     def _roll_back(self) -> None:
         """Restore the newest checkpoint's weights and optimizer state; keep the data position."""
-        guard, step = self.guard, self.trainer.global_step
+        guard, step = self.guard, self.trainer.global_step - 1  # the bad step just counted
         directory = getattr(self.trainer.checkpoint_callback, "dirpath", None)
         path = resume_path("last", Path(directory)) if directory else None
         why = f"step {step}: {guard.bad_in_a_row} bad steps in a row"
