@@ -85,3 +85,13 @@ class KillAtBatch(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == self.batch:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+class SignalDuringSave(L.Callback):
+    """Send this process `signal` while a checkpoint is being assembled (a second signal during the save)."""
+
+    def __init__(self, signal: str = "SIGTERM"):
+        self.signal = signal
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        os.kill(os.getpid(), getattr(signal, self.signal))

@@ -1,6 +1,6 @@
 """SIGTERM (or Slurm's SIGUSR1 warning) mid-step: the run saves at the next step boundary, stops cleanly
-without exporting, and `ckpt_path=last` continues it to the end. (Bitwise equality with an uninterrupted
-run also needs the data position of the byte-stream DataModule in the checkpoint: issue 7.)"""
+without exporting, and `ckpt_path=last` continues it to the end; a second signal during the save changes
+nothing. (Bitwise equality of a resumed run with an uninterrupted one: tests/test_resume.py.)"""
 
 import subprocess
 import sys
@@ -39,3 +39,12 @@ def test_signal_saves_at_the_step_boundary_and_the_run_resumes_to_the_end(tmp_pa
     assert "interrupted at step" not in second.stdout
     assert checkpoint(interrupted)["global_step"] == 8
     assert (interrupted / "hf" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_second_signal_during_the_save_changes_nothing(tmp_path):
+    result = run(tmp_path, "+callbacks.signal._target_=tests.helpers.SignalAtStep", "+callbacks.signal.step=3",
+                 "+callbacks.again._target_=tests.helpers.SignalDuringSave")
+    assert "interrupted at step 4" in result.stdout
+    assert checkpoint(tmp_path)["global_step"] == 4  # the one save, complete
+    assert not list((tmp_path / "checkpoints").glob("*.partial"))
