@@ -215,6 +215,11 @@ def validate_training(cfg: DictConfig) -> None:
                           f"{list(NS_DTYPES)}")
     if "ns_steps" in optimizer and not _positive_int(optimizer.ns_steps):
         raise ConfigError(f"optim.optimizer.ns_steps={optimizer.ns_steps!r} must be an integer >= 1")
+    if cfg.get("guard"):
+        try:
+            instantiate(cfg.guard)  # StepGuard checks its own settings
+        except Exception as error:
+            raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
 
 
 def validate(cfg: DictConfig) -> GLM46Config:

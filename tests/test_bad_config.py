@@ -133,6 +133,9 @@ TABLE = [
      [r"optim\.optimizer\.ns_dtype='float8' \(Muon's Newton-Schulz\) is not one of \['bfloat16'"]),
     ("ns-steps-zero", TINY, ["optim.optimizer.ns_steps=0"], VALIDATE,
      [r"optim\.optimizer\.ns_steps=0 must be an integer >= 1"]),
+    ("guard-action-unknown", TINY, ["guard.on_repeated=retry"], VALIDATE,
+     [r"guard\.on_repeated='retry': expected 'rollback' or 'stop'"]),
+    ("guard-spike-factor-below-1", TINY, ["guard.spike_factor=0.5"], VALIDATE, [r"spike_factor=0\.5 must be > 1"]),
 ]
 
 TOY_PRETRAIN1_DOMAINS = ["code", "docs", "license", "math", "reasoning"]
