@@ -27,6 +27,11 @@ class CorruptCheckpointError(RuntimeError):
     pass
 
 
+def _unreadable(path, error: Exception) -> CorruptCheckpointError:
+    return CorruptCheckpointError(f"{path}: not a readable checkpoint ({type(error).__name__}: "
+                                  f"{str(error).splitlines()[0][:200] if str(error) else ''})")
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save to `<path>.partial`, fsync, then rename onto `path` (atomic on one filesystem)."""
 
@@ -46,8 +51,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         except FileNotFoundError:
             raise
         except Exception as error:  # a truncated zip, a bad pickle, bytes that are not a checkpoint
-            raise CorruptCheckpointError(f"{path}: not a readable checkpoint ({type(error).__name__}: "
-                                         f"{str(error).splitlines()[0][:200]})") from error
+            raise _unreadable(path, error) from error
 
 
 def check_readable(path: Path) -> None:
@@ -61,8 +65,7 @@ def check_readable(path: Path) -> None:
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as error:
-        raise CorruptCheckpointError(f"{path}: not a readable checkpoint ({type(error).__name__}: "
-                                     f"{str(error).splitlines()[0][:200]})") from error
+        raise _unreadable(path, error) from error
     if not isinstance(checkpoint, dict) or "global_step" not in checkpoint:
         raise CorruptCheckpointError(f"{path}: not a Lightning checkpoint (no global_step)")
 
