@@ -38,8 +38,14 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
 
 
 def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
-    """Read the `data` sources, deduplicate, filter and write a dataset folder with its manifest."""
+    """Read the `data` sources, deduplicate, filter and write a dataset folder with its manifest. On a
+    composition that trains (no `data.reader`), build its `auto_prepare` corpus, as `train` would first."""
     data = cfg.data
+    if data.get("reader") is None and cfg.get("auto_prepare"):
+        from glm46.curriculum import prepare_once  # glm46.curriculum imports this module's callers
+
+        prepare_once(cfg, lambda settings: prepare_data(settings, config))
+        return {}
     if data.get("reader") not in READERS:
         raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
                           f"(data=embedded, jsonl, text or parquet)")

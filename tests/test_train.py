@@ -207,6 +207,23 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
     assert len(calls) == 3, "shards rewritten by another preparation are not taken for this one's"
 
 
+def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, tmp_path):
+    from glm46.tasks import run_task
+
+    corpus, dataset = tmp_path / "corpus.jsonl", tmp_path / "dataset"
+    rng = random.Random(1)
+    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
+    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
+                              for _ in range(50)))
+    config = compose_config("task=prepare", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
+                            f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=300")
+    run_task(config)
+    assert json.loads((dataset / "manifest.json").read_text())["documents_in"] == 50
+    fingerprint = json.loads((dataset / "tokens" / "shards.json").read_text())["fingerprint"]
+    run_task(config)  # prepared: nothing rebuilt
+    assert json.loads((dataset / "tokens" / "shards.json").read_text())["fingerprint"] == fingerprint
+
+
 def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose_config, tmp_path):
     from glm46.curriculum import prepare_once
 
