@@ -28,7 +28,8 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
         lr_schedule=instantiate(cfg.schedule.lr),
         mtp_weight=instantiate(cfg.schedule.mtp_weight),
         balance_loss_alpha=cfg.schedule.balance_loss_alpha,
-        guard=instantiate(cfg.guard) if cfg.get("guard") else None,
+        # DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself.
+        guard=instantiate(cfg.guard) if cfg.get("guard") and cfg.parallelism.engine != "deepspeed" else None,
     )
 
 
