@@ -14,7 +14,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from glm46.data.documents import Ledger
 from glm46.data.prepare import READERS, prepare
-from glm46.data.shards import write_shards
+from glm46.data.shards import EOS, write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.estimate import count_parameters, format_counts
 from glm46.lit.shard_data import PACKINGS
@@ -49,6 +49,8 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     if data.get("reader") not in READERS:
         raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
                           f"(data=embedded, jsonl, text or parquet)")
+    if cfg.prepare.tokenizer.path:  # a tokenizer of one's own that cannot serve fails before any work
+        load_or_train_tokenizer(cfg.prepare.tokenizer, Path(data.output_dir) / "documents")
     ledger = Ledger()
     options = OmegaConf.to_container(data.options) if "options" in data else {}
     documents = READERS[data.reader](list(data.paths), ledger, data.default_domain, **options)
@@ -70,7 +72,11 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
 def load_or_train_tokenizer(settings: DictConfig, documents_dir: Path) -> GLMTokenizer:
     """The tokenizer.json at `settings.path`, or a byte-level BPE of `settings.vocab_size` trained on the documents."""
     if settings.path:
-        return GLMTokenizer.from_file(settings.path)
+        tokenizer = GLMTokenizer.from_file(settings.path)
+        if tokenizer.tokenizer.token_to_id(EOS) is None:
+            raise ConfigError(f"prepare.tokenizer.path={settings.path}: the tokenizer has no {EOS!r} token, which "
+                              f"ends every document in the token shards")
+        return tokenizer
 
     def texts():
         for file in sorted(documents_dir.glob("*.jsonl")):

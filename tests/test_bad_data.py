@@ -32,7 +32,7 @@ from glm46.data.prepare import EmptyDatasetError, prepare
 from glm46.data.quality import QualityRules
 from glm46.data.shards import write_shards
 from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
-from glm46.data.tokenizer import GLMTokenizer
+from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import DataMismatchError, ShardDataModule
 from glm46.modules import ConfigError
@@ -230,6 +230,18 @@ def test_a_dataset_empty_after_filtering_names_the_reasons_through_task_prepare(
     assert manifest["documents_out"] == 0 and manifest["examples"]["malformed"][0].startswith(f"{file}:3")
     assert_conserved(manifest)
     assert not (tmp_path / "out" / "tokens").exists()
+
+
+def test_a_tokenizer_of_ones_own_without_a_document_end_token_is_refused_before_any_work(tmp_path):
+    file = tmp_path / "in.jsonl"
+    file.write_text("\n".join(good_lines(4)) + "\n")
+    own = tmp_path / "tokenizer.json"
+    GLMTokenizer(train_tokenizer([prose(random.Random(0))], vocab_size=300, special_tokens=[])).save(own)
+    cfg = composed("task=prepare", "data=jsonl", f"data.paths=[{file}]", f"data.output_dir={tmp_path / 'out'}",
+                   f"prepare.tokenizer.path={own}")
+    with pytest.raises(ConfigError, match=f"prepare.tokenizer.path={own}: the tokenizer has no '<\\|endoftext\\|>'"):
+        prepare_data(cfg, model_config(cfg))
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_earlier_run_in_the_same_output_dir_leaves_no_domain_behind(tmp_path):
