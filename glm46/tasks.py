@@ -49,8 +49,8 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     if data.get("reader") not in READERS:
         raise ConfigError(f"data.reader={data.get('reader')!r}: task=prepare reads one of {sorted(READERS)} "
                           f"(data=embedded, jsonl, text or parquet)")
-    if cfg.prepare.tokenizer.path:  # a tokenizer of one's own that cannot serve fails before any work
-        load_or_train_tokenizer(cfg.prepare.tokenizer, Path(data.output_dir) / "documents")
+    # A tokenizer of one's own is loaded (and refused if it cannot serve) before any work.
+    own_tokenizer = load_tokenizer(cfg.prepare.tokenizer.path) if cfg.prepare.tokenizer.path else None
     ledger = Ledger()
     options = OmegaConf.to_container(data.options) if "options" in data else {}
     documents = READERS[data.reader](list(data.paths), ledger, data.default_domain, **options)
@@ -60,7 +60,7 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     print(f"{manifest['documents_in']} documents in, {manifest['documents_out']} out; dropped: {dropped}")
 
     output_dir = Path(data.output_dir)
-    tokenizer = load_or_train_tokenizer(cfg.prepare.tokenizer, output_dir / "documents")
+    tokenizer = own_tokenizer or train_on_documents(cfg.prepare.tokenizer.vocab_size, output_dir / "documents")
     tokenizer.save(output_dir / "tokenizer.json")
     shards = write_shards(output_dir, tokenizer, num_threads=cfg.prepare.num_workers)
     tokens = sum(d["tokens"] for d in shards["domains"].values())
@@ -69,22 +69,24 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     return manifest
 
 
-def load_or_train_tokenizer(settings: DictConfig, documents_dir: Path) -> GLMTokenizer:
-    """The tokenizer.json at `settings.path`, or a byte-level BPE of `settings.vocab_size` trained on the documents."""
-    if settings.path:
-        tokenizer = GLMTokenizer.from_file(settings.path)
-        if tokenizer.tokenizer.token_to_id(EOS) is None:
-            raise ConfigError(f"prepare.tokenizer.path={settings.path}: the tokenizer has no {EOS!r} token, which "
-                              f"ends every document in the token shards")
-        return tokenizer
+def load_tokenizer(path: str) -> GLMTokenizer:
+    """The tokenizer.json at `path` (prepare.tokenizer.path), which must have the document-end token."""
+    tokenizer = GLMTokenizer.from_file(path)
+    if tokenizer.tokenizer.token_to_id(EOS) is None:
+        raise ConfigError(f"prepare.tokenizer.path={path}: the tokenizer has no {EOS!r} token, which "
+                          f"ends every document in the token shards")
+    return tokenizer
 
+
+def train_on_documents(vocab_size: int, documents_dir: Path) -> GLMTokenizer:
+    """A byte-level BPE of `vocab_size` trained on the prepared documents."""
     def texts():
         for file in sorted(documents_dir.glob("*.jsonl")):
             with open(file) as f:
                 for line in f:
                     yield json.loads(line)["text"]
 
-    return GLMTokenizer(train_tokenizer(texts(), settings.vocab_size))
+    return GLMTokenizer(train_tokenizer(texts(), vocab_size))
 
 
 def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:

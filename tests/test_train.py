@@ -160,6 +160,15 @@ def test_init_from_a_checkpoint_or_an_hf_directory_loads_the_weights(trained):
             assert torch.equal(model.state_dict()[name], tensor), (source, name)
 
 
+def write_word_corpus(path: Path, documents: int, seed: int) -> Path:
+    """JSONL of documents of 60 random made-up words: varied enough for dedup and the quality rules."""
+    rng = random.Random(seed)
+    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
+    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
+                            for _ in range(documents)))
+    return path
+
+
 def fake_prepare(calls):
     """A stand-in for task=prepare that records its settings and writes shards with a new fingerprint."""
     def prepare(settings):
@@ -174,11 +183,7 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
     from glm46.curriculum import prepare_once
     from glm46.tasks import prepare_data
 
-    corpus, dataset = tmp_path / "corpus.jsonl", tmp_path / "dataset"
-    rng = random.Random(0)
-    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
-    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
-                              for _ in range(100)))
+    corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 100, seed=0), tmp_path / "dataset"
 
     def config(*overrides):
         return compose_config("data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
@@ -210,11 +215,7 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
 def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, tmp_path):
     from glm46.tasks import run_task
 
-    corpus, dataset = tmp_path / "corpus.jsonl", tmp_path / "dataset"
-    rng = random.Random(1)
-    words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
-    corpus.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
-                              for _ in range(50)))
+    corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 50, seed=1), tmp_path / "dataset"
     config = compose_config("task=prepare", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
                             f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=300")
     run_task(config)

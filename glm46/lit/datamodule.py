@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from glm46.data.byte_tokenizer import ByteTokenizer
 from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
-from glm46.lit.shard_data import MixtureWindows, window
+from glm46.lit.shard_data import MixtureWindows, samples_consumed, window
 from glm46.parallel.strategies import data_parallel_rank_and_size
 
 
@@ -66,8 +66,10 @@ class StdlibDataModule(L.LightningDataModule):
             parts += [self.tokenizer.encode(doc.text), eos]
         tokens = np.concatenate(parts)
         split = int(len(tokens) * (1 - self.hparams.val_fraction))
+        if split <= self.hparams.seq_len:
+            raise ValueError(f"data.max_bytes={self.hparams.max_bytes} gives {split} training tokens, fewer than "
+                             f"one window of data.seq_len={self.hparams.seq_len}")
         self.train_tokens = tokens[:split]
-        TokenWindows(self.train_tokens, self.hparams.seq_len)  # refuses a stream shorter than one window
         self.val_set = TokenWindows(tokens[split:], self.hparams.seq_len)
 
     def train_dataloader(self) -> DataLoader:
@@ -81,8 +83,7 @@ class StdlibDataModule(L.LightningDataModule):
 
     def state_dict(self) -> dict:
         """The data position: global samples this run has trained on (tokens seen / seq_len)."""
-        tokens_seen = self.trainer.lightning_module.tokens_seen if self.trainer else 0
-        return {"seed": self.hparams.seed, "samples": tokens_seen // self.hparams.seq_len}
+        return {"seed": self.hparams.seed, "samples": samples_consumed(self.trainer, self.hparams.seq_len)}
 
     def load_state_dict(self, state: dict) -> None:
         self.start_sample = state["samples"]

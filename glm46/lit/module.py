@@ -52,6 +52,7 @@ class GLM46LitModule(L.LightningModule):
         self.skipping_step = False  # the guard judged this optimizer step bad: no update anywhere
         self._step_loss = torch.zeros(())  # summed over the micro-batches of the step in progress
         self._step_micro_batches = 0
+        self._grad_norm: torch.Tensor | None = None  # the guard's, before it drops a bad step's gradients
         self.tokens_seen = 0
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
@@ -96,7 +97,7 @@ class GLM46LitModule(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.log("optim/grad_norm", total_grad_norm(self.parameters()))
+        self.log("optim/grad_norm", self._grad_norm if self.guard is not None else total_grad_norm(self.parameters()))
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """Lightning's step, with the guard's verdict taken right after the last backward of the step,
@@ -110,7 +111,8 @@ class GLM46LitModule(L.LightningModule):
     def _judge_step(self, optimizer) -> None:
         loss = self.trainer.strategy.reduce(self._step_loss / max(self._step_micro_batches, 1), reduce_op="mean")
         self._step_loss, self._step_micro_batches = torch.zeros(()), 0
-        reason = self.guard.judge(float(loss), float(total_grad_norm(self.parameters())))
+        self._grad_norm = total_grad_norm(self.parameters())
+        reason = self.guard.judge(float(loss), float(self._grad_norm))
         self.skipping_step = reason is not None
         if self.skipping_step:
             optimizer.zero_grad(set_to_none=True)  # optimizers skip parameters without a gradient

@@ -30,6 +30,11 @@ from glm46.parallel.strategies import data_parallel_rank_and_size
 PACKINGS = ("truncate", "best_fit", "pad")
 
 
+def samples_consumed(trainer, seq_len: int) -> int:
+    """Global samples a run has trained on (tokens seen / seq_len): the data position saved in checkpoints."""
+    return (trainer.lightning_module.tokens_seen if trainer else 0) // seq_len
+
+
 class DataMismatchError(RuntimeError):
     """A checkpoint's data state does not fit the configured dataset."""
 
@@ -217,7 +222,7 @@ class ShardDataModule(L.LightningDataModule):
 
     def samples_consumed(self) -> int:
         """Global samples this run has trained on: the data position saved in checkpoints."""
-        return (self.trainer.lightning_module.tokens_seen if self.trainer else 0) // self.seq_len
+        return samples_consumed(self.trainer, self.seq_len)
 
     # --
     def setup(self, stage: str | None = None) -> None:
