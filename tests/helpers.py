@@ -54,6 +54,16 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
+class RecordBatches(L.Callback):
+    """Every training batch's `key` tensor, in order."""
+
+    def __init__(self, key: str):
+        self.key, self.batches = key, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.batches.append(batch[self.key].clone())
+
+
 class SlowSteps(L.Callback):
     """Make each training step last at least `seconds` (the requeue test needs a run longer than an allocation)."""
 

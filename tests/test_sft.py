@@ -18,7 +18,7 @@ from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.lit.sft_data import ConversationTargets, SFTDataModule
 from glm46.modules.loss import IGNORE_INDEX
 
-from .helpers import tiny_config
+from .helpers import RecordBatches, tiny_config
 from .test_balancer import lit_module
 
 TWO_TURNS = [
@@ -146,16 +146,8 @@ def test_validation_reads_held_out_conversations_with_the_same_mask(dataset):
     assert np.isin(first[:used].numpy(), np.asarray(held_out)).all()
 
 
-class RecordBatches(L.Callback):
-    def __init__(self):
-        self.batches = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches.append(batch["labels"].clone())
-
-
 def fit(dataset, steps, directory, ckpt_path=None):
-    recorder = RecordBatches()
+    recorder = RecordBatches("labels")
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=directory, every_n_train_steps=2, save_top_k=-1)
     trainer = L.Trainer(max_steps=steps, callbacks=[recorder, checkpoint], logger=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)

@@ -11,7 +11,7 @@ from glm46.data.shards import write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.lit.shard_data import DataMismatchError, MixtureWindows, ShardDataModule
 
-from .helpers import tiny_config
+from .helpers import RecordBatches, tiny_config
 from .test_balancer import lit_module
 
 
@@ -95,17 +95,9 @@ def test_unknown_domain_and_missing_dataset_are_named(dataset, tmp_path):
         datamodule(tmp_path)
 
 
-class RecordBatches(L.Callback):
-    def __init__(self):
-        self.batches = []
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.batches.append(batch["input_ids"].clone())
-
-
 def fit(dataset, steps, tmp_path, ckpt_path=None):
     config = tiny_config(vocab_size=320)
-    recorder = RecordBatches()
+    recorder = RecordBatches("input_ids")
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
     trainer = L.Trainer(max_steps=steps, callbacks=[recorder, checkpoint], logger=False, enable_progress_bar=False,
                         enable_model_summary=False, limit_val_batches=0)
