@@ -12,16 +12,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import re
+import struct
 from collections import defaultdict
+from contextlib import ExitStack
 from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
+
+Box = tuple[slice, ...]
 
 log = logging.getLogger(__name__)
 
@@ -102,44 +106,47 @@ def _ours(hub_key: str, num_layers: int) -> tuple[str | None, int | None, str | 
     return name, None, None
 
 
-def _hub_items(name: str, tensor: torch.Tensor, num_layers: int):
-    """Our (name, tensor) -> Hub (key, tensor) pairs, splitting stacked experts per expert."""
-    mtp = re.match(r"^mtp_layers\.(\d+)\.(.+)$", name)
-    if mtp:
-        prefix = f"model.layers.{num_layers + int(mtp[1])}."
-        rest = mtp[2]
-        name = prefix + _MTP_HUB.get(rest, rest.removeprefix("block."))
-    if name.endswith(".experts.gate_up_proj"):
-        base = name.removesuffix("gate_up_proj")
-        for e, weight in enumerate(tensor):
-            gate, up = weight.chunk(2, dim=0)
-            yield f"{base}{e}.gate_proj.weight", gate
-            yield f"{base}{e}.up_proj.weight", up
-    elif name.endswith(".experts.down_proj"):
-        base = name.removesuffix("down_proj")
-        for e, weight in enumerate(tensor):
-            yield f"{base}{e}.down_proj.weight", weight
-    else:
-        yield name, tensor
-
-
-def _slot(target: torch.Tensor, expert: int | None, part: str | None) -> torch.Tensor:
-    """The view of one of our tensors that a Hub tensor fills."""
+def _region(shape: torch.Size, expert: int | None, part: str | None) -> Box:
+    """The box of one of our tensors (global shape `shape`) that a Hub tensor fills: all of it, or one expert's
+    gate, up or down matrix inside a stacked `gate_up_proj` [E, 2I, H] / `down_proj` [E, H, I]."""
+    whole = tuple(slice(0, n) for n in shape)
     if expert is None:
-        return target
-    if part == "down":
-        return target[expert]
-    gate, up = target[expert].chunk(2, dim=0)
-    return gate if part == "gate" else up
+        return whole
+    rows = whole[1]
+    if part == "gate":
+        rows = slice(0, shape[1] // 2)
+    elif part == "up":
+        rows = slice(shape[1] // 2, shape[1])
+    return (slice(expert, expert + 1), rows, whole[2])
 
 
-def _expected_slots(state: dict[str, torch.Tensor]) -> set[tuple[str, int | None, str | None]]:
+def _hub_entries(name: str, shape: torch.Size, num_layers: int):
+    """Our tensor -> (Hub key, box of ours, Hub shape) for each Hub tensor it is stored as (experts: one per
+    expert and part)."""
+    mtp = re.match(r"^mtp_layers\.(\d+)\.(.+)$", name)
+    hub = name
+    if mtp:
+        rest = mtp[2]
+        hub = f"model.layers.{num_layers + int(mtp[1])}." + _MTP_HUB.get(rest, rest.removeprefix("block."))
+    parts = {".experts.gate_up_proj": ("gate", "up"), ".experts.down_proj": ("down",)}
+    for suffix, names in parts.items():
+        if hub.endswith(suffix):
+            base = hub.removesuffix(suffix.removeprefix(".experts."))
+            for e in range(shape[0]):
+                for part in names:
+                    box = _region(shape, e, part)
+                    yield f"{base}{e}.{part}_proj.weight", box, tuple(s.stop - s.start for s in box[1:])
+            return
+    yield hub, _region(shape, None, None), tuple(shape)
+
+
+def _expected_slots(shapes: dict[str, torch.Size]) -> set[tuple[str, int | None, str | None]]:
     slots = set()
-    for name, tensor in state.items():
+    for name, shape in shapes.items():
         if name.endswith(".experts.gate_up_proj"):
-            slots |= {(name, e, part) for e in range(tensor.shape[0]) for part in ("gate", "up")}
+            slots |= {(name, e, part) for e in range(shape[0]) for part in ("gate", "up")}
         elif name.endswith(".experts.down_proj"):
-            slots |= {(name, e, "down") for e in range(tensor.shape[0])}
+            slots |= {(name, e, "down") for e in range(shape[0])}
         else:
             slots.add((name, None, None))
     return slots
@@ -158,47 +165,74 @@ def _shard_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
-def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> GLM46ForCausalLM:
-    """Build a GLM46ForCausalLM from a transformers/Hub Glm4Moe directory.
+def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+            model: GLM46ForCausalLM | None = None) -> GLM46ForCausalLM:
+    """A GLM46ForCausalLM with the weights of a transformers/Hub Glm4Moe directory.
 
-    Tensors are copied shard by shard into a model allocated once, so memory never holds the
-    checkpoint twice. Missing MTP weights (transformers writes none) are initialised afresh with a
-    warning; missing or misshapen main-model tensors raise CheckpointError listing them.
+    Without `model`, one is built from the directory's config.json (allocated once, on `device` in `dtype`).
+    With `model` (whole, or sharded over processes as FSDP2 / tensor / expert parallel DTensors), its
+    tensors are filled in place: each rank reads from the safetensors files only the slices it holds.
+    Missing MTP weights (transformers writes none) are initialised afresh with a warning; missing or
+    misshapen main-model tensors raise CheckpointError listing them.
     """
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.exists():
         raise CheckpointError(f"{config_file} not found")
     config = config_from_hf(json.loads(config_file.read_text()))
-    with torch.device("meta"):
-        model = GLM46ForCausalLM(config)
-    model.to_empty(device=device).to(dtype)
-    state = model.state_dict()
-    expected = _expected_slots(state)
+    if model is None:
+        with torch.device("meta"):
+            model = GLM46ForCausalLM(config)
+        model.to_empty(device=device).to(dtype)
+    with ExitStack() as files:
+        handles = {}
+        for file in _shard_files(path):
+            handle = files.enter_context(safe_open(file, framework="pt", device="cpu"))
+            handles |= dict.fromkeys(handle.keys(), handle)
+        missing = _read_slices(model, handles, path)
+    if missing:
+        from glm46.parallel.materialize import sharded_normal_
+
+        log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
+        model.init_weights(model.mtp_layers.modules(), normal_=sharded_normal_)
+    model.model.rotary_emb.reset_parameters()
+    return model
+
+
+def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
+    """Copy into each of the model's tensors the part this rank holds, from the open safetensors `handles`
+    (Hub key -> file); returns the missing MTP slots, raises CheckpointError for anything else missing."""
+    from glm46.parallel.shards import intersect, local_box, local_tensor, shift
+
+    state = model.state_dict(keep_vars=True)  # parameters and persistent buffers themselves (DTensors stay sharded)
+    shapes = {name: tensor.shape for name, tensor in state.items()}  # a DTensor's shape is the global one
     slots_by_name = defaultdict(set)  # a whole stacked tensor (transformers v5 files) fills all its slots
-    for slot in expected:
+    for slot in _expected_slots(shapes):
         slots_by_name[slot[0]].add(slot)
 
     filled, misshapen, unexpected = set(), [], []
-    for file in _shard_files(path):
-        with safe_open(file, framework="pt", device=str(device)) as shard:
-            for key in shard.keys():
-                name, expert, part = _ours(key, config.num_hidden_layers)
-                if name is None:
-                    continue
-                if name not in state:
-                    unexpected.append(key)
-                    continue
-                target = _slot(state[name], expert, part)
-                tensor = shard.get_tensor(key)
-                if tensor.shape != target.shape:
-                    misshapen.append(f"{key}: checkpoint {tuple(tensor.shape)} vs model {tuple(target.shape)}")
-                    continue
-                with torch.no_grad():
-                    target.copy_(tensor)
-                filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
+    with torch.no_grad():
+        for key, handle in handles.items():
+            name, expert, part = _ours(key, model.config.num_hidden_layers)
+            if name is None:
+                continue
+            if name not in state:
+                unexpected.append(key)
+                continue
+            region = _region(shapes[name], expert, part)
+            source = handle.get_slice(key)
+            expected = tuple(s.stop - s.start for s in region)[0 if expert is None else 1:]
+            if tuple(source.get_shape()) != expected:
+                misshapen.append(f"{key}: checkpoint {tuple(source.get_shape())} vs model {expected}")
+                continue
+            target, held = local_tensor(state[name]), local_box(state[name])
+            common = intersect(held, region)
+            if common is not None:
+                piece = source[shift(common, region)[0 if expert is None else 1:]]
+                target[shift(common, held)] = piece.view(target[shift(common, held)].shape)
+            filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
 
-    missing = expected - filled
+    missing = set().union(*slots_by_name.values()) - filled
     missing_main = sorted({name for name, _, _ in missing if not name.startswith("mtp_layers.")})
     if missing_main or misshapen:
         raise CheckpointError(
@@ -208,11 +242,7 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
         )
     if unexpected:
         log.warning("%s: ignored %d tensors the model has no place for: %s", path, len(unexpected), unexpected[:10])
-    if missing:
-        log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
-        model.init_weights(model.mtp_layers.modules())
-    model.model.rotary_emb.reset_parameters()
-    return model
+    return missing
 
 
 # ---------------------------------------------------------------- save
@@ -224,58 +254,92 @@ def save_hf(
     """Write `model` in the Hub layout (per-expert keys, MTP as the last decoder layers), sharded with an index.
 
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor.
-    A model sharded over processes (FSDP2, tensor or expert parallel DTensors, DeepSpeed ZeRO-3) is
-    gathered one tensor at a time: then every rank must call save_hf, and global rank 0 writes.
+    A model sharded over processes (FSDP2, tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every
+    rank must call save_hf. Output file k is written by global rank k % world size, one Hub tensor at a
+    time (assembled from the shards that hold it, glm46.parallel.shards.gather_box), so no rank holds more
+    than one Hub tensor beyond its shards; global rank 0 writes the index and configs. The folder must be
+    on a filesystem all ranks share.
     """
-    from glm46.parallel.state import full_state_items, is_writer, state_shapes
+    from glm46.parallel.state import gathered_parts, rank_and_world, state_shapes
 
     path = Path(path)
-    writer = is_writer()
-    if writer:
-        path.mkdir(parents=True, exist_ok=True)
+    rank, world = rank_and_world()
+    path.mkdir(parents=True, exist_ok=True)
     config = model.config
     shapes = state_shapes(model)
     dtype = dtype or shapes["lm_head.weight"][1]
 
-    def hub_tensors(items):
-        for name, tensor in items:
-            if not name.endswith("e_score_correction_bias"):  # kept in fp32, as transformers does
-                tensor = tensor.to(dtype)
-            for key, hub_tensor in _hub_items(name, tensor, config.num_hidden_layers):
-                yield key, hub_tensor
+    def export_dtype(name: str, own: torch.dtype) -> torch.dtype:
+        return own if name.endswith("e_score_correction_bias") else dtype  # kept in fp32, as transformers does
 
-    # Plan the shards from sizes alone (meta tensors), then gather and write one shard at a time.
-    meta = ((name, torch.empty(shape, dtype=dt, device="meta")) for name, (shape, dt) in shapes.items())
-    shards, size = [[]], 0
-    for key, tensor in hub_tensors(meta):
-        nbytes = tensor.numel() * tensor.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += nbytes
-    names = [SINGLE_FILE] if len(shards) == 1 else [
-        f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))
+    # Plan the files from sizes alone, then assemble and write one Hub tensor at a time.
+    files, size = [[]], 0
+    for name, (shape, own) in shapes.items():
+        out = export_dtype(name, own)
+        for key, box, hub_shape in _hub_entries(name, shape, config.num_hidden_layers):
+            nbytes = math.prod(hub_shape) * out.itemsize
+            if files[-1] and size + nbytes > max_shard_bytes:
+                files.append([])
+                size = 0
+            files[-1].append((key, name, box, hub_shape, out))
+            size += nbytes
+    names = [SINGLE_FILE] if len(files) == 1 else [
+        f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))
     ]
-    weight_map = {key: name for name, keys in zip(names, shards) for key in keys}
+    requests = [(name, box, i % world) for i, entries in enumerate(files) for _, name, box, _, _ in entries]
+    parts = gathered_parts(model, requests)  # collective when the model is sharded
+    for i, (file_name, entries) in enumerate(zip(names, files)):
+        writer = StreamingSafetensors(path / file_name, [(key, shape, out) for key, _, _, shape, out in entries]) \
+            if i % world == rank else None
+        for key, _, _, hub_shape, out in entries:
+            part = next(parts)
+            if writer is not None:
+                writer.write(key, part.reshape(hub_shape).to(out))
+        if writer is not None:
+            writer.close()
 
-    shard_of = iter(names)
-    current, pending, total = next(shard_of), {}, 0
-    for key, tensor in hub_tensors(full_state_items(model)):  # collective when the model is sharded
-        if not writer:
-            continue
-        if weight_map[key] != current:
-            save_file(pending, path / current, metadata={"format": "pt"})
-            current, pending = next(shard_of), {}
-        pending[key] = tensor.detach().to("cpu").clone().contiguous()
-        total += tensor.numel() * tensor.element_size()
-    if not writer:
-        return path
-    save_file(pending, path / current, metadata={"format": "pt"})
-
-    if len(names) > 1:
-        (path / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
-    (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
-    generation = {"pad_token_id": config.pad_token_id, "eos_token_id": config.eos_token_id}
-    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    if rank == 0:
+        if len(names) > 1:
+            weight_map = {key: file_name for file_name, entries in zip(names, files) for key, *_ in entries}
+            total = sum(math.prod(shape) * out.itemsize for entries in files for _, _, _, shape, out in entries)
+            (path / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
+                                                      indent=2))
+        (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
+        generation = {"pad_token_id": config.pad_token_id, "eos_token_id": config.eos_token_id}
+        (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    if world > 1:
+        torch.distributed.barrier()  # every rank's files are complete when save_hf returns
     return path
+
+
+_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+                       torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+
+
+class StreamingSafetensors:
+    """A .safetensors file written tensor by tensor: the header (every key's dtype, shape and offsets) is known
+    in advance, so each tensor's bytes go to disk as it arrives and memory never holds the whole file."""
+
+    def __init__(self, path: Path, entries: list[tuple[str, tuple[int, ...], torch.dtype]]):
+        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        for key, shape, dtype in entries:
+            nbytes = math.prod(shape) * dtype.itemsize
+            header[key] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
+                           "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
+        self.expected = [key for key, _, _ in entries]
+        self.file = open(path, "wb")
+        self.file.write(struct.pack("<Q", len(encoded)) + encoded)
+
+    def write(self, key: str, tensor: torch.Tensor) -> None:
+        if not self.expected or self.expected[0] != key:
+            raise RuntimeError(f"{self.file.name}: got {key}, expected {self.expected[:1]}")
+        self.expected.pop(0)
+        self.file.write(tensor.detach().to("cpu").contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+
+    def close(self) -> None:
+        if self.expected:
+            raise RuntimeError(f"{self.file.name}: {len(self.expected)} tensors never written, first {self.expected[0]}")
+        self.file.close()

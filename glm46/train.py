@@ -6,22 +6,22 @@ from __future__ import annotations
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
-from glm46.hf import load_hf, save_hf
+from glm46.hf import save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
 from glm46.modules import ConfigError, GLM46Config
-from glm46.parallel.state import read_sharded_checkpoint
 from glm46.plots import plot_run
 
 
 def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
+    """Under the mesh layouts (FSDP2, HSDP, TP, EP) the model is built on the meta device and each rank
+    materialises only its shards (GLM46LitModule.configure_model); one process, DDP and DeepSpeed build it whole."""
     return GLM46LitModule(
         config,
         optimizer=instantiate(cfg.optim.optimizer),
@@ -30,6 +30,8 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
         balance_loss_alpha=cfg.schedule.balance_loss_alpha,
         # DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself.
         guard=instantiate(cfg.guard) if cfg.get("guard") and cfg.parallelism.engine != "deepspeed" else None,
+        empty_init=cfg.parallelism.engine == "mesh",
+        init_from=str(cfg.init_from) if cfg.init_from else None,
     )
 
 
@@ -45,22 +47,6 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
                        default_root_dir=str(output_dir))
 
 
-def load_initial_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Start from earlier weights (`init_from`): a Lightning checkpoint of a previous phase (a file, or the folder
-    of a sharded layout), or an HF directory.
-    Only the weights: optimizer, schedules and data position start afresh for the new phase."""
-    path = Path(path)
-    sharded = read_sharded_checkpoint(path, model)  # a DCP or DeepSpeed folder (sharded layouts' checkpoints)
-    if sharded is not None:
-        state = sharded
-    elif path.is_dir():
-        state = load_hf(path).state_dict()
-    else:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
-    model.load_state_dict(state)
-
-
 def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     output_dir = Path(HydraConfig.get().runtime.output_dir)
     L.seed_everything(cfg.seed, workers=True)
@@ -69,8 +55,6 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
         raise ConfigError(f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size="
                           f"{config.vocab_size}")
     module = build_module(cfg, config)
-    if cfg.init_from:
-        load_initial_weights(module.model, cfg.init_from)
     trainer = build_trainer(cfg, output_dir)
     checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg.ckpt_path, checkpoint_dir))

@@ -2,9 +2,11 @@
 
 Each run is this file as a script (`python -m tests.test_parallel SPEC`), launched once; Lightning's own
 launcher starts the other ranks. The strategy comes from the layout's conf/parallelism/*.yaml,
-composed as run.py composes it. For a fixed global batch and seed, the per-step loss (averaged over
-the data-parallel ranks) and the final full weights must equal the single-process run within 1e-5
-relative (fp32, Muon with fp32 Newton-Schulz, gradient clipping and the expert balancer on).
+composed as run.py composes it. Every run starts from the same HF checkpoint through `init_from`: the mesh
+layouts build the model on the meta device and each rank reads only its slices (random init differs by
+layout). For a fixed global batch, the per-step loss (averaged over the data-parallel ranks) and the final
+full weights must equal the single-process run within 1e-5 relative (fp32, Muon with fp32 Newton-Schulz,
+gradient clipping and the expert balancer on).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ def main(spec: dict) -> None:
     from glm46.optim import Muon, Piecewise, WarmupCosine
     from glm46.parallel import data_parallel_group, validate_layout
     from glm46.parallel.state import full_state_items, is_writer
-    from tests.helpers import randomise, tiny_config
+    from tests.helpers import tiny_config
 
     devices = spec.get("devices", 1)
     cfg = compose_layout(spec["layout"], spec.get("overrides", []))
@@ -81,8 +83,8 @@ def main(spec: dict) -> None:
         lr_schedule=WarmupCosine(peak=lr, floor=lr / 10, warmup_tokens=0,
                                  total_tokens=4 * GLOBAL_BATCH * SEQ_LEN),  # driven by tokens seen: TP must not double them
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
+        empty_init=cfg.parallelism.engine == "mesh", init_from=spec["init_from"],
     )
-    randomise(module.model, seed=0).train()  # no weight left at 0 or 1 (biases, norms, correction biases)
     data = samples(config.vocab_size, 8 * GLOBAL_BATCH)
 
     class GlobalBatches(L.LightningDataModule):
@@ -99,7 +101,10 @@ def main(spec: dict) -> None:
 
     class Record(L.Callback):
         def __init__(self):
-            self.losses = []
+            self.losses, self.initial = [], None
+
+        def on_train_start(self, trainer, pl_module):  # the weights init_from gave, gathered on rank 0
+            self.initial = {name: None if t is None else t.clone() for name, t in full_state_items(pl_module.model)}
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             loss = outputs["loss"].detach().clone()
@@ -126,7 +131,7 @@ def main(spec: dict) -> None:
     trainer.fit(module, datamodule=GlobalBatches(), ckpt_path=spec.get("resume"))
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
-    state = {name: tensor.clone() for name, tensor in full_state_items(module.model)}  # collective when sharded
+    state = {name: None if t is None else t.clone() for name, t in full_state_items(module.model)}  # whole on rank 0
     biases = torch.stack([router.e_score_correction_bias for router in module.model.routers()])
     if torch.distributed.is_initialized():  # every rank must have applied the same bias updates
         gathered = [torch.empty_like(biases) for _ in range(torch.distributed.get_world_size())]
@@ -137,7 +142,7 @@ def main(spec: dict) -> None:
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
     if is_writer():
-        torch.save({"losses": record.losses, "state": state, "tokens_seen": module.tokens_seen,
+        torch.save({"losses": record.losses, "state": state, "initial": record.initial, "tokens_seen": module.tokens_seen,
                     "counts": [counts for _, counts in balancer.history], "expert_parallel": expert_parallel,
                     "world_size": trainer.world_size}, out / "result.pt")
 
@@ -145,10 +150,20 @@ def main(spec: dict) -> None:
 # ---------------------------------------------------------------- helpers for the tests
 
 
-def run_layout(tmp_path: Path, layout: str, devices: int = 1, timeout: int = 600, **spec) -> dict:
+@pytest.fixture(scope="session")
+def initial_weights(tmp_path_factory) -> str:
+    """One HF checkpoint every run starts from: random N(0, 0.1) weights, norms in (0.5, 1.5), non-zero biases
+    and correction biases, so nothing left at 0 or 1 can hide a mismatch."""
+    from glm46.hf import save_hf
+    from tests.helpers import random_model, tiny_config
+
+    return str(save_hf(random_model(tiny_config(), seed=0), tmp_path_factory.mktemp("initial") / "hf"))
+
+
+def run_layout(tmp_path: Path, layout: str, devices: int = 1, *, init_from: str, timeout: int = 600, **spec) -> dict:
     out = tmp_path / f"{layout}-{devices}"
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"layout": layout, "devices": devices, "out": str(out), **spec}
+    spec = {"layout": layout, "devices": devices, "out": str(out), "init_from": init_from, **spec}
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
                                                               "LOCAL_RANK", "NODE_RANK")}
     env.setdefault("OMP_NUM_THREADS", "1")
@@ -176,15 +191,41 @@ def assert_same_run(run: dict, reference: dict, tolerance: float = TOLERANCE, fi
 
 
 def assert_weights_of_checkpoint(path: Path, state: dict[str, torch.Tensor]) -> None:
-    """`init_from=<sharded checkpoint folder>` (glm46.train.load_initial_weights) gives these weights."""
+    """`init_from=<sharded checkpoint folder>` (glm46.parallel.state.load_weights) gives these weights."""
     from glm46.modules import GLM46ForCausalLM
-    from glm46.train import load_initial_weights
+    from glm46.parallel.state import load_weights
     from tests.helpers import tiny_config
 
     model = GLM46ForCausalLM(tiny_config())
-    load_initial_weights(model, path)
+    load_weights(model, path)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, state[name]), name
+
+
+def assert_loads_and_exports_like_one_process(run: dict, init_from: str, tmp_path: Path) -> None:
+    """The sharded run's weights right after `init_from` equal one process's load_hf of that directory, and its
+    hf/ export (assembled one Hub tensor at a time) equals one process's export of its final weights, file for
+    file and tensor for tensor."""
+    from safetensors import safe_open
+
+    from glm46.hf import load_hf, save_hf
+    from glm46.modules import GLM46ForCausalLM
+    from tests.helpers import tiny_config
+
+    for name, tensor in load_hf(init_from).state_dict().items():
+        assert torch.equal(run["initial"][name], tensor), f"{name} after init_from differs from load_hf"
+    single = GLM46ForCausalLM(tiny_config())
+    single.load_state_dict(run["state"])
+    reference = save_hf(single, tmp_path / "single-export")
+    sharded = run["out"] / "hf"
+    files = sorted(p.name for p in reference.iterdir())
+    assert sorted(p.name for p in sharded.iterdir()) == files
+    assert (sharded / "config.json").read_text() == (reference / "config.json").read_text()
+    for file in (f for f in files if f.endswith(".safetensors")):
+        with safe_open(reference / file, "pt") as expected, safe_open(sharded / file, "pt") as written:
+            assert list(written.keys()) == list(expected.keys())
+            for key in expected.keys():
+                assert torch.equal(written.get_tensor(key), expected.get_tensor(key)), key
 
 
 # ---------------------------------------------------------------- the tests
@@ -193,38 +234,38 @@ MESH_FP32 = ["parallelism.mixed_precision=null"]  # CPU: fp32 parameters and red
 
 
 @pytest.fixture(scope="module")
-def single_muon(tmp_path_factory):
-    return run_layout(tmp_path_factory.mktemp("single"), "single")
+def single_muon(tmp_path_factory, initial_weights):
+    return run_layout(tmp_path_factory.mktemp("single"), "single", init_from=initial_weights)
 
 
 @pytest.fixture(scope="module")
-def single_adamw(tmp_path_factory):
-    return run_layout(tmp_path_factory.mktemp("single_adamw"), "single", optimizer="adamw")
+def single_adamw(tmp_path_factory, initial_weights):
+    return run_layout(tmp_path_factory.mktemp("single_adamw"), "single", init_from=initial_weights, optimizer="adamw")
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_ddp_equals_the_single_process_run(tmp_path, single_muon):
-    assert_same_run(run_layout(tmp_path, "ddp", 2), single_muon)
+def test_ddp_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
+    assert_same_run(run_layout(tmp_path, "ddp", init_from=initial_weights, devices=2), single_muon)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp2_with_muon_equals_the_single_process_run(tmp_path, single_muon):
+def test_fsdp2_with_muon_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """Muon on FSDP2 shards: each matrix is gathered for Newton-Schulz, each rank keeps its slice."""
-    assert_same_run(run_layout(tmp_path, "fsdp2", 2, overrides=MESH_FP32), single_muon)
+    assert_same_run(run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=MESH_FP32), single_muon)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, single_muon):
+def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, initial_weights, single_muon):
     from transformers import AutoModelForCausalLM
 
     from glm46.hf import load_hf
     from glm46.modules import GLM46ForCausalLM
     from tests.helpers import tiny_config
 
-    run = run_layout(tmp_path, "ep", 2, hf=True, overrides=MESH_FP32)
+    run = run_layout(tmp_path, "ep", init_from=initial_weights, devices=2, hf=True, overrides=MESH_FP32)
     assert run["expert_parallel"] == 2, "the experts must be split over 2 ranks"
     assert_same_run(run, single_muon)
 
@@ -241,57 +282,60 @@ def test_expert_parallel_equals_the_single_process_run_and_exports_to_transforme
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_tensor_parallel_equals_the_single_process_run(tmp_path, single_muon):
+def test_tensor_parallel_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """Heads, KV heads and MLP features split over 2 ranks that share one batch (tokens counted once)."""
-    assert_same_run(run_layout(tmp_path, "tp", 2, overrides=MESH_FP32), single_muon)
+    assert_same_run(run_layout(tmp_path, "tp", init_from=initial_weights, devices=2, overrides=MESH_FP32), single_muon)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(tmp_path,
+def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(tmp_path, initial_weights,
                                                                                                    single_muon):
     """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, activation
-    checkpointing on; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
-    run = run_layout(tmp_path, "fsdp2_ep", 4, checkpoint_every=1,
+    checkpointing on; built on meta, each rank reads its slices of init_from and the export is assembled from
+    the shards; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
+    run = run_layout(tmp_path, "fsdp2_ep", init_from=initial_weights, devices=4, checkpoint_every=1, hf=True,
                      overrides=[*MESH_FP32, "parallelism.activation_checkpointing=true"])
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)
+    assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)
     checkpoint = run["out"] / "step2.ckpt"
     assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 4, "one shard file per rank"
     assert_weights_of_checkpoint(run["out"] / "step3.ckpt", run["state"])  # init_from reads it in one process
 
-    resumed = run_layout(tmp_path / "resumed", "ep", 2, resume=str(checkpoint), overrides=MESH_FP32)
+    resumed = run_layout(tmp_path / "resumed", "ep", init_from=initial_weights, devices=2, resume=str(checkpoint), overrides=MESH_FP32)
     assert_same_run(resumed, single_muon, first_step=2)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, single_muon):
+def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks."""
-    run = run_layout(tmp_path, "production", 4,
+    run = run_layout(tmp_path, "production", init_from=initial_weights, devices=4, hf=True,
                      overrides=[*MESH_FP32, "parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"])
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)
+    assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)  # TP x FSDP: _StridedShard slices
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp2_with_its_bf16_mixed_precision_policy_trains(tmp_path, single_muon):
+def test_fsdp2_with_its_bf16_mixed_precision_policy_trains(tmp_path, initial_weights, single_muon):
     """The fsdp2 member as shipped (bf16 parameters, fp32 reductions): close to fp32, not equal."""
-    run = run_layout(tmp_path, "fsdp2", 2)
+    run = run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=2)
     for a, b in zip(run["losses"], single_muon["losses"]):
         assert abs(a - b) <= 1e-2 * b
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, single_adamw):
+def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initial_weights, single_adamw):
     """ZeRO-3 on CPU (gloo) with AdamW: equal to the single-process run; its sharded checkpoint after step 2
     resumes, with parameters and optimizer state offloaded to CPU, to the same step 3; hf/ is gathered from
     the partitions."""
     from glm46.hf import load_hf
 
-    run = run_layout(tmp_path, "deepspeed_zero3", 2, optimizer="adamw", checkpoint_every=1)
+    run = run_layout(tmp_path, "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw", checkpoint_every=1)
     assert_same_run(run, single_adamw)
     checkpoint = run["out"] / "step2.ckpt"
     assert len(list((checkpoint / "checkpoint").glob("zero_pp_rank_*_optim_states.pt"))) == 2, "partitioned state"
@@ -299,7 +343,7 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, single
 
     offload = ["parallelism.offload_parameters=true", "parallelism.offload_optimizer=true",
                "parallelism.force_deepspeed_cpu_optimizer=false"]  # the torch AdamW steps the offloaded state
-    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", 2, optimizer="adamw", hf=True,
+    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw", hf=True,
                          resume=str(checkpoint), overrides=offload)
     assert_same_run(resumed, single_adamw, first_step=2)
     for name, tensor in load_hf(resumed["out"] / "hf").state_dict().items():

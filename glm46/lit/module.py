@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 
 import lightning as L
@@ -26,6 +27,8 @@ from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
+from glm46.parallel.materialize import has_meta_tensors, materialize
+from glm46.parallel.state import load_weights
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
@@ -40,10 +43,17 @@ class GLM46LitModule(L.LightningModule):
         mtp_weight: Callable[[int], float],
         balance_loss_alpha: float = 1e-4,
         guard: StepGuard | None = None,
+        empty_init: bool = False,
+        init_from: str | None = None,
     ):
+        """empty_init: build the model on the meta device; `configure_model` shards it and each rank materialises
+        and initialises only its shards (sharded layouts: a 355B model is never whole on a rank).
+        init_from: weights to start from (glm46.parallel.state.load_weights), read once the model is laid out."""
         super().__init__()
         self.config = model_config
-        self.model = GLM46ForCausalLM(model_config)
+        with torch.device("meta") if empty_init else nullcontext():
+            self.model = GLM46ForCausalLM(model_config)
+        self.init_from = init_from
         self.optimizer_factory = optimizer
         self.lr_schedule = lr_schedule
         self.mtp_weight = mtp_weight
@@ -56,15 +66,23 @@ class GLM46LitModule(L.LightningModule):
         self.tokens_seen = 0
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
-        self._parallelized = False
+        self._configured = False
 
     def configure_model(self) -> None:
-        """Apply the strategy's layout (TP, EP, FSDP2; glm46.parallel) to the model, once. Strategies
-        without one (single device, DDP, DeepSpeed) leave the model as built."""
+        """Once: apply the strategy's layout (TP, EP, activation checkpointing, FSDP2; glm46.parallel) to the
+        model, materialise a meta-device model's shards on this rank's device, then read `init_from`.
+        Strategies without a layout (single device, DDP, DeepSpeed) leave the model as built. The optimizer
+        is built afterwards (configure_optimizers), on the materialised shards."""
+        if self._configured:
+            return
         parallelize = getattr(self.trainer.strategy, "parallelize", None)
-        if parallelize is not None and not self._parallelized:
+        if parallelize is not None:
             parallelize(self.model)
-            self._parallelized = True
+        if has_meta_tensors(self.model):
+            materialize(self.model, self.trainer.strategy.root_device)
+        if self.init_from:
+            load_weights(self.model, self.init_from)
+        self._configured = True
 
     def external_parameters(self) -> list[torch.nn.Parameter]:
         """Weights used outside their own module's forward: the lm_head in the chunked loss (and MTP).

@@ -6,7 +6,7 @@ Parameter names follow transformers' in-memory Glm4Moe layout (`model.layers.N.m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -34,19 +34,24 @@ class CausalLMOutput:
     balance_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over MoE layers (unweighted)
 
 
+def _normal_(tensor: torch.Tensor, std: float) -> None:
+    nn.init.normal_(tensor, mean=0.0, std=std)
+
+
 @torch.no_grad()
-def initialize(modules: Iterable[nn.Module], std: float) -> None:
-    """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms."""
+def initialize(modules: Iterable[nn.Module], std: float, normal_: Callable[[torch.Tensor, float], None] = _normal_) -> None:
+    """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms.
+    `normal_(tensor, std)` draws in place (glm46.parallel.materialize passes one that draws sharded weights)."""
     for module in modules:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            normal_(module.weight, std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, GroupedExperts):
-            nn.init.normal_(module.gate_up_proj, mean=0.0, std=std)
-            nn.init.normal_(module.down_proj, mean=0.0, std=std)
+            normal_(module.gate_up_proj, std)
+            normal_(module.down_proj, std)
         elif isinstance(module, TopkRouter):
-            nn.init.normal_(module.weight, mean=0.0, std=std)
+            normal_(module.weight, std)
             nn.init.zeros_(module.e_score_correction_bias)
         elif isinstance(module, (RMSNorm, RotaryEmbedding)):
             module.reset_parameters()
@@ -110,8 +115,8 @@ class GLM46ForCausalLM(nn.Module):
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
-    def init_weights(self, modules: Iterable[nn.Module] | None = None) -> None:
-        initialize(self.modules() if modules is None else modules, self.config.initializer_range)
+    def init_weights(self, modules: Iterable[nn.Module] | None = None, normal_=_normal_) -> None:
+        initialize(self.modules() if modules is None else modules, self.config.initializer_range, normal_)
 
     def routers(self) -> list[TopkRouter]:
         """The routers in the order of `expert_counts`: main-model MoE layers, then MTP layers."""

@@ -9,10 +9,11 @@ One optimizer object keeps Lightning's automatic optimisation, schedulers and ch
 
 Under sharding (FSDP2, tensor or expert parallelism) parameters, gradients and the momentum are
 DTensors holding a slice. Momentum and weight decay are elementwise and stay on the slice; the
-Newton-Schulz step needs whole matrices, so the update is all-gathered to the full matrix,
-orthogonalised, and each rank keeps its own slice (Moonlight's distributed Muon): the result
-equals single-process Muon. A slice made of whole matrices (experts sharded on the expert dim)
-is orthogonalised in place, without communication.
+Newton-Schulz step needs whole matrices, so the update is gathered over the mesh dims that split
+matrix rows or columns (not those that split a stack of experts), orthogonalised, and each rank
+keeps its own slice (Moonlight's distributed Muon): the result equals single-process Muon. A
+slice made of whole matrices (experts sharded on the expert dim only) is orthogonalised in
+place, without communication.
 """
 
 from __future__ import annotations
@@ -25,16 +26,15 @@ from torch.distributed.tensor import DTensor, Replicate
 from .newton_schulz import orthogonalize
 
 
-def _holds_whole_matrices(p: DTensor) -> bool:
-    """Whether every shard of p [..., rows, cols] is a set of whole matrices (split on leading dims only)."""
-    dims = [getattr(placement, "dim", None) for placement in p.placements]  # Shard, _StridedShard: .dim
-    return all(dim is None or dim % p.ndim < p.ndim - 2 for dim in dims)
+def _splits_matrices(placement, ndim: int) -> bool:
+    """Whether a placement of a tensor [..., rows, cols] cuts its matrices (Shard, _StridedShard: `.dim`)."""
+    dim = getattr(placement, "dim", None)
+    return dim is not None and dim % ndim >= ndim - 2
 
 
-def _local_slice(full: torch.Tensor, like: DTensor) -> torch.Tensor:
-    """This rank's shard of a full (replicated) tensor, laid out as `like`: a local slice, no communication."""
-    replicated = DTensor.from_local(full, like.device_mesh, [Replicate()] * like.device_mesh.ndim, run_check=False)
-    return replicated.redistribute(like.device_mesh, like.placements).to_local()
+def _whole_matrix_placements(p: DTensor) -> list:
+    """p's placements with every split of rows or columns undone: each rank then holds whole matrices."""
+    return [Replicate() if _splits_matrices(placement, p.ndim) else placement for placement in p.placements]
 
 
 class Muon(torch.optim.Optimizer):
@@ -110,12 +110,12 @@ class Muon(torch.optim.Optimizer):
         return orthogonalize(matrices, group["ns_steps"], dtype).reshape(update.shape)
 
     def _orthogonalize_sharded(self, update: DTensor, group: dict) -> DTensor:
-        if _holds_whole_matrices(update):
-            local = self._orthogonalize(update.to_local(), group)
-        else:
-            local = _local_slice(self._orthogonalize(update.full_tensor(), group), update)
-        return DTensor.from_local(local, update.device_mesh, update.placements, run_check=False,
-                                  shape=update.shape, stride=update.stride())
+        whole = _whole_matrix_placements(update)
+        gathered = update if whole == list(update.placements) else update.redistribute(update.device_mesh, whole)
+        local = self._orthogonalize(gathered.to_local(), group)
+        orthogonal = DTensor.from_local(local, update.device_mesh, whole, run_check=False, shape=update.shape,
+                                        stride=update.stride())
+        return orthogonal.redistribute(update.device_mesh, update.placements)  # back to the slice: no communication
 
     def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
         """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments)."""

@@ -118,20 +118,30 @@ def mixed_precision_policy(settings) -> torch.distributed.fsdp.MixedPrecisionPol
     return MixedPrecisionPolicy(param_dtype=dtype["param_dtype"], reduce_dtype=dtype["reduce_dtype"])
 
 
+def expert_shard_placement(local_experts: int, expert_shard: int) -> Shard:
+    """How FSDP2 splits a rank's expert stacks [E/ep, rows, cols] over the ranks holding the same experts: by
+    whole experts (dim 0) when they divide evenly, else by rows (dim 1), as torchtitan does. Dim 0 unevenly
+    would leave ranks empty and others whole: the 355B layout's 5 experts per ep rank over 32 ranks put one
+    expert on 5 ranks and none on 27."""
+    return Shard(0) if local_experts % expert_shard == 0 else Shard(1)
+
+
 def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool, mixed_precision=None,
                reshard_after_forward: bool = True) -> None:
     """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head).
     With expert parallelism the experts get their own fully_shard first, over the ranks holding the
-    same experts (`edp_*`), so the layer's group over `dp_*` leaves them alone."""
+    same experts (`edp_*`, split as expert_shard_placement says), so the layer's group over `dp_*`
+    leaves them alone."""
     from torch.distributed.fsdp import fully_shard
 
     dense_mesh = hsdp_mesh(mesh, "dp_replicate", "dp_shard")
     kwargs = {"mp_policy": mixed_precision_policy(mixed_precision), "reshard_after_forward": reshard_after_forward}
     if expert_parallel:
         expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
+        placement = expert_shard_placement(model.config.n_routed_experts // mesh["ep"].size(), mesh["edp_shard"].size())
         for layer in decoder_layers(model):
             if layer.is_moe:
-                fully_shard(layer.mlp.experts, mesh=expert_mesh, **kwargs)
+                fully_shard(layer.mlp.experts, mesh=expert_mesh, shard_placement_fn=lambda _: placement, **kwargs)
     for layer in model.model.layers:
         fully_shard(layer, mesh=dense_mesh, **kwargs)
     for mtp in model.mtp_layers:
