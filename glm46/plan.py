@@ -3,15 +3,19 @@
 Conventions:
 - FLOPs per token are glm46.estimate.training_flops_per_token (6 x active matmul parameters, lm_head
   and MTP included, plus attention); the headline "6 x active x tokens" is printed beside it.
-- Memory per GPU for bf16 mixed precision with fp32 master weights: weights, gradients (fp32) and
-  optimizer state (Muon: one fp32 momentum per matrix entry; AdamW: two fp32 moments) are divided
-  by the ranks that shard them (TP for attention and dense MLPs, EP then the expert-data-parallel
-  shard for routed experts, FSDP2 `data_parallel_shard` for everything); activations are those
-  this implementation saves for backward, per micro-batch, in bf16.
+- Memory per GPU for bf16 mixed precision with fp32 master weights, on the most loaded rank: weights,
+  gradients (fp32) and optimizer state (Muon: one fp32 momentum per matrix entry; AdamW: two fp32
+  moments) of the shard each parameter leaves that rank (glm46.parallel.layout.parameter_splits: TP,
+  then EP, then FSDP2, with torch.chunk's ceil sizes, so uneven splits count as they fall); FSDP2's
+  gathered units (the root with the embedding and lm_head stays gathered through the step);
+  activations are those this implementation saves for backward, per micro-batch, in bf16.
+  `task=dryrun` checks the shards against the real sharded model.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 
 import torch
@@ -19,7 +23,7 @@ import torch
 from glm46.estimate import count_parameters, training_flops_per_token
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
-from glm46.parallel.layout import Layout
+from glm46.parallel.layout import Layout, largest_shard_shape, parameter_splits
 
 GIB = 2**30
 MARGIN = 0.9  # a layout fits when the estimate stays under 90% of the device memory (allocator, NCCL buffers)
@@ -40,24 +44,75 @@ class Hardware:
         return self.num_nodes * self.devices
 
 
-def parameter_split(config: GLM46Config) -> dict[str, int]:
-    """Parameters by how they are sharded (routed experts over EP; attention, dense and shared MLP
-    matrices over TP; the rest: embedding, lm_head, norms, routers, biases) and how many Muon updates
-    (glm46.optim.muon_param_groups' rule), from the model built on the meta device."""
+GROUPS = ("attention", "dense MLP", "routed experts", "shared experts", "router", "MTP projection",
+          "embedding/lm_head", "norms")
+
+
+def parameter_group(name: str) -> str:
+    """The memory-report group of a parameter (one of GROUPS)."""
+    if name.endswith("norm.weight"):
+        return "norms"
+    for marker, group in ((".experts.", "routed experts"), (".shared_experts.", "shared experts"),
+                          (".self_attn.", "attention"), (".mlp.gate.", "router"), (".mlp.", "dense MLP"),
+                          ("eh_proj", "MTP projection")):
+        if marker in name:
+            return group
+    return "embedding/lm_head"
+
+
+@dataclass(frozen=True)
+class PlannedParameter:
+    name: str
+    group: str
+    shape: tuple[int, ...]
+    shard_shape: tuple[int, ...]  # the largest any rank holds (glm46.parallel.layout.largest_shard_shape)
+    muon: bool  # Muon (one fp32 momentum) or AdamW (two fp32 moments)
+
+    @property
+    def shard_numel(self) -> int:
+        return math.prod(self.shard_shape)
+
+
+def planned_parameters(config: GLM46Config, layout: Layout, optimizer: str) -> list[PlannedParameter]:
+    """Every parameter with the shard the layout gives the most loaded rank, from the model built on meta."""
     with torch.device("meta"):
         model = GLM46ForCausalLM(config)
-    split = {"routed": 0, "tensor_parallel": 0, "rest": 0}
-    for name, p in model.named_parameters():
-        if ".experts." in name:
-            split["routed"] += p.numel()
-        elif p.ndim == 2 and any(f".{part}." in name for part in ("self_attn", "shared_experts")) or (
-                p.ndim == 2 and ".mlp." in name and ".gate." not in name):
-            split["tensor_parallel"] += p.numel()
-        else:
-            split["rest"] += p.numel()
-    split["total"] = sum(split.values())
-    split["muon"] = sum(p.numel() for group in muon_param_groups(model) if group["use_muon"] for p in group["params"])
-    return split
+    muon = {id(p) for group in muon_param_groups(model) if group["use_muon"] for p in group["params"]}
+    return [PlannedParameter(name, parameter_group(name), tuple(p.shape),
+                             largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, config.n_routed_experts)),
+                             optimizer == "muon" and id(p) in muon)
+            for name, p in model.named_parameters()]
+
+
+def state_bytes(numel: int, muon: bool) -> dict[str, int]:
+    """fp32 weights, fp32 gradients, optimizer state (Muon: one fp32 momentum; AdamW: two fp32 moments)."""
+    return {"weights": 4 * numel, "gradients": 4 * numel, "optimizer": (4 if muon else 8) * numel}
+
+
+def state_by_group(parameters: list[PlannedParameter]) -> dict[str, dict[str, int]]:
+    """Per GROUPS entry: bytes of weights, gradients and optimizer state on the most loaded rank."""
+    table = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
+    for p in parameters:
+        for kind, nbytes in state_bytes(p.shard_numel, p.muon).items():
+            table[p.group][kind] += nbytes
+    return table
+
+
+def fsdp_units(config: GLM46Config, layout: Layout) -> dict[str, int]:
+    """Elements each FSDP2 unit all-gathers (its parameters whole over the data-parallel shards, still split by
+    TP and EP), as glm46.parallel.parallelize.apply_fsdp groups them: the root (embedding, final norm, lm_head),
+    each decoder layer, each MTP layer, and with expert parallelism each MoE layer's experts on their own."""
+    if layout.data_parallel == 1:
+        return {}
+    units: dict[str, int] = {}
+    for p in planned_parameters(config, Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1),
+                                "adamw"):  # shards of TP and EP only
+        layer = re.match(r"^(model\.layers\.\d+|mtp_layers\.\d+)\.", p.name)
+        unit = "root" if layer is None else layer[1]
+        if ".experts." in p.name and layout.expert_parallel > 1:
+            unit = p.name.rsplit(".", 1)[0]
+        units[unit] = units.get(unit, 0) + p.shard_numel
+    return units
 
 
 def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int) -> dict[str, float]:
@@ -76,14 +131,8 @@ def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int) -> dic
 
 def memory_per_gpu(config: GLM46Config, layout: Layout, micro_batch_tokens: int, optimizer: str,
                    activation_checkpointing: bool, loss_chunk: int = 4096) -> dict[str, float]:
-    """Bytes per GPU by kind (see the module docstring), and their total."""
-    split = parameter_split(config)
-    shard = layout.data_parallel_shard
-    expert_shard = max(1, shard // layout.expert_parallel) if shard >= layout.expert_parallel else 1
-    per_gpu = (split["routed"] / (layout.expert_parallel * expert_shard)
-               + split["tensor_parallel"] / (layout.tensor_parallel * shard) + split["rest"] / shard)
-    muon_fraction = split["muon"] / split["total"] if optimizer == "muon" else 0.0
-    optimizer_bytes = per_gpu * (4 * muon_fraction + 8 * (1 - muon_fraction))
+    """Bytes on the most loaded GPU by kind (see the module docstring), and their total."""
+    state = state_by_group(planned_parameters(config, layout, optimizer))
     act = activation_bytes_per_token(config, layout.tensor_parallel)
     layers = config.num_hidden_layers + config.num_nextn_predict_layers
     moe_layers = layers - config.first_k_dense_replace
@@ -91,17 +140,22 @@ def memory_per_gpu(config: GLM46Config, layout: Layout, micro_batch_tokens: int,
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
         full = layers * act["layer_input"] + max(act["moe_layer"], act["dense_layer"])
     logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 softmax + grad
-    # FSDP2 gathers one layer's bf16 weights (and its gradient) at a time.
-    gathered = 4 * (split["total"] - split["rest"]) / layers / layout.tensor_parallel if shard > 1 else 0
-    memory = {
-        "weights (fp32)": 4 * per_gpu,
-        "gradients (fp32)": 4 * per_gpu,
-        f"optimizer ({optimizer})": optimizer_bytes,
-        "activations": full * micro_batch_tokens + logits,
-        "gathered layer (FSDP2)": gathered,
-    }
+    memory = {f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
+              for kind in ("weights", "gradients", "optimizer")}
+    memory["activations"] = full * micro_batch_tokens + logits
+    memory.update(gathered_bytes(fsdp_units(config, layout)))
     memory["total"] = sum(memory.values())
     return memory
+
+
+def gathered_bytes(units: dict[str, int]) -> dict[str, float]:
+    """FSDP2's unsharded copies: the root unit stays gathered through the step (bf16, reshard_after_forward off),
+    one more unit at a time besides it (bf16), and the largest unit's gradient before its fp32 reduce-scatter."""
+    if not units:
+        return {"gathered (FSDP2)": 0, "unsharded gradient (FSDP2)": 0}
+    largest = max((n for unit, n in units.items() if unit != "root"), default=0)
+    return {"gathered (FSDP2)": 2 * (units.get("root", 0) + largest),
+            "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), largest)}
 
 
 def si(value: float, unit: str) -> str:
@@ -126,7 +180,7 @@ def plan(config: GLM46Config, layout: Layout, hardware: Hardware, tokens: float,
         notes.append(f"pipeline_parallel={pipeline_parallel} is not offered by Lightning (no strategy splits layers "
                      f"into stages); this plan uses pipeline_parallel=1")
     if memory["total"] > capacity:
-        floor = memory["activations"] + memory["gathered layer (FSDP2)"]
+        floor = memory["activations"] + memory["gathered (FSDP2)"] + memory["unsharded gradient (FSDP2)"]
         if floor > capacity:
             fix = (f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
                    f"pipeline (or context) parallelism, which the engine does not offer"

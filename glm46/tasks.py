@@ -112,6 +112,17 @@ def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
     return result
 
 
+def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:
+    """One rank of the composed job at its real world size on this CPU (glm46.dryrun); no data, no GPU."""
+    from glm46.dryrun import check, dry_run, format_dry_run
+
+    result, hardware, layout = composed_plan(cfg, config)
+    run = dry_run(cfg, config, hardware, layout)
+    print(format_dry_run(run, result["memory"], hardware, layout))
+    check(run, result["memory"], hardware)
+    return {"state": run.state, "planned": run.planned, "largest_gather": run.largest_gather}
+
+
 def train_curriculum(cfg: DictConfig, config: GLM46Config) -> dict:
     """`train`: first build the dataset of `auto_prepare` unless it is cached by fingerprint, then train through
     the experiment's `stages` and the composition itself (glm46.curriculum; the default run's toy curriculum)."""
@@ -122,7 +133,7 @@ def train_curriculum(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
-    "estimate": estimate, "plan": plan_job, "prepare": prepare_data, "train": train_curriculum,
+    "estimate": estimate, "plan": plan_job, "prepare": prepare_data, "train": train_curriculum, "dryrun": dryrun_job,
 }
 
 RESOLVED_BEFORE_RUNNING = ("model", "optim", "data", "phase", "trainer", "parallelism", "cluster")

@@ -14,6 +14,7 @@ Sizes (the `parallelism` config group's keys):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -168,3 +169,46 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
     check(ep == 1 or has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer")
     fail()
 
+
+
+# ---------------------------------------------------------------- what each parameter is split by
+
+_COLUMN_PARALLEL = re.compile(r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$")
+_ROW_PARALLEL = re.compile(r"\.(self_attn\.o_proj|mlp\.(shared_experts\.)?down_proj)\.weight$")
+
+
+def expert_split_dim(local_experts: int, expert_shard: int) -> int:
+    """The dim FSDP2 splits a rank's expert stacks [E/ep, rows, cols] on over the ranks holding the same experts:
+    whole experts (0) when they divide evenly, else rows (1), as torchtitan does. Dim 0 unevenly would leave
+    ranks empty and others whole: the 355B layout's 5 experts per ep rank over 32 ranks put one expert on 5
+    ranks and none on 27."""
+    return 0 if local_experts % expert_shard == 0 else 1
+
+
+def parameter_splits(name: str, layout: Layout, n_routed_experts: int) -> list[tuple[int, int]]:
+    """How `layout` splits the parameter `name` (glm46.parallel.parallelize does it): (tensor dim, ways) in the
+    order applied (TP, EP, then FSDP2 on the already-split tensor). Replicated mesh dims do not appear."""
+    splits = []
+    tp, ep = layout.tensor_parallel, layout.expert_parallel
+    expert = ".experts." in name
+    if tp > 1 and _COLUMN_PARALLEL.search(name):
+        splits.append((0, tp))
+    elif tp > 1 and _ROW_PARALLEL.search(name):
+        splits.append((1, tp))
+    if expert and ep > 1:
+        splits.append((0, ep))
+    if layout.data_parallel > 1:
+        if expert and ep > 1:
+            shard = max(1, layout.data_parallel_shard // ep)  # the expert-data-parallel ranks' shard groups
+            splits.append((expert_split_dim(n_routed_experts // ep, shard), shard))
+        else:
+            splits.append((0, layout.data_parallel_shard))
+    return [(dim, ways) for dim, ways in splits if ways > 1]
+
+
+def largest_shard_shape(shape: tuple[int, ...], splits: list[tuple[int, int]]) -> tuple[int, ...]:
+    """The shard of the first rank of every split (torch.chunk's sizes: ceil, so the largest of any rank)."""
+    shape = list(shape)
+    for dim, ways in splits:
+        shape[dim] = -(-shape[dim] // ways)
+    return tuple(shape)

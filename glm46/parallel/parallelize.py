@@ -17,7 +17,7 @@ from glm46.modules.decoder import DecoderLayer
 from glm46.modules.model import GLM46ForCausalLM
 from glm46.modules.norm import RMSNorm
 
-from .layout import Layout
+from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
 
 
@@ -118,19 +118,11 @@ def mixed_precision_policy(settings) -> torch.distributed.fsdp.MixedPrecisionPol
     return MixedPrecisionPolicy(param_dtype=dtype["param_dtype"], reduce_dtype=dtype["reduce_dtype"])
 
 
-def expert_shard_placement(local_experts: int, expert_shard: int) -> Shard:
-    """How FSDP2 splits a rank's expert stacks [E/ep, rows, cols] over the ranks holding the same experts: by
-    whole experts (dim 0) when they divide evenly, else by rows (dim 1), as torchtitan does. Dim 0 unevenly
-    would leave ranks empty and others whole: the 355B layout's 5 experts per ep rank over 32 ranks put one
-    expert on 5 ranks and none on 27."""
-    return Shard(0) if local_experts % expert_shard == 0 else Shard(1)
-
-
 def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool, mixed_precision=None,
                reshard_after_forward: bool = True) -> None:
     """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head).
     With expert parallelism the experts get their own fully_shard first, over the ranks holding the
-    same experts (`edp_*`, split as expert_shard_placement says), so the layer's group over `dp_*`
+    same experts (`edp_*`, split as layout.expert_split_dim says), so the layer's group over `dp_*`
     leaves them alone."""
     from torch.distributed.fsdp import fully_shard
 
@@ -138,7 +130,7 @@ def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool,
     kwargs = {"mp_policy": mixed_precision_policy(mixed_precision), "reshard_after_forward": reshard_after_forward}
     if expert_parallel:
         expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
-        placement = expert_shard_placement(model.config.n_routed_experts // mesh["ep"].size(), mesh["edp_shard"].size())
+        placement = Shard(expert_split_dim(model.config.n_routed_experts // mesh["ep"].size(), mesh["edp_shard"].size()))
         for layer in decoder_layers(model):
             if layer.is_moe:
                 fully_shard(layer.mlp.experts, mesh=expert_mesh, shard_placement_fn=lambda _: placement, **kwargs)

@@ -21,7 +21,7 @@ from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLaunche
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
-LOCAL_TASKS = {"plan", "estimate"}  # they spend nothing: no reason to queue them
+LOCAL_TASKS = {"plan", "estimate", "dryrun"}  # they spend nothing: no reason to queue them
 
 
 class QueuedSlurmLauncher(SlurmLauncher):
@@ -69,7 +69,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
         return executor
 
     def run_here(self, config) -> JobReturn:
-        """Tasks that only look at the composition (plan, estimate) run on the submitting machine."""
+        """Tasks that only look at the composition (plan, estimate, dryrun) run on the submitting machine."""
         return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
                        job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
 

@@ -1,0 +1,150 @@
+"""`task=dryrun`: the composed job at its real world size, as one of its ranks, in one CPU process.
+
+torch's fake process group stands in for the world (`init_process_group("fake")`: collectives return
+copies, so nothing numeric is checked here), and everything else is the real code: the device mesh of
+the layout, the model built on the meta device, glm46.parallel.parallelize (TP, EP, activation
+checkpointing, FSDP2) and the optimizer built on the resulting shards. Nothing is allocated: the
+bytes come from each parameter's local shard shape. The report sets them, by parameter group, beside
+`task=plan`'s figures for the most loaded rank, names the largest tensor any rank gathers, and fails
+naming the parameter when a shard is larger than the plan says (a tensor left replicated), or when
+the rank's total does not fit the GPU. Anchors: Megatron-LM's `--fake-process-group`, torchtitan's
+`comm.mode=fake_backend`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from torch.distributed.tensor import DTensor
+
+from glm46.modules import ConfigError, GLM46Config, GLM46ForCausalLM
+from glm46.optim import muon_param_groups
+from glm46.parallel.layout import Layout
+from glm46.parallel.mesh import build_mesh
+from glm46.parallel.parallelize import parallelize
+from glm46.plan import GIB, GROUPS, MARGIN, Hardware, parameter_group, planned_parameters, state_bytes, state_by_group
+
+SPLIT_BEFORE_FSDP = ("tp", "ep")  # mesh dims that split a tensor before FSDP2; its all-gather leaves them split
+
+
+@dataclass
+class DryRun:
+    rank: int
+    coordinate: list[int]
+    state: dict[str, dict[str, int]]  # group -> weights/gradients/optimizer bytes of this rank's shards
+    planned: dict[str, dict[str, int]]  # the plan's, for the most loaded rank
+    largest_gather: tuple[str, int]  # (what, bytes): the largest tensor any rank gathers whole
+    problems: list[str]
+    seconds: float
+
+
+def fake_world(rank: int, world_size: int) -> None:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if not 0 <= rank < world_size:
+        raise ConfigError(f"dryrun.rank={rank} must be in [0, world size {world_size})")
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+
+
+def gathered_numel(p: DTensor) -> int:
+    """Elements of p that FSDP2 all-gathers: whole over the data-parallel dims, still split by TP and EP."""
+    numel = p.numel()
+    for name, placement in zip(p.device_mesh.mesh_dim_names, p.placements):
+        if placement.is_shard() and name in SPLIT_BEFORE_FSDP:
+            numel //= p.device_mesh[name].size()
+    return numel
+
+
+def largest_gather(model: GLM46ForCausalLM, optimizer: torch.optim.Optimizer) -> tuple[str, int]:
+    """The largest tensor a rank holds whole at once: an FSDP2 all-gather (bf16) or a Muon Newton-Schulz input
+    (fp32; whole matrices, experts split only on the expert dim)."""
+    muon = {id(p) for group in optimizer.param_groups if group.get("use_muon") for p in group["params"]}
+    best = ("nothing", 0)
+    for name, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            continue
+        candidates = [(f"{name} (FSDP2 all-gather, bf16)", 2 * gathered_numel(p))]
+        if id(p) in muon:
+            whole = math.prod(p.shape)
+            for mesh_name, placement in zip(p.device_mesh.mesh_dim_names, p.placements):
+                if placement.is_shard() and placement.dim % p.ndim < p.ndim - 2:
+                    whole //= p.device_mesh[mesh_name].size()
+            candidates.append((f"{name} (Muon Newton-Schulz, fp32)", 4 * whole))
+        best = max([best, *candidates], key=lambda c: c[1])
+    return best
+
+
+def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: Layout) -> DryRun:
+    started = time.time()
+    rank = int(cfg.get("dryrun", {}).get("rank", 0))
+    fake_world(rank, layout.world_size)
+    try:
+        mesh = build_mesh(layout, "cpu")
+        with torch.device("meta"):
+            model = GLM46ForCausalLM(config)
+        parallelism = cfg.parallelism
+        parallelize(model, layout, mesh, parallelism.activation_checkpointing, parallelism.get("mixed_precision"),
+                    parallelism.get("reshard_after_forward", True))
+        optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
+        uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
+        kind = "muon" if any(uses_muon.values()) else "adamw"
+        planned = {p.name: p for p in planned_parameters(config, layout, kind)}
+        state = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
+        problems = []
+        for name, p in model.named_parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            for key, nbytes in state_bytes(local.numel(), uses_muon[id(p)]).items():
+                state[parameter_group(name)][key] += nbytes
+            plan = planned[name]
+            if local.numel() > plan.shard_numel:
+                how = "is replicated" if local.numel() == p.numel() else "is split less than planned"
+                problems.append(f"{name} {how}: this rank holds {tuple(local.shape)} of {tuple(p.shape)}, the plan "
+                                f"gives at most {plan.shard_shape} to a rank")
+        coordinate = mesh.get_coordinate()
+        return DryRun(rank, coordinate, state, state_by_group(planned.values()), largest_gather(model, optimizer),
+                      problems, time.time() - started)
+    finally:
+        dist.destroy_process_group()
+
+
+def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, layout: Layout) -> str:
+    """The per-group table (this rank's shards beside the plan's most loaded rank) and the verdict."""
+    dims = dict(zip(("edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp"), run.coordinate))
+    lines = [f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
+             + ", ".join(f"{k}={v}" for k, v in dims.items()) + f"; built, sharded and optimizer set up in "
+             f"{run.seconds:.1f} s",
+             f"{'GiB per GPU':18s} {'weights':>9s} {'grads':>9s} {'optim':>9s} | {'plan':>9s} {'plan':>9s} {'plan':>9s}"]
+    for group in GROUPS:
+        mine, plan = run.state[group], run.planned[group]
+        lines.append(f"{group:18s} " + " ".join(f"{mine[k] / GIB:9.3f}" for k in mine) + " | "
+                     + " ".join(f"{plan[k] / GIB:9.3f}" for k in plan))
+    total = {k: sum(g[k] for g in run.state.values()) for k in ("weights", "gradients", "optimizer")}
+    planned_total = {k: sum(g[k] for g in run.planned.values()) for k in total}
+    lines.append(f"{'total':18s} " + " ".join(f"{v / GIB:9.3f}" for v in total.values()) + " | "
+                 + " ".join(f"{v / GIB:9.3f}" for v in planned_total.values()))
+    others = {k: v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded"))}
+    rank_total = sum(total.values()) + sum(others.values())
+    lines += [f"{name} (plan): {value / GIB:.2f} GiB" for name, value in others.items()]
+    lines.append(f"largest tensor gathered whole on a rank: {run.largest_gather[0]}: {run.largest_gather[1] / GIB:.3f} GiB")
+    lines.append(f"rank total: {rank_total / GIB:.2f} GiB of {hardware.memory_gib:g} GiB "
+                 f"({MARGIN:.0%} usable: {'fits' if rank_total <= hardware.memory_gib * GIB * MARGIN else 'DOES NOT FIT'})")
+    return "\n".join(lines)
+
+
+def check(run: DryRun, memory: dict[str, float], hardware: Hardware) -> None:
+    """Raise ConfigError naming the parameters the layout leaves larger than planned, or the memory that does not fit."""
+    if run.problems:
+        raise ConfigError(f"dry run, rank {run.rank}: {len(run.problems)} parameter(s) not sharded as planned:\n  "
+                          + "\n  ".join(run.problems[:20]))
+    others = sum(v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded")))
+    total = sum(sum(g.values()) for g in run.state.values()) + others
+    if total > hardware.memory_gib * GIB * MARGIN:
+        raise ConfigError(f"dry run, rank {run.rank}: {total / GIB:.1f} GiB does not fit {MARGIN:.0%} of "
+                          f"{hardware.memory_gib:g} GiB (cluster.gpu.memory_gib)")
+
