@@ -254,16 +254,18 @@ def save_hf(
     """Write `model` in the Hub layout (per-expert keys, MTP as the last decoder layers), sharded with an index.
 
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor.
-    A model sharded over processes (FSDP2, tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every
-    rank must call save_hf. Output file k is written by global rank k % world size, one Hub tensor at a
+    A whole model is written by global rank 0 (other callers return). A model sharded over processes (FSDP2,
+    tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every rank must call save_hf. Output file k is written by global rank k % world size, one Hub tensor at a
     time (assembled from the shards that hold it, glm46.parallel.shards.gather_box), so no rank holds more
     than one Hub tensor beyond its shards; global rank 0 writes the index and configs. The folder must be
     on a filesystem all ranks share.
     """
-    from glm46.parallel.state import gathered_parts, rank_and_world, state_shapes
+    from glm46.parallel.state import gathered_parts, is_sharded, is_writer, rank_and_world, state_shapes
 
     path = Path(path)
-    rank, world = rank_and_world()
+    if not is_sharded(model) and not is_writer():
+        return path  # a whole model is written by global rank 0 alone (it may be the only caller)
+    rank, world = rank_and_world() if is_sharded(model) else (0, 1)
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
     shapes = state_shapes(model)

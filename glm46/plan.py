@@ -221,7 +221,7 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
         f"(ep {layout.expert_parallel}, FSDP shard {layout.data_parallel_shard})",
         "memory per GPU:",
     ]
-    lines += [f"  {name:24s} {value / GIB:9.2f} GiB" for name, value in result["memory"].items()]
+    lines += [f"  {name:28s} {value / GIB:9.2f} GiB" for name, value in result["memory"].items()]
     lines.append(f"  fits {hardware.memory_gib:g} GiB (with a 10% margin): {'yes' if result['fits'] else 'NO'}")
     lines += [f"note: {note}" for note in result["notes"]]
     return "\n".join(lines)

@@ -37,6 +37,11 @@ def state_shapes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dt
     return shapes
 
 
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether some parameter of `model` is split over processes (DTensor or DeepSpeed ZeRO-3)."""
+    return any(isinstance(p, DTensor) or hasattr(p, "ds_id") for p in model.parameters())
+
+
 def rank_and_world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -82,8 +87,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     from glm46.hf import load_hf
 
     path = Path(path)
-    sharded = any(isinstance(p, DTensor) for p in model.parameters())
-    if path.is_dir() and (path / ".metadata").is_file() and sharded:
+    if path.is_dir() and (path / ".metadata").is_file() and any(isinstance(p, DTensor) for p in model.parameters()):
         _load_dcp(model, path)
         return
     state = read_sharded_checkpoint(path, model) if path.is_dir() else None

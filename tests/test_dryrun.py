@@ -1,0 +1,102 @@
+"""task=dryrun: the real model, mesh, parallelize code and optimizer at the job's real world size, as one rank,
+on torch's fake process group. Each dry run is its own process (the fake group is process-wide): this file
+as a script, `python -m tests.test_dryrun '<json>'`, prints the dry run's figures as JSON."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
+AIR_H100 = ["experiment=pretrain_phase1", "cluster=h100_8n", "model=glm45_air_106b", "parallelism=fsdp2_ep",
+            "parallelism.expert_parallel=8", "parallelism.activation_checkpointing=true", "data.path=/nowhere/no-data-needed"]
+
+
+def main(spec: dict) -> None:
+    from hydra import compose, initialize_config_dir
+
+    from glm46.schema import register_configs
+    from glm46.tasks import dryrun_job, validate
+
+    if spec.get("leave_replicated"):  # a broken layout: FSDP2 never applied, every parameter left whole
+        import glm46.parallel.parallelize as parallelize
+
+        parallelize.apply_fsdp = lambda *args, **kwargs: None
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=spec["overrides"])
+    print(json.dumps(dryrun_job(cfg, validate(cfg))))
+
+
+def dry_run(overrides: list[str], **spec) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.test_dryrun", json.dumps({"overrides": overrides, **spec})],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def figures(result: subprocess.CompletedProcess) -> dict:
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", [PHASE1_H800, AIR_H100], ids=["355b-h800_1024n", "air-h100_8n"])
+def test_rank_0_holds_exactly_the_shards_the_plan_counts(overrides):
+    """Rank 0 has the largest shards (torch.chunk rounds up): its bytes by group equal the plan's to the byte."""
+    run = figures(dry_run(overrides + ["dryrun.rank=0"]))
+    assert run["state"] == run["planned"]
+    assert sum(sum(g.values()) for g in run["state"].values()) > 0
+
+
+@pytest.mark.slow
+def test_other_ranks_hold_at_most_the_plan_and_the_experts_are_spread_evenly():
+    """The last rank of the 355B layout holds less attention than rank 0 (ceil chunks) and the same routed-expert
+    bytes: 5 experts per ep rank split by rows over the 32 ranks holding them, not one whole expert on 5 of them."""
+    run = figures(dry_run(PHASE1_H800 + ["dryrun.rank=8191"]))
+    for group, kinds in run["state"].items():
+        for kind, nbytes in kinds.items():
+            assert nbytes <= run["planned"][group][kind], (group, kind)
+    assert run["state"]["routed experts"] == run["planned"]["routed experts"]
+    assert run["state"]["attention"]["weights"] < run["planned"]["attention"]["weights"]
+    what, nbytes = run["largest_gather"]
+    assert what.startswith("model.embed_tokens.weight") and nbytes == 2 * 151552 * 5120 // 1024 * 1024
+
+
+@pytest.mark.slow
+def test_a_parameter_left_replicated_is_reported_by_name():
+    result = dry_run(PHASE1_H800, leave_replicated=True)
+    assert result.returncode != 0
+    assert "not sharded as planned" in result.stderr
+    assert "model.embed_tokens.weight is replicated: this rank holds (151552, 5120) of (151552, 5120)" in result.stderr
+
+
+@pytest.mark.slow
+def test_the_production_command_dry_runs_without_data_or_gpu_in_little_memory(tmp_path):
+    """The README's command: exits 0, writes nothing outside its working directory, peak memory under 4 GiB."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "task=dryrun", *PHASE1_H800,
+                             f"cluster.output_root={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "dry run: rank 0 of 8192 (fake process group)" in result.stdout
+    assert "(90% usable: fits)" in result.stdout
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert max(peak_kib, before) < 4 * 2**20, f"peak RSS {peak_kib / 2**20:.2f} GiB"
+    assert not (tmp_path / "dryrun" / ".submitit").exists()  # a dry run is never queued
+
+
+def test_a_rank_outside_the_world_is_refused(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "task=dryrun", "parallelism=fsdp2",
+                             "cluster.devices=4", "dryrun.rank=4"], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode != 0
+    assert "dryrun.rank=4 must be in [0, world size 4)" in result.stderr
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
