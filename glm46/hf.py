@@ -191,10 +191,14 @@ def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | 
             handles |= dict.fromkeys(handle.keys(), handle)
         missing = _read_slices(model, handles, path)
     if missing:
-        from glm46.parallel.materialize import sharded_normal_
+        from glm46.parallel.materialize import ShardedNormal
+        from glm46.parallel.state import is_sharded
 
         log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
-        model.init_weights(model.mtp_layers.modules(), normal_=sharded_normal_)
+        if is_sharded(model):
+            model.init_weights(model.mtp_layers.modules(), normal_=ShardedNormal(torch.initial_seed()))
+        else:
+            model.init_weights(model.mtp_layers.modules())
     model.model.rotary_emb.reset_parameters()
     return model
 
@@ -255,10 +259,10 @@ def save_hf(
 
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor.
     A whole model is written by global rank 0 (other callers return). A model sharded over processes (FSDP2,
-    tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every rank must call save_hf. Output file k is written by global rank k % world size, one Hub tensor at a
-    time (assembled from the shards that hold it, glm46.parallel.shards.gather_box), so no rank holds more
-    than one Hub tensor beyond its shards; global rank 0 writes the index and configs. The folder must be
-    on a filesystem all ranks share.
+    tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every rank must call save_hf. Output file k is
+    written by global rank k % world size, one Hub tensor at a time (assembled from the shards that hold
+    it, glm46.parallel.shards.gather_box), so no rank holds more than one Hub tensor beyond its shards;
+    global rank 0 writes the index and configs. The folder must be on a filesystem all ranks share.
     """
     from glm46.parallel.state import gathered_parts, is_sharded, is_writer, rank_and_world, state_shapes
 
