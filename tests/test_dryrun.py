@@ -5,6 +5,7 @@ as a script, `python -m tests.test_dryrun '<json>'`, prints the dry run's figure
 from __future__ import annotations
 
 import json
+import re
 import resource
 import subprocess
 import sys
@@ -73,6 +74,13 @@ def test_a_parameter_left_replicated_is_reported_by_name():
     assert result.returncode != 0
     assert "not sharded as planned" in result.stderr
     assert "model.embed_tokens.weight is replicated: this rank holds (151552, 5120) of (151552, 5120)" in result.stderr
+
+
+@pytest.mark.slow
+def test_a_rank_that_does_not_fit_its_gpu_fails():
+    result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
+    assert result.returncode != 0
+    assert re.search(r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr)
 
 
 @pytest.mark.slow

@@ -47,3 +47,24 @@ def test_missing_files_and_wrong_model_type_are_named(checkpoint, tmp_path_facto
     (checkpoint / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
     with pytest.raises(CheckpointError, match="model_type='llama'"):
         load_hf(checkpoint)
+
+
+def test_the_streaming_writer_refuses_tensors_out_of_order_or_missing(tmp_path):
+    import torch
+
+    from glm46.hf import StreamingSafetensors
+
+    entries = [("a", (2, 3), torch.float32), ("b", (4,), torch.bfloat16)]
+    writer = StreamingSafetensors(tmp_path / "x.safetensors", entries)
+    with pytest.raises(RuntimeError, match=r"got b, expected \['a'\]"):
+        writer.write("b", torch.zeros(4, dtype=torch.bfloat16))
+    writer.write("a", torch.arange(6.0).view(2, 3))
+    with pytest.raises(RuntimeError, match="1 tensors never written, first b"):
+        writer.close()
+    writer = StreamingSafetensors(tmp_path / "y.safetensors", entries)
+    writer.write("a", torch.arange(6.0).view(2, 3))
+    writer.write("b", torch.tensor([1.5, -2, 0, 3], dtype=torch.bfloat16))
+    writer.close()
+    written = load_file(tmp_path / "y.safetensors")
+    assert torch.equal(written["a"], torch.arange(6.0).view(2, 3))
+    assert written["b"].dtype == torch.bfloat16 and written["b"].tolist() == [1.5, -2, 0, 3]

@@ -67,11 +67,10 @@ def main(spec: dict) -> None:
     report = {"grown": grown, "local": local, "whole": whole}
     if spec.get("check"):
         report["pieces"] = pieces(model)
-        for name, path in spec["check"].items():  # HF directories to read into the shards
-            from glm46.hf import load_hf
-            from glm46.parallel.state import full_state_items
+        for name, path in spec["check"].items():  # weights to read into the shards (init_from)
+            from glm46.parallel.state import full_state_items, load_weights
 
-            load_hf(path, model=model)
+            load_weights(model, path)
             state = {k: None if t is None else t.clone() for k, t in full_state_items(model)}
             if dist.get_rank() == 0:
                 torch.save(state, Path(spec["out"], f"{name}.pt"))
@@ -171,10 +170,10 @@ def assert_replicas_agree_and_shards_differ(ranks: list[dict], key: str) -> None
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_shards_initialise_consistently_and_read_hf_files_of_either_expert_layout(tmp_path):
+def test_shards_initialise_consistently_and_read_weights_of_every_kind(tmp_path):
     """TP 2 x EP 2 x FSDP 2 on 4 ranks: experts are replicated over TP, so replicas exist to compare. Per-expert
-    and fused checkpoints give exactly one process's load_hf; a checkpoint without MTP weights gets MTP layers
-    initialised on the shards, replicas agreeing."""
+    and fused HF checkpoints and a Lightning .ckpt give exactly one process's load_hf; a checkpoint without MTP
+    weights gets MTP layers initialised on the shards, replicas agreeing."""
     import torch
 
     from glm46.hf import load_hf, save_hf
@@ -182,14 +181,17 @@ def test_shards_initialise_consistently_and_read_hf_files_of_either_expert_layou
 
     model = dict(TINY_SHARDED)
     per_expert = save_hf(random_model(tiny_config(**model), seed=3), tmp_path / "per_expert")
+    checkpoint = tmp_path / "last.ckpt"  # a Lightning checkpoint file, memory-mapped by every rank
+    torch.save({"state_dict": {f"model.{k}": v for k, v in load_hf(per_expert).state_dict().items()}}, checkpoint)
     sources = {"per_expert": str(per_expert), "fused": str(fused(per_expert, tmp_path / "fused")),
+               "ckpt": str(checkpoint),
                "no_mtp": str(without_mtp(per_expert, tmp_path / "no_mtp", model["num_hidden_layers"]))}
     ranks = measure(tmp_path, "tp2_ep2", tiny_config(**model).__dict__, check=sources)
     assert_replicas_agree_and_shards_differ(ranks, "pieces")
     assert_replicas_agree_and_shards_differ(ranks, "no_mtp_pieces")
     expected = load_hf(per_expert).state_dict()
     out = tmp_path / "tp2_ep2-64"
-    for name in ("per_expert", "fused"):
+    for name in ("per_expert", "fused", "ckpt"):
         loaded = torch.load(out / f"{name}.pt")
         for key, tensor in expected.items():
             assert torch.equal(loaded[key], tensor), f"{name}: {key}"
