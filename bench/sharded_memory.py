@@ -120,7 +120,8 @@ def main() -> None:
     for layout in args.layouts:
         with tempfile.TemporaryDirectory() as out:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", layout, "--steps", str(args.steps), "--out", out],
+            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", layout,
+                            "--steps", str(args.steps), "--out", out],
                            check=True, env=env, cwd=out)
             ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
         plan, replica = planned_bytes(layout)

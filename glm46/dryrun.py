@@ -119,7 +119,8 @@ def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, la
     lines = [f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
              + ", ".join(f"{k}={v}" for k, v in dims.items()) + f"; built, sharded and optimizer set up in "
              f"{run.seconds:.1f} s",
-             f"{'GiB per GPU':18s} {'weights':>9s} {'grads':>9s} {'optim':>9s} | {'plan':>9s} {'plan':>9s} {'plan':>9s}"]
+             f"{'GiB per GPU':18s} " + " ".join(f"{k:>9s}" for k in ("weights", "grads", "optim")) + " | "
+             + " ".join(f"{'plan':>9s}" for _ in range(3))]
     for group in GROUPS:
         mine, plan = run.state[group], run.planned[group]
         lines.append(f"{group:18s} " + " ".join(f"{mine[k] / GIB:9.3f}" for k in mine) + " | "
@@ -131,14 +132,16 @@ def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, la
     others = {k: v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded"))}
     rank_total = sum(total.values()) + sum(others.values())
     lines += [f"{name} (plan): {value / GIB:.2f} GiB" for name, value in others.items()]
-    lines.append(f"largest tensor gathered whole on a rank: {run.largest_gather[0]}: {run.largest_gather[1] / GIB:.3f} GiB")
+    what, nbytes = run.largest_gather
+    lines.append(f"largest tensor gathered whole on a rank: {what}: {nbytes / GIB:.3f} GiB")
+    fits = rank_total <= hardware.memory_gib * GIB * MARGIN
     lines.append(f"rank total: {rank_total / GIB:.2f} GiB of {hardware.memory_gib:g} GiB "
-                 f"({MARGIN:.0%} usable: {'fits' if rank_total <= hardware.memory_gib * GIB * MARGIN else 'DOES NOT FIT'})")
+                 f"({MARGIN:.0%} usable: {'fits' if fits else 'DOES NOT FIT'})")
     return "\n".join(lines)
 
 
 def check(run: DryRun, memory: dict[str, float], hardware: Hardware) -> None:
-    """Raise ConfigError naming the parameters the layout leaves larger than planned, or the memory that does not fit."""
+    """Raise ConfigError naming the parameters left larger than planned, or the memory that does not fit."""
     if run.problems:
         raise ConfigError(f"dry run, rank {run.rank}: {len(run.problems)} parameter(s) not sharded as planned:\n  "
                           + "\n  ".join(run.problems[:20]))

@@ -347,5 +347,6 @@ class StreamingSafetensors:
 
     def close(self) -> None:
         if self.expected:
-            raise RuntimeError(f"{self.file.name}: {len(self.expected)} tensors never written, first {self.expected[0]}")
+            raise RuntimeError(f"{self.file.name}: {len(self.expected)} tensors never written, "
+                               f"first {self.expected[0]}")
         self.file.close()

@@ -78,8 +78,9 @@ def planned_parameters(config: GLM46Config, layout: Layout, optimizer: str) -> l
     with torch.device("meta"):
         model = GLM46ForCausalLM(config)
     muon = {id(p) for group in muon_param_groups(model) if group["use_muon"] for p in group["params"]}
+    experts = config.n_routed_experts
     return [PlannedParameter(name, parameter_group(name), tuple(p.shape),
-                             largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, config.n_routed_experts)),
+                             largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, experts)),
                              optimizer == "muon" and id(p) in muon)
             for name, p in model.named_parameters()]
 

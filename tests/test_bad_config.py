@@ -52,7 +52,7 @@ TABLE = [
      [r"Value 'maybe' is not a valid bool", r"full_key: model\.use_qk_norm"]),
     # -- the task and the data's sizes
     ("unknown-task", [], ["task=nope"], VALIDATE,
-     [r"task='nope' is not one of \['estimate', 'plan', 'prepare', 'train'\]"]),
+     [r"task='nope' is not one of \['dryrun', 'estimate', 'plan', 'prepare', 'train'\]"]),
     ("batch-size-fraction", TINY, ["data.batch_size=1.5"], VALIDATE, [r"data\.batch_size=1\.5 must be an integer >= 1"]),
     ("batch-size-zero", TINY, ["data.batch_size=0"], VALIDATE, [r"data\.batch_size=0 must be an integer >= 1"]),
     ("seq-len-text", TINY, ["data.seq_len=abc"], VALIDATE, [r"data\.seq_len='abc' must be an integer >= 1"]),

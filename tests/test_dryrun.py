@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
 AIR_H100 = ["experiment=pretrain_phase1", "cluster=h100_8n", "model=glm45_air_106b", "parallelism=fsdp2_ep",
-            "parallelism.expert_parallel=8", "parallelism.activation_checkpointing=true", "data.path=/nowhere/no-data-needed"]
+            "parallelism.expert_parallel=8", "parallelism.activation_checkpointing=true",
+            "data.path=/nowhere/no-data-needed"]
 
 
 def main(spec: dict) -> None:
@@ -80,7 +81,8 @@ def test_a_parameter_left_replicated_is_reported_by_name():
 def test_a_rank_that_does_not_fit_its_gpu_fails():
     result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
     assert result.returncode != 0
-    assert re.search(r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr)
+    assert re.search(r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)",
+                     result.stderr)
 
 
 @pytest.mark.slow

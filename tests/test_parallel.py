@@ -142,7 +142,8 @@ def main(spec: dict) -> None:
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
     if is_writer():
-        torch.save({"losses": record.losses, "state": state, "initial": record.initial, "tokens_seen": module.tokens_seen,
+        torch.save({"losses": record.losses, "state": state, "initial": record.initial,
+                    "tokens_seen": module.tokens_seen,
                     "counts": [counts for _, counts in balancer.history], "expert_parallel": expert_parallel,
                     "world_size": trainer.world_size}, out / "result.pt")
 
@@ -253,12 +254,14 @@ def test_ddp_equals_the_single_process_run(tmp_path, initial_weights, single_muo
 @pytest.mark.slow
 def test_fsdp2_with_muon_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """Muon on FSDP2 shards: each matrix is gathered for Newton-Schulz, each rank keeps its slice."""
-    assert_same_run(run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=MESH_FP32), single_muon)
+    run = run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=MESH_FP32)
+    assert_same_run(run, single_muon)
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, initial_weights, single_muon):
+def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, initial_weights,
+                                                                                    single_muon):
     from transformers import AutoModelForCausalLM
 
     from glm46.hf import load_hf
@@ -289,8 +292,8 @@ def test_tensor_parallel_equals_the_single_process_run(tmp_path, initial_weights
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(tmp_path, initial_weights,
-                                                                                                   single_muon):
+def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(
+        tmp_path, initial_weights, single_muon):
     """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, activation
     checkpointing on; built on meta, each rank reads its slices of init_from and the export is assembled from
     the shards; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
@@ -303,7 +306,8 @@ def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoin
     assert checkpoint.is_dir() and len(list(checkpoint.glob("*.distcp"))) == 4, "one shard file per rank"
     assert_weights_of_checkpoint(run["out"] / "step3.ckpt", run["state"])  # init_from reads it in one process
 
-    resumed = run_layout(tmp_path / "resumed", "ep", init_from=initial_weights, devices=2, resume=str(checkpoint), overrides=MESH_FP32)
+    resumed = run_layout(tmp_path / "resumed", "ep", init_from=initial_weights, devices=2, resume=str(checkpoint),
+                         overrides=MESH_FP32)
     assert_same_run(resumed, single_muon, first_step=2)
 
 
@@ -335,7 +339,8 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initia
     the partitions."""
     from glm46.hf import load_hf
 
-    run = run_layout(tmp_path, "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw", checkpoint_every=1)
+    run = run_layout(tmp_path, "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw",
+                     checkpoint_every=1)
     assert_same_run(run, single_adamw)
     checkpoint = run["out"] / "step2.ckpt"
     assert len(list((checkpoint / "checkpoint").glob("zero_pp_rank_*_optim_states.pt"))) == 2, "partitioned state"
@@ -343,8 +348,8 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initia
 
     offload = ["parallelism.offload_parameters=true", "parallelism.offload_optimizer=true",
                "parallelism.force_deepspeed_cpu_optimizer=false"]  # the torch AdamW steps the offloaded state
-    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw", hf=True,
-                         resume=str(checkpoint), overrides=offload)
+    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", init_from=initial_weights, devices=2,
+                         optimizer="adamw", hf=True, resume=str(checkpoint), overrides=offload)
     assert_same_run(resumed, single_adamw, first_step=2)
     for name, tensor in load_hf(resumed["out"] / "hf").state_dict().items():
         assert torch.equal(tensor, resumed["state"][name]), name

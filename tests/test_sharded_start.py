@@ -86,7 +86,8 @@ def pieces(model) -> dict[str, list]:
     result = {}
     for name, p in model.named_parameters():
         values = local_tensor(p).detach().double()
-        result[name] = [[s.start for s in local_box(p)], values.numel(), values.sum().item(), values.pow(2).sum().item()]
+        offset = [s.start for s in local_box(p)]
+        result[name] = [offset, values.numel(), values.sum().item(), values.pow(2).sum().item()]
     return result
 
 

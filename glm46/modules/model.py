@@ -39,7 +39,8 @@ def _normal_(tensor: torch.Tensor, std: float) -> None:
 
 
 @torch.no_grad()
-def initialize(modules: Iterable[nn.Module], std: float, normal_: Callable[[torch.Tensor, float], None] = _normal_) -> None:
+def initialize(modules: Iterable[nn.Module], std: float,
+               normal_: Callable[[torch.Tensor, float], None] = _normal_) -> None:
     """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms.
     `normal_(tensor, std)` draws in place (glm46.parallel.materialize passes one that draws sharded weights)."""
     for module in modules:

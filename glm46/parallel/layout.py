@@ -173,7 +173,8 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
 
 # ---------------------------------------------------------------- what each parameter is split by
 
-_COLUMN_PARALLEL = re.compile(r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$")
+_COLUMN_PARALLEL = re.compile(
+    r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$")
 _ROW_PARALLEL = re.compile(r"\.(self_attn\.o_proj|mlp\.(shared_experts\.)?down_proj)\.weight$")
 
 

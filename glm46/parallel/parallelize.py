@@ -130,7 +130,8 @@ def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool,
     kwargs = {"mp_policy": mixed_precision_policy(mixed_precision), "reshard_after_forward": reshard_after_forward}
     if expert_parallel:
         expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
-        placement = Shard(expert_split_dim(model.config.n_routed_experts // mesh["ep"].size(), mesh["edp_shard"].size()))
+        local_experts = model.config.n_routed_experts // mesh["ep"].size()
+        placement = Shard(expert_split_dim(local_experts, mesh["edp_shard"].size()))
         for layer in decoder_layers(model):
             if layer.is_moe:
                 fully_shard(layer.mlp.experts, mesh=expert_mesh, shard_placement_fn=lambda _: placement, **kwargs)
