@@ -32,7 +32,7 @@ def main(spec: dict) -> None:
         parallelize.apply_fsdp = lambda *args, **kwargs: None
     register_configs()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=spec["overrides"])
+        cfg = compose(config_name="config", overrides=["task=dryrun", *spec["overrides"]])
     print(json.dumps(dryrun_job(cfg, validate(cfg))))
 
 
