@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 
 from glm46.modules import ConfigError, GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
+from glm46.optim.muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import parallelize
@@ -73,7 +74,7 @@ def largest_gather(model: GLM46ForCausalLM, optimizer: torch.optim.Optimizer) ->
         if id(p) in muon:
             whole = math.prod(p.shape)
             for mesh_name, placement in zip(p.device_mesh.mesh_dim_names, p.placements):
-                if placement.is_shard() and placement.dim % p.ndim < p.ndim - 2:
+                if placement.is_shard() and not splits_matrices(placement, p.ndim):  # what Muon keeps split
                     whole //= p.device_mesh[mesh_name].size()
             candidates.append((f"{name} (Muon Newton-Schulz, fp32)", 4 * whole))
         best = max([best, *candidates], key=lambda c: c[1])

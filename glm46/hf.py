@@ -19,13 +19,15 @@ from collections import defaultdict
 from contextlib import ExitStack
 from dataclasses import asdict, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors import safe_open
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 
-Box = tuple[slice, ...]
+if TYPE_CHECKING:
+    from glm46.parallel.shards import Box
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +234,9 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
             target, held = local_tensor(state[name]), local_box(state[name])
             common = intersect(held, region)
             if common is not None:
+                destination = shift(common, held)
                 piece = source[shift(common, region)[0 if expert is None else 1:]]
-                target[shift(common, held)] = piece.view(target[shift(common, held)].shape)
+                target[destination] = piece.view(target[destination].shape)
             filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
 
     missing = set().union(*slots_by_name.values()) - filled

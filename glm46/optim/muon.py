@@ -26,7 +26,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from .newton_schulz import orthogonalize
 
 
-def _splits_matrices(placement, ndim: int) -> bool:
+def splits_matrices(placement, ndim: int) -> bool:
     """Whether a placement of a tensor [..., rows, cols] cuts its matrices (Shard, _StridedShard: `.dim`)."""
     dim = getattr(placement, "dim", None)
     return dim is not None and dim % ndim >= ndim - 2
@@ -34,7 +34,7 @@ def _splits_matrices(placement, ndim: int) -> bool:
 
 def _whole_matrix_placements(p: DTensor) -> list:
     """p's placements with every split of rows or columns undone: each rank then holds whole matrices."""
-    return [Replicate() if _splits_matrices(placement, p.ndim) else placement for placement in p.placements]
+    return [Replicate() if splits_matrices(placement, p.ndim) else placement for placement in p.placements]
 
 
 class Muon(torch.optim.Optimizer):

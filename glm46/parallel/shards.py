@@ -42,12 +42,10 @@ def shift(box: Box, origin: Box) -> Box:
     return tuple(slice(s.start - o.start, s.stop - o.start) for s, o in zip(box, origin))
 
 
-def is_canonical_holder(tensor: torch.Tensor) -> bool:
+def is_canonical_holder(tensor: DTensor) -> bool:
     """Whether this rank is the one copy of its piece that counts: replicas of a piece live on the mesh dims
     where the DTensor is replicated and on the mesh (the root mesh's dims outside the DTensor's), so the piece
     counts on coordinate 0 of the former within the sub-mesh that holds global rank 0."""
-    if not isinstance(tensor, DTensor):
-        return not dist.is_initialized() or dist.get_rank() == 0
     mesh = tensor.device_mesh
     coordinate = mesh.get_coordinate()
     on_first_mesh = bool((mesh.mesh == 0).any())

@@ -6,8 +6,8 @@ Both are collective when the model is sharded: every rank iterates them to the e
 
 In: `load_weights` fills a model, sharded or not, from earlier weights (`init_from`): an HF directory
 (each rank reads its slices), a Lightning checkpoint file (memory-mapped, each rank copies its
-slices), or a sharded layout's checkpoint folder (DCP reshards into the model's layout; a DeepSpeed
-folder is read whole).
+slices), or a sharded layout's checkpoint folder (DCP reads in place, resharding into the model's
+layout; a DeepSpeed folder is read whole).
 """
 
 from __future__ import annotations
@@ -87,16 +87,19 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     from glm46.hf import load_hf
 
     path = Path(path)
-    if path.is_dir() and (path / ".metadata").is_file() and any(isinstance(p, DTensor) for p in model.parameters()):
+    if (path / ".metadata").is_file():
         _load_dcp(model, path)
         return
-    state = read_sharded_checkpoint(path, model) if path.is_dir() else None
-    if state is None and path.is_dir():
+    if path.is_dir() and not _is_deepspeed_folder(path):
         load_hf(path, model=model)
         return
-    if state is None:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
-        state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    if path.is_dir():
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        state = get_fp32_state_dict_from_zero_checkpoint(path)  # whole, in one process
+    else:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state_dict"]
+    state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     own = model.state_dict(keep_vars=True)
     if own.keys() != state.keys():
         missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
@@ -104,41 +107,23 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
                            f"unexpected {unexpected[:10]}")
     with torch.no_grad():
         for name, tensor in own.items():
-            box = local_box(tensor)
             if state[name].shape != tensor.shape:
                 raise RuntimeError(f"{path}: {name} has shape {tuple(state[name].shape)}, the model "
                                    f"{tuple(tensor.shape)}")
-            local_tensor(tensor).copy_(state[name][box])  # a memory-mapped source reads only this slice
+            local_tensor(tensor).copy_(state[name][local_box(tensor)])  # a memory-mapped source reads only this
+
+
+def _is_deepspeed_folder(path: Path) -> bool:
+    return (path / "latest").is_file() or bool(list(path.glob("*/zero_pp_rank_*_model_states.pt")))
 
 
 def _load_dcp(model: torch.nn.Module, path: Path) -> None:
-    """Read a distributed checkpoint's weights straight into the model's shards (DCP reshards as it reads)."""
+    """Read a distributed checkpoint (the mesh layouts' checkpoint folders: `*.distcp` + `.metadata`) into the
+    model in place: each rank reads its shards, whatever layout wrote it (DCP reshards), or the whole weights
+    into a whole model, also in one process. The LightningModule's `model.` prefix is in the checkpoint."""
     import torch.distributed.checkpoint as dcp
 
-    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}
-    dcp.load(state, checkpoint_id=path)
-
-
-def read_sharded_checkpoint(path: str | Path, model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
-    """The full weights of `model` (a GLM46ForCausalLM, unsharded) from a sharded Lightning checkpoint folder:
-    a distributed checkpoint (DCP, MeshParallelStrategy: `*.distcp` + `meta.pt`) or a DeepSpeed ZeRO folder
-    (`checkpoint/zero_pp_rank_*`); None for anything else. Read in one process, whatever layout wrote it;
-    the LightningModule's `model.` prefix is removed."""
-    path = Path(path)
-    if not path.is_dir():
-        return None
-    if (path / ".metadata").is_file():
-        import torch.distributed.checkpoint as dcp
-
-        state = {"state_dict": {f"model.{k}": v.clone() for k, v in model.state_dict().items()}}
-        single = not (dist.is_available() and dist.is_initialized())
-        with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": reading in one process is the point
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.load(state, checkpoint_id=path, no_dist=single)  # only these keys
-        return {k.removeprefix("model."): v for k, v in state["state_dict"].items()}
-    if (path / "latest").is_file() or list(path.glob("*/zero_pp_rank_*_model_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(path)
-        return {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    return None
+    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}  # views of the weights
+    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": reading in one process is the point
+        warnings.simplefilter("ignore", UserWarning)
+        dcp.load(state, checkpoint_id=path, no_dist=not (dist.is_available() and dist.is_initialized()))
