@@ -3,8 +3,8 @@
 import hydra
 from omegaconf import DictConfig
 
-from glm46.schema import register_configs
-from glm46.tasks import run_task
+from glm46.app.schema import register_configs
+from glm46.app.tasks import run_task
 
 register_configs()
 

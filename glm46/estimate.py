@@ -1,9 +1,11 @@
 """Parameter counts of a GLM46Config, from the model itself built on the meta device (no memory used).
 
-Conventions (reference/GLM.md section 4): `total` includes embedding, lm_head and MTP layers;
+Conventions: `total` includes embedding, lm_head and MTP layers;
 `active` is what one token runs through in the main model: attention and norms of every layer,
 dense MLPs, routers, shared experts, top-k of the routed experts and the final norm; not the
-embedding lookup, the lm_head or the MTP layers. The GLM paper's "355B" is total - embedding - lm_head.
+embedding lookup, the lm_head or the MTP layers. The GLM-4.5 report's "355B total, 32B active" (arXiv:2508.06471,
+Table 1: "include MTP, not word embeddings and output layer") is total - embedding - lm_head = 355,233,991,936,
+and active = 32,080,359,424 (tests/test_configs.py checks both).
 """
 
 from __future__ import annotations

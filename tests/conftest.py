@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from glm46.schema import register_configs
+from glm46.app.schema import register_configs
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 

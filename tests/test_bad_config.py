@@ -3,7 +3,7 @@ submission, with a message naming the offending key and the values.
 
 Each row is (id, base, bad, stage, patterns): `base + bad` is the command line; `stage` says where it is
 refused: "compose" (Hydra's composition: hydra.errors.ConfigCompositionException, the message and its cause
-checked) or "validate" (composition succeeds, glm46.tasks.validate raises ConfigError). Every pattern is a
+checked) or "validate" (composition succeeds, glm46.app.tasks.validate raises ConfigError). Every pattern is a
 regex that must occur in the message; together they name the key and the bad value(s). A second test
 validates each `base` alone, so every refusal is the `bad` overrides' doing.
 """
@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from glm46.modules import ConfigError
-from glm46.tasks import validate
+from glm46.errors import ConfigError
+from glm46.app.checks import validate
 
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = ["experiment=tiny_bytes"]  # the tiny model on the standard library's bytes: no dataset needed
-TOY = ["experiment=toy_curriculum"]  # one toy curriculum stage on prepared shards (not read at validation)
+TOY = ["experiment=toy_stage"]  # one toy curriculum stage on prepared shards (not read at validation)
 PHASE1 = ["experiment=pretrain_phase1", "cluster=h800_1024n"]  # the 355B phase-1 job on 1024 x 8 H800
 TP4 = [*TINY, "parallelism=tp", "cluster.devices=4"]  # tensor parallel 2 x data parallel 2
 TP16 = [*TINY, "parallelism=tp", "cluster.devices=16"]
@@ -187,7 +187,7 @@ def test_run_py_refuses_before_submitting(tmp_path):
     """Through run.py's real entry and the Slurm launcher: a refused job leaves no .submitit folder (nothing
     queued) and no checkpoint, and its message names the key and the value."""
     result = subprocess.run([sys.executable, str(REPO / "run.py"), "cluster=local_slurm", *TINY, "optim.optimizer.lr=-1",
-                             f"cluster.output_root={tmp_path}"], capture_output=True, text=True, cwd=tmp_path,
+                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path,
                             timeout=300)
     assert result.returncode != 0
     assert "optim.optimizer.lr=-1 must be a number > 0" in result.stderr

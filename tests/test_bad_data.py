@@ -35,9 +35,10 @@ from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import DataMismatchError, ShardDataModule
-from glm46.modules import ConfigError
-from glm46.schema import register_configs
-from glm46.tasks import model_config, prepare_data, run_task
+from glm46.errors import ConfigError
+from glm46.app.schema import register_configs
+from glm46.app.checks import model_config
+from glm46.app.tasks import prepare_data, run_task
 
 from .conftest import CONF_DIR
 from .helpers import tiny_config

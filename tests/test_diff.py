@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from glm46.diff import SpecError, compose_from, diff_configs, main
+from glm46.app.diff import SpecError, compose_from, diff_configs, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1 = "experiment=pretrain_phase1"
@@ -96,7 +96,7 @@ def test_identical_specs_give_no_difference(capsys):
 def test_exit_code(capsys):
     assert run_main(capsys, "", "seed=1")[0] == 0  # like git diff: differences are not an error
     code, out, _ = run_main(capsys, "", "seed=1", "--exit-code")
-    assert code == 1 and "  seed: 0 -> 1" in out.splitlines()  # the smoke experiment sets seed 0
+    assert code == 1 and "  seed: 0 -> 1" in out.splitlines()  # the default seed is 0
 
 
 def test_yaml_output(capsys):
@@ -105,7 +105,11 @@ def test_yaml_output(capsys):
     doc = yaml.safe_load(out)
     assert set(doc) == {"defaults", "changed"}
     assert doc["defaults"] == {"optim": {"a": "muon", "b": "adamw"}}
-    assert doc["changed"] == {**ABLATION_KEYS, "trainer.precision": {"a": "bf16-mixed", "b": "32-true"}}
+    # FSDP2's policy follows trainer.precision: bf16 parameters with fp32 reductions under bf16-mixed, none at 32-true
+    policy = {"": {"b": None}, ".param_dtype": {"a": "bfloat16"}, ".reduce_dtype": {"a": "float32"}}
+    assert doc["changed"] == {**ABLATION_KEYS, "trainer.precision": {"a": "bf16-mixed", "b": "32-true"},
+                              **{f"{node}.strategy.mixed_precision{key}": change for node in ("parallelism", "trainer")
+                                 for key, change in policy.items()}}
     assert yaml.safe_load(run_main(capsys, "", "", "--yaml")[1]) == {"defaults": {}, "changed": {}}
 
 
@@ -120,7 +124,7 @@ def test_a_run_directory_against_override_lists(capsys, run_dir):
     assert doc["defaults"] == {"optim": {"a": "muon", "b": "adamw"}}
     assert doc["changed"]["task"] == {"a": "estimate", "b": "train"}
     assert doc["changed"]["optim.optimizer._target_"] == {"a": "glm46.optim.Muon", "b": "torch.optim.AdamW"}
-    # the smoke experiment's lr is kept by both
+    # the default experiment's lr is kept by both
     assert "optim.optimizer.lr" not in doc["changed"]
 
 

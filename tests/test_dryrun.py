@@ -23,8 +23,9 @@ AIR_H100 = ["experiment=pretrain_phase1", "cluster=h100_8n", "model=glm45_air_10
 def main(spec: dict) -> None:
     from hydra import compose, initialize_config_dir
 
-    from glm46.schema import register_configs
-    from glm46.tasks import dryrun_job, validate
+    from glm46.app.schema import register_configs
+    from glm46.app.checks import validate
+    from glm46.app.tasks import dryrun_job
 
     if spec.get("leave_replicated"):  # a broken layout: FSDP2 never applied, every parameter left whole
         import glm46.parallel.parallelize as parallelize
@@ -90,7 +91,7 @@ def test_the_production_command_dry_runs_without_data_or_gpu_in_little_memory(tm
     """The README's command: exits 0, writes nothing outside its working directory, peak memory under 4 GiB."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     result = subprocess.run([sys.executable, str(ROOT / "run.py"), "task=dryrun", *PHASE1_H800,
-                             f"cluster.output_root={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
+                             f"paths.sweep_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "dry run: rank 0 of 8192 (fake process group)" in result.stdout

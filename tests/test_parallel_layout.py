@@ -4,9 +4,9 @@ rules name their keys and numbers (no processes started)."""
 import pytest
 from omegaconf import OmegaConf
 
-from glm46.modules import ConfigError
+from glm46.errors import ConfigError
 from glm46.parallel import Layout, layout_from_config, validate_layout
-from glm46.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
+from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
 
 from .helpers import tiny_config
 

@@ -106,7 +106,7 @@ def test_held_out_prompts_are_disjoint_from_training_prompts(dataset):
 
 def test_train_refuses_the_rl_data_module_naming_it(tmp_path):
     result = subprocess.run(
-        [sys.executable, "run.py", "experiment=toy_curriculum", "phase=toy_rl", "data=embedded_rl",
+        [sys.executable, "run.py", "experiment=toy_stage", "phase=toy_rl", "data=embedded_rl",
          f"data.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode != 0

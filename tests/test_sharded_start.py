@@ -207,8 +207,8 @@ def test_the_355b_lightning_module_under_a_sharded_layout_allocates_no_parameter
 import resource
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from glm46.schema import register_configs
-from glm46.train import build_module
+from glm46.app.schema import register_configs
+from glm46.app.train import build_module
 register_configs()
 with initialize_config_dir(config_dir="{ROOT / 'conf'}", version_base="1.3"):
     cfg = compose(config_name="config", overrides=["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/x"])

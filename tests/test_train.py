@@ -180,8 +180,8 @@ def fake_prepare(calls):
 
 
 def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(compose_config, tmp_path):
-    from glm46.curriculum import prepare_once
-    from glm46.tasks import prepare_data
+    from glm46.app.curriculum import prepare_once
+    from glm46.app.tasks import prepare_data
 
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 100, seed=0), tmp_path / "dataset"
 
@@ -213,7 +213,7 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
 
 
 def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, tmp_path):
-    from glm46.tasks import run_task
+    from glm46.app.tasks import run_task
 
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 50, seed=1), tmp_path / "dataset"
     config = compose_config("task=prepare", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
@@ -226,7 +226,7 @@ def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, 
 
 
 def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose_config, tmp_path):
-    from glm46.curriculum import prepare_once
+    from glm46.app.curriculum import prepare_once
 
     calls = []
     prepare_once(compose_config("experiment=tiny_bytes"), fake_prepare(calls))

@@ -19,7 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, train
 PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
-# GLM-4.5/4.6 special tokens (reference/GLM.md section 1), in their id order.
+# GLM-4.5/4.6 special tokens (the `added_tokens` of zai-org/GLM-4.6's tokenizer.json on the Hub), in their id order.
 SPECIAL_TOKENS = [
     "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>", "<|user|>", "<|assistant|>",
     "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>", "<|begin_of_video|>", "<|end_of_video|>",

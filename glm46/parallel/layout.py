@@ -14,12 +14,14 @@ Sizes (the `parallelism` config group's keys):
 
 from __future__ import annotations
 
+import importlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from glm46.modules.config import ConfigError, GLM46Config
+from glm46.errors import ConfigError
+from glm46.modules.config import GLM46Config
 
 ENGINES = ("single", "ddp", "mesh", "deepspeed")
 MESH_DIMS = ("edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp")
@@ -61,6 +63,18 @@ class Layout:
 def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any) -> Any:
     value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
     return default if value is None else value
+
+
+def _is_muon(target: str) -> bool:
+    """Whether the optimizer `_target_` names glm46's Muon (or a subclass); False when it cannot be imported."""
+    from glm46.optim import Muon
+
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return False
+    return isinstance(found, type) and issubclass(found, Muon)
 
 
 def layout_from_config(parallelism: Mapping[str, Any], world_size: int) -> Layout:
@@ -144,7 +158,7 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
         stage = _get(parallelism, "stage", 3)
         check(stage in (1, 2, 3), f"parallelism.stage={stage!r} must be a ZeRO stage 1, 2 or 3")
         target = str(_get(optimizer or {}, "_target_", ""))
-        check(not target.endswith("Muon"),
+        check(not _is_muon(target),
               f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
               f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
               f"with DeepSpeed, or parallelism=fsdp2 (Muon gathers each matrix there)")

@@ -109,6 +109,13 @@ def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
         checkpoint(layer)
 
 
+def policy_for_precision(precision: str | int) -> dict[str, str] | None:
+    """The FSDP2 policy that matches Lightning's `trainer.precision`: "*-mixed" keeps fp32 parameters and
+    computes in the low dtype with fp32 gradient reductions; the "*-true" precisions (and fp32) need none."""
+    low = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(str(precision))
+    return {"param_dtype": low, "reduce_dtype": "float32"} if low else None
+
+
 def mixed_precision_policy(settings) -> torch.distributed.fsdp.MixedPrecisionPolicy:
     from torch.distributed.fsdp import MixedPrecisionPolicy
 

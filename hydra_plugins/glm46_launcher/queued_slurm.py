@@ -2,26 +2,37 @@
 
 hydra-submitit-launcher's SlurmLauncher submits every point of a sweep as one job array and then
 blocks until all of them finish; for an 80-day job the user needs the command back. QueuedSlurmLauncher
-is that launcher with two changes: every job's composition is validated (glm46.tasks.validate, which
+is that launcher with two changes: every job's composition is validated (glm46.app.checks.validate, which
 checks it against the cluster) before anything is submitted, and it returns after submission,
-printing the job ids, log paths and the squeue/scancel lines, unless `wait: true`.
+printing the job ids, log paths and the squeue/scancel lines, unless `wait: true`. When sbatch refuses
+the submission, the user gets one line (SlurmRefusedError) saying what was asked and what Slurm answered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, filter_overrides, run_job
+from hydra.errors import CompactHydraException
 from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf
 
 log = logging.getLogger(__name__)
 LOCAL_TASKS = {"plan", "estimate", "dryrun"}  # they spend nothing: no reason to queue them
+UNJUDGED_FLAGS = ("--job-name=", "--output=", "--error=")  # names and log paths: not what Slurm refuses
+
+
+class SlurmRefusedError(CompactHydraException):
+    """sbatch refused the submission. Hydra prints a CompactHydraException as its message alone: the user
+    needs what was asked and Slurm's answer, not submitit's traceback."""
 
 
 class QueuedSlurmLauncher(SlurmLauncher):
@@ -37,7 +48,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
             return [self.run_here(config) for config in configs]
         if self.wait:
             return super().launch(job_overrides, initial_job_idx)
-        from glm46.tasks import validate
+        from glm46.app.checks import validate
 
         for overrides, config in zip(job_overrides, configs):
             try:
@@ -49,12 +60,28 @@ class QueuedSlurmLauncher(SlurmLauncher):
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
         arguments = [(list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
                       Singleton.get_state()) for i, overrides in enumerate(job_overrides)]
-        jobs = executor.map_array(self, *zip(*arguments))
+        jobs = self.submit(executor, arguments)
         print(submission_report(jobs, job_overrides, str(self.config.hydra.sweep.dir)))
         return [JobReturn(overrides=list(overrides), cfg=config, working_dir=str(self.config.hydra.sweep.dir),
                           status=JobStatus.COMPLETED, _return_value=job.job_id)
                 for job, overrides, config in zip(jobs, job_overrides, configs)]
 
+    def submit(self, executor, arguments: list) -> list:
+        """executor.map_array, with a refused sbatch turned into one line. submitit echoes sbatch's stderr before
+        it raises, which would repeat Slurm's answer: stderr is held during the call and passed on without it."""
+        from submitit.core.utils import FailedJobError
+
+        held = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(held):
+                return executor.map_array(self, *zip(*arguments))
+        except FailedJobError as error:
+            held = io.StringIO(held.getvalue().replace(f"{error}\n", "", 1))
+            answer = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+            raise SlurmRefusedError(f"Slurm refused the job: {answer}; asked: {asked_flags(executor, len(arguments))} "
+                                    f"(from cluster={self.config.hydra.runtime.choices.get('cluster')})") from None
+        finally:
+            sys.stderr.write(held.getvalue())
 
     def executor(self):
         """The submitit executor of these parameters (what the parent launcher builds inline)."""
@@ -83,3 +110,14 @@ def submission_report(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sw
     array = jobs[0].job_id.split("_")[0]
     lines += [f"watch:  squeue -j {array}    sacct -j {array}", f"cancel: scancel {array}"]
     return "\n".join(lines)
+
+
+def asked_flags(executor, num_jobs: int) -> str:
+    """The #SBATCH flags of the script submitit sent (a sweep's --array included), as one command line."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    slurm = executor._executor
+    array = {"map_count": num_jobs} if num_jobs > 1 else {}  # map_array submits one job alone, not as an array
+    script = _make_sbatch_string(command="", folder=slurm.folder, **slurm.parameters, **array)
+    flags = [line.removeprefix("#SBATCH ") for line in script.splitlines() if line.startswith("#SBATCH ")]
+    return " ".join(flag for flag in flags if not flag.startswith(UNJUDGED_FLAGS))

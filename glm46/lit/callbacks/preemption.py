@@ -4,21 +4,27 @@ This callback is the one owner of preemption. submitit's handler and Lightning's
 save from inside the signal handler, which can run in the middle of a step (after backward, inside the
 optimizer step); here the handler only raises a flag, and the checkpoint is written after an optimizer
 step has finished, so the resumed run continues exactly. The cluster configs make Slurm send SIGUSR1
-(`--signal=USR1@...`) instead of submitit's SIGUSR2, and glm46.train turns Lightning's auto-requeue off.
+(`--signal=USR1@...`) instead of submitit's SIGUSR2, and glm46.app.train turns Lightning's auto-requeue off.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 from pathlib import Path
 
 import lightning as L
 
-from glm46.schema import slurm_job_id
-
 log = logging.getLogger(__name__)
+
+
+def slurm_job_id() -> str | None:
+    """The Slurm job id (`<array job>_<task>` for an array task), as scontrol takes it; None outside Slurm."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
 
 
 class Preemption(L.Callback):

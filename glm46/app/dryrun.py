@@ -23,7 +23,8 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
-from glm46.modules import ConfigError, GLM46Config, GLM46ForCausalLM
+from glm46.errors import ConfigError
+from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
 from glm46.optim.muon import splits_matrices
 from glm46.parallel.layout import Layout

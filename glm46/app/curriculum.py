@@ -1,5 +1,5 @@
-"""`train` through a curriculum in one run: the default `python run.py` prepares the embedded corpus once
-(cached by fingerprint, glm46.data.cache), then trains the toy GLM curriculum stage by stage.
+"""`train` through a curriculum in one run: the default `python run.py` (experiment=toy_recipe) trains the toy
+GLM curriculum stage by stage, on the embedded corpus prepared first (glm46.app.preparation).
 
 An experiment lists its earlier stages under `stages` (name -> command-line overrides, e.g.
 `[data=embedded_shards, phase=toy_pretrain1]`). Each is composed like `python run.py <its overrides>
@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,35 +27,12 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
-from glm46.modules import ConfigError
+from glm46.app.checks import validate
+from glm46.app.logs import rank_zero_logger
+from glm46.app.train import train
+from glm46.modules import GLM46Config
 
-RL_DATA = "glm46.lit.rl_data.PromptDataModule"
-
-
-def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig], object]) -> None:
-    """Build the dataset `cfg.auto_prepare` describes (a `data=embedded|jsonl|...` node) with `prepare`, unless
-    its output_dir already holds it with the same fingerprint. Only when the training data reads that folder:
-    a run on another dataset (data.path elsewhere, or data=stdlib) never writes there, nor into its own."""
-    if not cfg.get("auto_prepare") or "path" not in cfg.data:
-        return
-    source = OmegaConf.to_container(cfg.auto_prepare, resolve=True)
-    output_dir = Path(source["output_dir"])
-    if Path(cfg.data.path).absolute() != output_dir.absolute():
-        return
-    fingerprint = prepare_fingerprint(source, OmegaConf.to_container(cfg.prepare, resolve=True))
-    if is_prepared(output_dir, fingerprint):
-        print(f"dataset: {output_dir} (prepared, fingerprint {fingerprint})")
-        return
-    if int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1:
-        raise ConfigError(f"auto_prepare: {output_dir} is not prepared (fingerprint {fingerprint}) and this is one "
-                          f"of several processes: prepare it first with task=prepare, or run once in one process")
-    print(f"dataset: preparing {output_dir} (first use, or its sources or settings changed)")
-    settings = cfg.copy()
-    with open_dict(settings):
-        settings.data = OmegaConf.create(source)
-    prepare(settings)
-    mark_prepared(output_dir, fingerprint)
+log = rank_zero_logger(__name__)
 
 
 @contextmanager
@@ -96,12 +71,6 @@ def _save_hydra_dir(cfg: DictConfig, stage_dir: Path, overrides: list[str]) -> D
     return cfg
 
 
-def _refuse_rl(cfg: DictConfig) -> None:
-    if cfg.data.get("_target_") == RL_DATA:
-        raise ConfigError(f"data: {RL_DATA} serves prompts for an RL loop, and this version has no RL step "
-                          f"(train trains the language-modelling objective); use it from your own loop")
-
-
 def _loss_summary(run_dir: Path) -> str:
     """'train/loss first -> last, val/loss first -> last' from a run's metrics.csv."""
     if not (run_dir / "metrics.csv").is_file():
@@ -116,25 +85,22 @@ def _loss_summary(run_dir: Path) -> str:
     return ", ".join(parts) or "no losses"
 
 
-def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -> dict:
+def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
     """Train cfg's earlier `stages` in order, then cfg itself, each from the previous one's last checkpoint."""
     stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items()}
-    _refuse_rl(cfg)
     if not stages:
         return train(cfg, config)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run_overrides = list(HydraConfig.get().overrides.task)
     composed = {name: compose_stage(overrides, run_overrides) for name, overrides in stages.items()}
     configs = {name: validate(stage_cfg) for name, stage_cfg in composed.items()}  # all, before any training
-    for stage_cfg in composed.values():
-        _refuse_rl(stage_cfg)
     init_from, report = cfg.init_from, []
     for name, stage_cfg in composed.items():
         stage_dir = run_dir / "stages" / name
         if cfg.ckpt_path is not None and (stage_dir / "hf" / "config.json").is_file():
-            print(f"stage {name}: finished before, skipped ({stage_dir})")
+            log.info(f"stage {name}: finished before, skipped ({stage_dir})")
         else:
-            print(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
+            log.info(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
             with open_dict(stage_cfg):
                 stage_cfg.init_from = None if init_from is None else str(init_from)
             stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
@@ -142,7 +108,7 @@ def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -
             with _output_dir(stage_dir):
                 train(stage_cfg, configs[name])
             if not (stage_dir / "hf" / "config.json").is_file():
-                print(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
+                log.info(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
                 return {}
             report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
         init_from = stage_dir / "hf"
@@ -151,9 +117,8 @@ def train_stages(cfg: DictConfig, config, train: Callable, validate: Callable) -
     started = time.time()
     metrics = train(cfg, config)
     report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from))
-    print("curriculum:")
-    for name, seconds, where, _ in report:
-        print(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}")
+    log.info("curriculum:\n" + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}"
+                                         for name, seconds, where, _ in report))
     (run_dir / "curriculum.json").write_text(json.dumps(
         [{"stage": name, "seconds": round(seconds, 1), "run_dir": str(where), "init_from": source}
          for name, seconds, where, source in report], indent=2))

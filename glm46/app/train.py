@@ -11,12 +11,16 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig
 
+from glm46.app.logs import rank_zero_logger
+from glm46.app.plots import plot_run
 from glm46.hf import save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
-from glm46.modules import ConfigError, GLM46Config
-from glm46.plots import plot_run
+from glm46.errors import ConfigError
+from glm46.modules import GLM46Config
+
+log = rank_zero_logger(__name__)
 
 
 def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
@@ -60,11 +64,11 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg.ckpt_path, checkpoint_dir))
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
     if interrupted:
-        print(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")
+        log.info(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")
         return {}
     save_hf(module.model, output_dir / "hf")  # every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes
     if trainer.is_global_zero:
         for path in plot_run(output_dir):
-            print(f"wrote {path}")
-        print(f"run directory: {output_dir} (checkpoints/, hf/, metrics.csv, loss.png, expert_load.png)")
+            log.info(f"wrote {path}")
+        log.info(f"run directory: {output_dir} (checkpoints/, hf/, metrics.csv, loss.png, expert_load.png)")
     return {k: float(v) for k, v in trainer.callback_metrics.items()}

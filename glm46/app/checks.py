@@ -1,0 +1,197 @@
+"""Refuse a composition that cannot run, before anything is queued or trained, naming the keys.
+
+Types and key names are the schemas' (glm46/app/schema: Hydra refuses them while composing). What is
+left here is what a type cannot say: values that must be set, ranges and choices, relations between keys
+(divisibility, sequence length vs context, the dataset's domains, memory fit), each checked once.
+The Slurm launcher runs `validate` on every job before `sbatch`; `run.py` before any task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from glm46.app.sizing import composed_plan
+from glm46.errors import ConfigError
+from glm46.lit.rl_data import PromptDataModule
+from glm46.lit.sft_data import SFTDataModule
+from glm46.lit.shard_data import PACKINGS
+from glm46.modules import GLM46Config
+from glm46.parallel.layout import validate_layout
+
+# Keys each task reads; a missing (`???`) value among them is refused. `train` and `prepare` read everything
+# their composition holds.
+READS = {"estimate": ("model",), "plan": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len",
+                                          "data.batch_size"),
+         "dryrun": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len", "data.batch_size")}
+RESOLVED_BEFORE_TRAINING = ("model", "optim", "schedule", "data", "phase", "trainer", "parallelism",
+                            "cluster", "global_batch_tokens")
+AT_LEAST_ONE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.accumulate_grad_batches",
+                "cluster.num_nodes", "cluster.devices", "optim.optimizer.ns_steps")
+# Lightning's accepted `precision` values (lightning.fabric.connector._PRECISION_INPUT).
+PRECISIONS = ("64-true", "32-true", "16-true", "16-mixed", "bf16-true", "bf16-mixed", "transformer-engine",
+              "transformer-engine-float16", "64", "32", "16", "bf16")
+CHOICES = {"trainer.precision": (PRECISIONS, " of Lightning's"), "optim.optimizer.ns_dtype":
+           (("bfloat16", "float16", "float32", "float64"), " (Muon's Newton-Schulz)"),
+           "data.packing": (PACKINGS, " (phase.packing)")}
+
+
+def _get(cfg: DictConfig, key: str):
+    """The resolved value at `key` (None when absent); a resolver's error becomes a ConfigError naming the key."""
+    try:
+        return OmegaConf.select(cfg, key, throw_on_missing=False)
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{key}: " + str(error).splitlines()[0]) from None
+
+
+def missing_keys(node: DictConfig, prefix: str = ""):
+    """Full keys of the `???` values under `node`, without resolving any interpolation."""
+    for key, value in node.items_ex(resolve=False):
+        if OmegaConf.is_missing(node, key):
+            yield f"{prefix}{key}"
+        elif isinstance(value, DictConfig) and node[key] is not None:
+            yield from missing_keys(value, f"{prefix}{key}.")
+
+
+def refuse_missing(cfg: DictConfig) -> None:
+    """Every `???` value the task reads, named, before any work (a job would otherwise fail after queueing)."""
+    reads = READS.get(str(cfg.task))
+    missing = sorted(k for k in missing_keys(cfg)
+                     if reads is None or any(k == r or k.startswith(f"{r}.") for r in reads))
+    if missing:
+        raise ConfigError(f"{', '.join(missing)}: no value (???) for task={cfg.task}; set "
+                          + " ".join(f"{k}=..." for k in missing))
+
+
+def resolve(cfg: DictConfig, keys: tuple[str, ...]) -> None:
+    """Resolve the interpolations and resolvers under `keys` now, so that an error names its key."""
+    for key in keys:
+        node = _get(cfg, key)
+        try:
+            if OmegaConf.is_config(node):
+                OmegaConf.to_container(node, resolve=True)
+        except OmegaConfBaseException as error:
+            raise ConfigError(str(error).splitlines()[0] + f" ({key}: {getattr(error, 'full_key', '')})") from None
+
+
+def model_config(cfg: DictConfig) -> GLM46Config:
+    """The validated GLM46Config of a composition (raises ConfigError naming the keys)."""
+    try:
+        return OmegaConf.to_object(cfg.model)
+    except ConfigError as error:
+        raise ConfigError(f"model: {error}") from None
+
+
+def check_values(cfg: DictConfig) -> None:
+    """Ranges and choices of single keys."""
+    for key in AT_LEAST_ONE:
+        value = _get(cfg, key)
+        if value is not None and value < 1:
+            raise ConfigError(f"{key}={value!r} must be an integer >= 1")
+    for key, (choices, whose) in CHOICES.items():
+        value = _get(cfg, key)
+        if value is not None and str(value) not in choices:
+            raise ConfigError(f"{key}={value!r}{whose} is not one of {list(choices)}")
+
+
+def _prepared_domains(cfg: DictConfig) -> set[str] | None:
+    """The domains of the prepared dataset at data.path (its tokens/shards.json), when it is on this machine and
+    not one the run prepares itself (auto_prepare); None otherwise (an unreadable index is the DataModule's to
+    report)."""
+    path = _get(cfg, "data.path")
+    if not path:
+        return None
+    auto = cfg.get("auto_prepare")
+    if auto and Path(str(auto.output_dir)).absolute() == Path(path).absolute():
+        return None
+    try:
+        return set(json.loads((Path(path) / "tokens" / "shards.json").read_text())["domains"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_data(cfg: DictConfig, config: GLM46Config) -> None:
+    data = cfg.data
+    seq_len = data.get("seq_len")
+    if seq_len is not None and seq_len > config.max_position_embeddings:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds model.max_position_embeddings="
+                          f"{config.max_position_embeddings}")
+    module = get_class(data._target_) if "_target_" in data else None
+    if module is not None and issubclass(module, SFTDataModule) and data.packing == "truncate":
+        raise ConfigError("data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations "
+                          "at random: SFT takes packing best_fit or pad")
+    if data.get("mixture") is None:
+        return
+    mixture = OmegaConf.to_container(data.mixture, resolve=True)
+    for domain, weight in mixture.items():
+        if weight < 0:
+            raise ConfigError(f"data.mixture.{domain}={weight!r} (phase.mixture) must be a number >= 0")
+    if not sum(mixture.values()) > 0:
+        raise ConfigError(f"data.mixture={mixture} (phase.mixture) gives no domain a positive weight")
+    domains = _prepared_domains(cfg)
+    unknown = sorted(set(mixture) - domains) if domains is not None else []
+    if unknown:
+        raise ConfigError(f"data.mixture (phase.mixture) names domains {unknown} that data.path={data.path} "
+                          f"does not have (it has {sorted(domains)})")
+
+
+def check_training(cfg: DictConfig) -> None:
+    """The step count against the phase's budget, the optimizer, precision against FSDP2's policy, the guard,
+    and what `train` cannot train."""
+    trainer, phase = cfg.trainer, cfg.get("phase")
+    if str(OmegaConf.to_container(trainer, resolve=False)["max_steps"]).count("phase.tokens") and phase:
+        if phase.tokens < cfg.global_batch_tokens:
+            raise ConfigError(f"phase.tokens={phase.tokens} is less than one global batch of "
+                              f"{cfg.global_batch_tokens} tokens (trainer.max_steps={trainer.max_steps}): raise "
+                              f"phase.tokens or lower the batch")
+    optimizer = cfg.optim.optimizer
+    try:
+        get_class(optimizer._target_)
+    except Exception:
+        raise ConfigError(f"optim.optimizer._target_={optimizer._target_!r} cannot be imported (optim=muon or "
+                          f"adamw)") from None
+    if not optimizer.lr > 0:
+        raise ConfigError(f"optim.optimizer.lr={optimizer.lr!r} must be a number > 0")
+    if not 0 <= cfg.optim.min_lr <= optimizer.lr:
+        raise ConfigError(f"optim.min_lr={cfg.optim.min_lr!r} must be a number in [0, optim.optimizer.lr="
+                          f"{optimizer.lr}]")
+    if optimizer.weight_decay < 0:
+        raise ConfigError(f"optim.optimizer.weight_decay={optimizer.weight_decay!r} must be a number >= 0")
+    explicit = cfg.parallelism.mixed_precision
+    if explicit is not None and explicit.param_dtype and str(trainer.precision) in ("32-true", "32", "64-true", "64"):
+        raise ConfigError(f"parallelism.mixed_precision.param_dtype={explicit.param_dtype} contradicts "
+                          f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
+                          f"null follows trainer.precision) or choose trainer.precision=bf16-mixed")
+    if cfg.guard is not None:
+        try:
+            instantiate(cfg.guard)  # StepGuard checks its own settings
+        except Exception as error:
+            raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
+    if issubclass(get_class(cfg.data._target_), PromptDataModule):
+        raise ConfigError(f"data: {cfg.data._target_} serves prompts for an RL loop, and this version has no RL "
+                          f"step (train trains the language-modelling objective); use it from your own loop")
+
+
+def validate(cfg: DictConfig) -> GLM46Config:
+    """Reject a composition that cannot run, before any work starts; return its model config."""
+    refuse_missing(cfg)
+    config = model_config(cfg)
+    check_data(cfg, config)
+    check_values(cfg)
+    cluster = cfg.cluster
+    if cluster.scheduler == "slurm" and not cluster.partition:
+        raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
+    validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
+    if cfg.task == "train":
+        resolve(cfg, RESOLVED_BEFORE_TRAINING)
+        check_training(cfg)
+        if cluster.accelerator == "gpu":
+            result = composed_plan(cfg, config)[0]
+            if not result["fits"]:
+                raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: "
+                                  + result["notes"][-1])
+    return config

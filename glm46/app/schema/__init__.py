@@ -1,0 +1,39 @@
+"""Structured-config schemas of every config group, registered in Hydra's ConfigStore before composing.
+
+`conf/config.yaml` starts from `run_schema` (RunConfig); members of groups with several shapes start from
+theirs (`defaults: [schema]`, e.g. conf/model/*.yaml from GLM46Config). A misspelt or misplaced key, or a
+value of the wrong type, then fails while composing, naming its full key.
+"""
+
+from hydra.core.config_store import ConfigStore
+
+from glm46.app.resolvers import register_resolvers
+from glm46.modules import GLM46Config
+
+from .data import PromptData, RLPhase, ShardData, SourceData, StdlibData, Phase
+from .launch import DeepSpeedParallelism, ParallelismConfig
+from .root import RunConfig, Task
+from .training import CALLBACKS, LOGGERS, AdamWOptim, MuonOptim, WarmupCosine, WarmupStableDecay
+
+__all__ = ["RunConfig", "Task", "register_configs"]
+
+GROUP_SCHEMAS = {
+    "model": {"schema": GLM46Config},
+    "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
+    "schedule/schema": {"warmup_cosine": WarmupCosine, "warmup_stable_decay": WarmupStableDecay},
+    "data": {"source_schema": SourceData, "shards_schema": ShardData, "prompts_schema": PromptData,
+             "stdlib_schema": StdlibData},
+    "phase": {"schema": Phase, "rl_schema": RLPhase},
+    "parallelism": {"schema": ParallelismConfig, "deepspeed_schema": DeepSpeedParallelism},
+    "callbacks/schema": CALLBACKS,
+    "logger/schema": LOGGERS,
+}
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for group, schemas in GROUP_SCHEMAS.items():
+        for name, node in schemas.items():
+            store.store(group=group, name=name, node=node)
+    register_resolvers()

@@ -1,0 +1,152 @@
+"""Schemas of the data side. Two families share the `data` group:
+
+- sources (`data=embedded|jsonl|text|parquet`): what `task=prepare` reads and where it writes the dataset;
+- DataModules (`data=shards|sft|rl|stdlib` and the `embedded_*` members): what training reads.
+
+`phase` (sequence length, mixture, token budget of a curriculum stage) and `prepare` (dedup, filters,
+tokenizer) complete them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class EmbeddedOptions:
+    """Sizes of the generated domains of the embedded corpus (glm46.data.embedded.read_embedded)."""
+
+    math_problems: int = MISSING
+    reasoning_problems: int = MISSING
+    sft_conversations: int = MISSING
+    rl_prompts: int = MISSING
+    seed: int = MISSING  # of the generators; the run's `seed` is another (model init, data order)
+
+
+@dataclass
+class SourceData:
+    """A source for task=prepare: `reader` (glm46.data.prepare.READERS) over `paths`, into `output_dir`."""
+
+    reader: str = MISSING
+    paths: List[str] = MISSING
+    output_dir: str = MISSING
+    default_domain: str = MISSING
+    options: Optional[EmbeddedOptions] = None
+
+
+@dataclass
+class ShardData:
+    """glm46.lit.shard_data.ShardDataModule and glm46.lit.sft_data.SFTDataModule: a prepared dataset."""
+
+    _target_: str = "glm46.lit.shard_data.ShardDataModule"
+    path: str = MISSING
+    mixture: Dict[str, float] = MISSING
+    seq_len: int = MISSING
+    batch_size: int = MISSING
+    seed: int = MISSING
+    val_fraction: float = MISSING
+    val_windows: int = MISSING
+    phase: str = MISSING
+    packing: str = MISSING
+    num_workers: int = MISSING
+
+
+@dataclass
+class PromptData:
+    """glm46.lit.rl_data.PromptDataModule: prompts with a verifiable answer."""
+
+    _target_: str = "glm46.lit.rl_data.PromptDataModule"
+    path: str = MISSING
+    mixture: Dict[str, float] = MISSING
+    seq_len: int = MISSING
+    batch_size: int = MISSING
+    seed: int = MISSING
+    val_fraction: float = MISSING
+    val_windows: int = MISSING
+    phase: str = MISSING
+    num_workers: int = MISSING
+
+
+@dataclass
+class StdlibData:
+    """glm46.lit.StdlibDataModule: the standard library's bytes, no preparation."""
+
+    _target_: str = "glm46.lit.StdlibDataModule"
+    seq_len: int = MISSING
+    batch_size: int = MISSING
+    max_bytes: int = MISSING
+    val_fraction: float = MISSING
+    num_workers: int = MISSING
+    seed: int = MISSING
+
+
+@dataclass
+class Phase:
+    """A stage of the curriculum: its token budget, sequence length, packing, RoPE base and mixture."""
+
+    name: str = MISSING
+    tokens: int = MISSING
+    seq_len: int = MISSING
+    packing: str = MISSING
+    rope_theta: float = MISSING
+    mixture: Dict[str, float] = MISSING
+    global_batch_tokens: Optional[int] = None  # set: trainer.accumulate_grad_batches follows from it
+
+
+@dataclass
+class RLPhase(Phase):
+    """An RL stage: prompts, GRPO group size, sampling."""
+
+    prompts: int = MISSING
+    prompts_per_step: int = MISSING
+    max_prompt_len: int = MISSING
+    max_new_tokens: int = MISSING
+    samples_per_prompt: int = MISSING
+    temperature: float = MISSING
+    kl_coef: float = MISSING
+
+
+@dataclass
+class TokenizerSettings:
+    path: Optional[str] = None  # an existing tokenizer.json to use as is; None: train one
+    vocab_size: int = MISSING
+
+
+@dataclass
+class DedupSettings:
+    exact: bool = MISSING
+    url: bool = MISSING
+    near: bool = MISSING
+    threshold: float = MISSING
+    num_perm: int = MISSING
+    shingle_size: int = MISSING
+    seed: int = MISSING  # of the MinHash permutations
+
+
+@dataclass
+class QualitySettings:
+    _target_: str = "glm46.data.quality.QualityRules"
+    min_chars: int = MISSING
+    max_chars: int = MISSING
+    max_duplicate_line_fraction: float = MISSING
+    max_top_bigram_fraction: float = MISSING
+    min_words: int = MISSING
+    min_mean_word_length: float = MISSING
+    max_mean_word_length: float = MISSING
+    max_symbol_word_ratio: float = MISSING
+    max_digit_fraction: float = MISSING
+    max_bullet_line_fraction: float = MISSING
+    prose_domains: List[str] = MISSING
+
+
+@dataclass
+class PrepareConfig:
+    """Settings of task=prepare (conf/prepare/default.yaml)."""
+
+    num_workers: int = MISSING
+    tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
+    dedup: DedupSettings = field(default_factory=DedupSettings)
+    quality: QualitySettings = field(default_factory=QualitySettings)

@@ -1,0 +1,86 @@
+"""Schemas of where and how a job runs: parallelism (the layout), cluster (the machines), paths."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class MixedPrecision:
+    """FSDP2's MixedPrecisionPolicy, by dtype name."""
+
+    param_dtype: Optional[str] = None
+    reduce_dtype: Optional[str] = None
+
+
+@dataclass
+class ParallelismConfig:
+    """A parallel layout (glm46.parallel.layout). The sizes default to one process's: members set what differs."""
+
+    name: str = MISSING
+    engine: str = MISSING  # single | ddp | mesh | deepspeed
+    strategy: Any = "auto"  # the Lightning strategy (a `_target_` node, or a Lightning name)
+    data_parallel_shard: int = 1  # FSDP shard degree among data-parallel ranks; -1: all of them
+    tensor_parallel: int = 1  # world size = data-parallel ranks x tensor_parallel
+    expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
+    pipeline_parallel: int = 1  # Lightning offers no pipeline parallelism: only 1 runs
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
+    # FSDP2's policy (engine=mesh). None: derived from trainer.precision (glm46.app.checks.fsdp_policy)
+    mixed_precision: Optional[MixedPrecision] = None
+    reshard_after_forward: bool = True  # free the gathered layer after forward (ZeRO-3-like); false: ZeRO-2-like
+
+
+@dataclass
+class DeepSpeedParallelism(ParallelismConfig):
+    stage: int = MISSING
+    offload_optimizer: bool = MISSING
+    offload_parameters: bool = MISSING
+    offload_device: str = MISSING  # cpu | nvme
+    nvme_path: str = MISSING
+    force_deepspeed_cpu_optimizer: bool = MISSING
+
+
+@dataclass
+class GPUConfig:
+    """What task=plan and the memory check assume about one device."""
+
+    name: str = MISSING
+    memory_gib: float = MISSING
+    bf16_tflops: float = MISSING
+
+
+@dataclass
+class ClusterConfig:
+    """The machines. Slurm keys (partition ... setup) are read by the launcher when scheduler=slurm."""
+
+    name: str = MISSING
+    scheduler: str = MISSING  # none | slurm
+    num_nodes: int = MISSING
+    devices: int = MISSING  # per node: Slurm tasks per node and the Trainer's devices
+    accelerator: str = MISSING
+    gpu: GPUConfig = field(default_factory=GPUConfig)
+    mfu: float = MISSING  # assumed model FLOP utilisation for task=plan
+    price_per_gpu_hour: float = MISSING
+    deterministic: Any = MISSING  # trainer.deterministic on this cluster: true | false | "warn"
+    gpus_per_node: Optional[int] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[int] = None
+    time_min: Optional[int] = None
+    signal_delay_s: Optional[int] = None  # Slurm sends SIGUSR1 this long before the time limit
+    sbatch: Dict[str, Any] = field(default_factory=dict)  # extra #SBATCH flags
+    env: Dict[str, Any] = field(default_factory=dict)  # exported before srun
+    setup: List[str] = field(default_factory=list)  # shell lines run before srun
+
+
+@dataclass
+class PathsConfig:
+    cache_dir: str = MISSING  # prepared datasets (the embedded corpus) live here, shared by runs
+    output_dir: str = MISSING  # local run directories: <output_dir>/<task>/<job id>
+    sweep_dir: str = MISSING  # Slurm and sweep run directories: <sweep_dir>/<task>/<job id>

@@ -1,0 +1,56 @@
+"""The schema of the whole composition (conf/config.yaml): the top-level keys and every group's type.
+
+Groups with one shape are typed here; groups whose members differ in shape (model, optim, data, phase,
+parallelism) are typed by each member's own schema (`defaults: [schema]` in its file), and `callbacks` and
+`logger` are open dictionaries of typed entries, so `+callbacks.mine._target_=...` adds one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+from .data import PrepareConfig
+from .launch import ClusterConfig, PathsConfig
+from .training import GuardConfig, ScheduleConfig, TrainerConfig
+
+
+class Task(StrEnum):
+    train = "train"  # prepare the dataset if the experiment says so, then train (every stage of a curriculum)
+    prepare = "prepare"  # read, deduplicate and filter `data`, train a tokenizer, write token shards
+    estimate = "estimate"  # parameter counts
+    plan = "plan"  # FLOPs, memory per GPU, tokens/s, days and cost of the composed job
+    dryrun = "dryrun"  # one rank of the job at its real world size, on this CPU
+
+
+@dataclass
+class DryRun:
+    rank: int = 0  # the global rank simulated at the cluster's world size
+
+
+@dataclass
+class RunConfig:
+    task: Task = Task.train
+    seed: int = MISSING  # model init, data order and sampling
+    ckpt_path: Optional[str] = None  # `last`: resume from the newest checkpoint in this run directory
+    init_from: Optional[str] = None  # weights to start from (a .ckpt, an HF or DCP directory); fresh data state
+    global_batch_tokens: int = MISSING  # tokens per optimizer step over all ranks (conf/config.yaml)
+    dryrun: DryRun = field(default_factory=DryRun)
+    stages: Optional[Dict[str, List[str]]] = None  # a curriculum's earlier stages: name -> overrides
+    auto_prepare: Any = None  # a `data` source the run prepares first, when its data reads it
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    model: Any = MISSING
+    optim: Any = MISSING
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    data: Any = MISSING
+    phase: Any = MISSING
+    prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    callbacks: Dict[str, Any] = field(default_factory=dict)
+    guard: Optional[GuardConfig] = None
+    parallelism: Any = MISSING
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: Dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,27 @@
+"""The composed job's hardware, parallel layout and plan (glm46.plan), read from the config."""
+
+from __future__ import annotations
+
+from hydra.utils import get_class
+from omegaconf import DictConfig
+
+from glm46.modules import GLM46Config
+from glm46.optim import Muon
+from glm46.parallel.layout import Layout, layout_from_config
+from glm46.plan import Hardware, plan
+
+
+def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
+    cluster = cfg.cluster
+    hardware = Hardware(cluster.num_nodes, cluster.devices, cluster.gpu.name, cluster.gpu.memory_gib,
+                        cluster.gpu.bf16_tflops, cluster.mfu, cluster.price_per_gpu_hour)
+    return hardware, layout_from_config(cfg.parallelism, hardware.world_size)
+
+
+def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
+    """glm46.plan of the composed model, phase, layout and cluster."""
+    hardware, layout = hardware_and_layout(cfg)
+    optimizer = "muon" if issubclass(get_class(cfg.optim.optimizer._target_), Muon) else "adamw"
+    result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
+                  optimizer, cfg.parallelism.activation_checkpointing, cfg.parallelism.pipeline_parallel)
+    return result, hardware, layout

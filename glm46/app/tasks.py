@@ -1,0 +1,70 @@
+"""The tasks `run.py` dispatches to, by the `task` key of the composed config (glm46.app.schema.Task)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from glm46.app.checks import validate
+from glm46.app.curriculum import train_stages
+from glm46.app.logs import rank_zero_logger
+from glm46.app.preparation import prepare_once, prepare_source
+from glm46.app.sizing import composed_plan
+from glm46.estimate import count_parameters, format_counts
+from glm46.modules import GLM46Config
+from glm46.plan import format_plan
+
+log = rank_zero_logger(__name__)
+
+
+def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
+    """The parameter counts of the composed model."""
+    counts = count_parameters(config)
+    name = HydraConfig.get().runtime.choices.get("model", "model") if HydraConfig.initialized() else "model"
+    log.info(format_counts(name, counts))
+    return counts
+
+
+def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
+    """Read the `data` source, deduplicate, filter, tokenize and write a dataset folder with its manifest. On a
+    composition that trains (a DataModule as `data`), build its `auto_prepare` source, as `train` would first."""
+    if "reader" not in cfg.data:
+        prepare_once(cfg)
+        return {}
+    return prepare_source(cfg.data, cfg.prepare)
+
+
+def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
+    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU."""
+    result, hardware, layout = composed_plan(cfg, config)
+    log.info(format_plan(result, hardware, layout))
+    return result
+
+
+def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:
+    """One rank of the composed job at its real world size on this CPU (glm46.app.dryrun); no data, no GPU."""
+    from glm46.app.dryrun import check, dry_run, format_dry_run
+
+    result, hardware, layout = composed_plan(cfg, config)
+    run = dry_run(cfg, config, hardware, layout)
+    log.info(format_dry_run(run, result["memory"], hardware, layout))
+    check(run, result["memory"], hardware)
+    return {"state": run.state, "planned": run.planned, "largest_gather": run.largest_gather}
+
+
+def train(cfg: DictConfig, config: GLM46Config) -> dict:
+    """Build the `auto_prepare` dataset unless it is cached by fingerprint, then train the experiment's `stages`
+    and the composition itself (glm46.app.curriculum)."""
+    prepare_once(cfg)
+    return train_stages(cfg, config)
+
+
+TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
+    "estimate": estimate, "plan": plan_job, "prepare": prepare_data, "train": train, "dryrun": dryrun_job,
+}
+
+
+def run_task(cfg: DictConfig) -> object:
+    return TASKS[cfg.task](cfg, validate(cfg))
