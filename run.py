@@ -3,15 +3,20 @@
 import hydra
 from omegaconf import DictConfig
 
+from glm46.app.checks import Refused
 from glm46.app.schema import register_configs
 from glm46.app.tasks import run_task
+from glm46.errors import ConfigError
 
 register_configs()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    run_task(cfg)
+    try:
+        run_task(cfg)
+    except ConfigError as error:  # a composition that cannot run: its message names the keys
+        raise Refused(str(error)) from None
 
 
 if __name__ == "__main__":

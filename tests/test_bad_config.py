@@ -26,7 +26,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 TINY = ["experiment=tiny_bytes"]  # the tiny model on the standard library's bytes: no dataset needed
 TOY = ["experiment=toy_stage"]  # one toy curriculum stage on prepared shards (not read at validation)
-PHASE1 = ["experiment=pretrain_phase1", "cluster=h800_1024n"]  # the 355B phase-1 job on 1024 x 8 H800
+EXTRA = ["hydra.searchpath=[file://{extra}]"]  # conf/ plus the files of the `extra` fixture
+PHASE1 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data"]  # the 355B phase-1 job, 1024 x 8 H800
 TP4 = [*TINY, "parallelism=tp", "cluster.devices=4"]  # tensor parallel 2 x data parallel 2
 TP16 = [*TINY, "parallelism=tp", "cluster.devices=16"]
 EP6 = [*TINY, "parallelism=ep", "cluster.devices=6"]  # expert parallel 2 over 6 ranks
@@ -43,19 +44,36 @@ TABLE = [
     ("misspelt-model-key", [], ["model.hiden_size=3"], COMPOSE,
      [r"Key 'hiden_size' not in 'GLM46Config'", r"model\.hiden_size=3"]),
     ("misspelt-trainer-key", [], ["trainer.max_step=3"], COMPOSE,
-     [r"Key 'max_step' is not in struct", r"trainer\.max_step=3"]),
+     [r"Key 'max_step' not in 'TrainerConfig'", r"trainer\.max_step=3"]),
+    ("misspelt-callback-key", [], ["callbacks.model_checkpoint.every_n_steps=3"], COMPOSE,
+     [r"Key 'every_n_steps' not in 'ModelCheckpointCallback'", r"callbacks\.model_checkpoint\.every_n_steps=3"]),
+    ("misplaced-key-in-an-experiment-file", EXTRA, ["experiment=misplaced"], COMPOSE,
+     [r"In 'experiment/misplaced'", r"Key 'val_check_interval' not in 'ScheduleConfig'",
+      r"full_key: schedule\.val_check_interval"]),
+    ("unknown-top-level-key-in-an-experiment-file", EXTRA, ["experiment=unknown_top_level"], COMPOSE,
+     [r"Key 'schedul' not in 'RunConfig'", r"full_key: schedul"]),
     ("mixture-domain-not-in-phase", TOY, ["phase.mixture.web=0.5"], COMPOSE,
-     [r"Key 'web' is not in struct", r"phase\.mixture\.web=0\.5"]),
+     [r"Could not override 'phase\.mixture\.web'", r"\+phase\.mixture\.web=0\.5"]),
     ("model-int-is-text", [], ["model.num_hidden_layers=abc"], COMPOSE,
      [r"Value 'abc' of type 'str' could not be converted to Integer", r"full_key: model\.num_hidden_layers"]),
     ("model-bool-is-text", [], ["model.use_qk_norm=maybe"], COMPOSE,
      [r"Value 'maybe' is not a valid bool", r"full_key: model\.use_qk_norm"]),
-    # -- the task and the data's sizes
-    ("unknown-task", [], ["task=nope"], VALIDATE,
-     [r"task='nope' is not one of \['dryrun', 'estimate', 'plan', 'prepare', 'train'\]"]),
-    ("batch-size-fraction", TINY, ["data.batch_size=1.5"], VALIDATE, [r"data\.batch_size=1\.5 must be an integer >= 1"]),
+    ("trainer-int-is-text", [], ["trainer.max_steps=many"], COMPOSE,
+     [r"Value 'many' of type 'str' could not be converted to Integer", r"full_key: trainer\.max_steps"]),
+    ("cluster-float-is-text", [], ["cluster.mfu=high"], COMPOSE,
+     [r"Value 'high' of type 'str' could not be converted to Float", r"full_key: cluster\.mfu"]),
+    # -- the task, missing values and the data's sizes
+    ("unknown-task", [], ["task=nope"], COMPOSE,
+     [r"Invalid value 'nope', expected one of \[train, prepare, estimate, plan, dryrun\]", r"full_key: task"]),
+    ("mandatory-value-missing", PHASE1, ["data.path=???"], VALIDATE,
+     [r"^data\.path: no value \(\?\?\?\) for task=train; set data\.path=\.\.\.$"]),
+    ("mandatory-values-missing-for-prepare", [], ["task=prepare", "data=jsonl"], VALIDATE,
+     [r"^data\.output_dir, data\.paths: no value \(\?\?\?\) for task=prepare"]),
+    ("batch-size-fraction", TINY, ["data.batch_size=1.5"], COMPOSE,
+     [r"Value '1\.5' of type 'float' could not be converted to Integer", r"full_key: data\.batch_size"]),
     ("batch-size-zero", TINY, ["data.batch_size=0"], VALIDATE, [r"data\.batch_size=0 must be an integer >= 1"]),
-    ("seq-len-text", TINY, ["data.seq_len=abc"], VALIDATE, [r"data\.seq_len='abc' must be an integer >= 1"]),
+    ("seq-len-text", TINY, ["data.seq_len=abc"], COMPOSE,
+     [r"Value 'abc' of type 'str' could not be converted to Integer", r"full_key: data\.seq_len"]),
     ("seq-len-beyond-context", TINY, ["data.seq_len=4096"], VALIDATE,
      [r"data\.seq_len=4096 exceeds model\.max_position_embeddings=2048"]),
     # -- inconsistent model shapes (GLM46Config.validate)
@@ -112,9 +130,9 @@ TABLE = [
     ("sft-truncates", [], ["phase.packing=truncate"], VALIDATE,
      [r"data\.packing='truncate' with SFT data \(data=sft, embedded_sft\) would cut conversations"]),
     ("mixture-weight-negative", TOY, ["phase.mixture.code=-1"], VALIDATE,
-     [r"data\.mixture\.code=-1 \(phase\.mixture\) must be a number >= 0"]),
-    ("mixture-all-zero", TOY, ["data.mixture={code: 0}"], VALIDATE,
-     [r"data\.mixture=\{'code': 0\} \(phase\.mixture\) gives no domain a positive weight"]),
+     [r"data\.mixture\.code=-1\.0 \(phase\.mixture\) must be a number >= 0"]),
+    ("mixture-all-zero", TOY, ["phase.mixture={code: 0, docs: 0, license: 0, math: 0, reasoning: 0}"], VALIDATE,
+     [r"data\.mixture=\{'code': 0\.0, .*'reasoning': 0\.0\} \(phase\.mixture\) gives no domain a positive weight"]),
     ("mixture-domain-not-in-dataset", DATASET, ["phase=toy_midtrain"], VALIDATE,
      [r"names domains \['repo_code'\] that data\.path=\S+ does not have \(it has \['code', 'docs', 'license', "
       r"'math', 'reasoning'\]\)"]),
@@ -122,11 +140,14 @@ TABLE = [
     ("max-steps-zero", TINY, ["trainer.max_steps=0"], VALIDATE, [r"trainer\.max_steps=0 must be an integer >= 1"]),
     ("accumulation-zero", TINY, ["trainer.accumulate_grad_batches=0"], VALIDATE,
      [r"trainer\.accumulate_grad_batches=0 must be an integer >= 1"]),
+    ("fsdp2-policy-contradicts-precision", [*TINY, "parallelism=fsdp2"],
+     ["parallelism.mixed_precision={param_dtype: bfloat16}"], VALIDATE,
+     [r"parallelism\.mixed_precision\.param_dtype=bfloat16 contradicts trainer\.precision=32-true"]),
     ("precision-unknown", TINY, ["trainer.precision=fp8"], VALIDATE,
      [r"trainer\.precision='fp8' is not one of Lightning's \['64-true', '32-true'.*'bf16-mixed'"]),
     ("optimizer-not-importable", TINY, ["optim.optimizer._target_=glm46.optim.Nope"], VALIDATE,
      [r"optim\.optimizer\._target_='glm46\.optim\.Nope' cannot be imported"]),
-    ("lr-negative", TINY, ["optim.optimizer.lr=-1"], VALIDATE, [r"optim\.optimizer\.lr=-1 must be a number > 0"]),
+    ("lr-negative", TINY, ["optim.optimizer.lr=-1"], VALIDATE, [r"optim\.optimizer\.lr=-1\.0 must be a number > 0"]),
     ("min-lr-above-peak", TINY, ["optim.min_lr=0.01"], VALIDATE,
      [r"optim\.min_lr=0\.01 must be a number in \[0, optim\.optimizer\.lr=0\.003\]"]),
     ("ns-dtype-unknown", TINY, ["optim.optimizer.ns_dtype=float8"], VALIDATE,
@@ -142,6 +163,16 @@ TOY_PRETRAIN1_DOMAINS = ["code", "docs", "license", "math", "reasoning"]
 
 
 @pytest.fixture
+def extra(tmp_path):
+    """Experiment files with a misplaced and an unknown key, in a search-path folder beside conf/."""
+    (tmp_path / "extra" / "experiment").mkdir(parents=True)
+    header = "# @package _global_\ndefaults:\n  - tiny_bytes\n\n"
+    (tmp_path / "extra" / "experiment" / "misplaced.yaml").write_text(header + "schedule:\n  val_check_interval: 2000\n")
+    (tmp_path / "extra" / "experiment" / "unknown_top_level.yaml").write_text(header + "schedul:\n  warmup_fraction: 0.1\n")
+    return tmp_path / "extra"
+
+
+@pytest.fixture
 def dataset(tmp_path):
     """A prepared dataset's index as validation reads it: tokens/shards.json with the toy_pretrain1 domains."""
     (tmp_path / "tokens").mkdir()
@@ -150,8 +181,8 @@ def dataset(tmp_path):
     return tmp_path
 
 
-def _filled(overrides: list[str], dataset: Path) -> list[str]:
-    return [o.replace("{dataset}", str(dataset)) for o in overrides]
+def _filled(overrides: list[str], dataset: Path, extra: Path) -> list[str]:
+    return [o.replace("{dataset}", str(dataset)).replace("{extra}", str(extra)) for o in overrides]
 
 
 def test_the_catalogue_is_complete():
@@ -161,15 +192,15 @@ def test_the_catalogue_is_complete():
 
 
 @pytest.mark.parametrize("base", sorted({tuple(row[1]) for row in TABLE}), ids=" ".join)
-def test_every_base_composition_is_accepted(compose_config, dataset, base):
+def test_every_base_composition_is_accepted(compose_config, dataset, extra, base):
     """Each row's base alone validates: the refusal below is the row's `bad` overrides' doing."""
-    validate(compose_config(*_filled(list(base), dataset)))
+    validate(compose_config(*_filled(list(base), dataset, extra)))
 
 
 @pytest.mark.parametrize("name, base, bad, stage, patterns", TABLE, ids=[row[0] for row in TABLE])
-def test_a_bad_configuration_is_refused_naming_key_and_values(compose_config, dataset, name, base, bad, stage,
+def test_a_bad_configuration_is_refused_naming_key_and_values(compose_config, dataset, extra, name, base, bad, stage,
                                                               patterns):
-    overrides = _filled([*base, *bad], dataset)
+    overrides = _filled([*base, *bad], dataset, extra)
     if stage == COMPOSE:
         with pytest.raises(ConfigCompositionException) as error:
             compose_config(*overrides)
@@ -190,6 +221,6 @@ def test_run_py_refuses_before_submitting(tmp_path):
                              f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path,
                             timeout=300)
     assert result.returncode != 0
-    assert "optim.optimizer.lr=-1 must be a number > 0" in result.stderr
+    assert "optim.optimizer.lr=-1.0 must be a number > 0" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
     assert not list(tmp_path.rglob("*.ckpt"))

@@ -16,9 +16,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
-from glm46.modules import ConfigError
-from glm46.schema import register_configs
-from glm46.tasks import validate
+from glm46.errors import ConfigError
+from glm46.app.schema import register_configs
+from glm46.app.checks import validate
 
 from .conftest import CONF_DIR
 from .slurm import require_slurm, sacct_states
@@ -72,7 +72,7 @@ def test_validation_refuses_jobs_that_cannot_run(overrides, message):
 def test_a_refused_job_is_never_submitted(tmp_path):
     """The launcher validates before it calls sbatch: with no Slurm answering, the refusal is all we see."""
     result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h100_8n",
-                             f"cluster.output_root={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
+                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode != 0
     assert "tensor_parallel x expert_parallel = 8 x 32 = 256" in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
@@ -81,7 +81,7 @@ def test_a_refused_job_is_never_submitted(tmp_path):
 def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
     """6 x 32.08B active x 15T tokens = 2.887e24 FLOPs: yottaFLOPs, not the seeds' "zettaFLOPs"."""
     result = subprocess.run([sys.executable, str(REPO / "run.py"), "task=plan", "experiment=pretrain_phase1",
-                             "cluster=h800_1024n", f"cluster.output_root={tmp_path}"],
+                             "cluster=h800_1024n", f"paths.sweep_dir={tmp_path}"],
                             capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
@@ -105,7 +105,7 @@ def submit(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]
     """python run.py [-m] cluster=local_slurm ...: returns the job ids it printed (it must not wait)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [sys.executable, str(REPO / "run.py"), *(["-m"] if multirun else []), "cluster=local_slurm",
-               f"cluster.output_root={tmp_path}", *QUICK, *overrides]
+               f"paths.sweep_dir={tmp_path}", *QUICK, *overrides]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = re.findall(r"^  (\d+(?:_\d+)?): ", result.stdout, flags=re.M)
@@ -116,6 +116,24 @@ def submit(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]
 
 def checkpoint_step(path: Path) -> int:
     return torch.load(path, map_location="cpu", weights_only=False)["global_step"]
+
+
+@pytest.mark.slurm
+def test_a_job_slurm_refuses_ends_in_one_line_naming_the_request_and_the_answer(tmp_path):
+    """The 8-GPU node of cluster=h800_1024n passes validation but the local node has no GPUs: sbatch refuses
+    the gres, and the user reads what was asked, from which cluster config, and Slurm's answer."""
+    require_slurm()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, str(REPO / "run.py"), "experiment=tiny_bytes", "cluster=h800_1024n",
+               "cluster.partition=debug", "cluster.num_nodes=1", "parallelism=ddp", f"paths.sweep_dir={tmp_path}"]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, check=False)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output
+    (line,) = [line for line in output.splitlines() if "Slurm refused" in line]
+    for part in ("Invalid generic resource (gres) specification", "--gpus-per-node=8", "--nodes=1",
+                 "--partition=debug", "cluster=h800_1024n"):
+        assert part in line, (part, line)
+    assert output.count("Invalid generic resource") == 1 and "Traceback" not in output, output
 
 
 @pytest.mark.slurm

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hydra.errors import CompactHydraException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -22,6 +23,10 @@ from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import PACKINGS
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
+
+class Refused(CompactHydraException):
+    """A ConfigError at the command line: Hydra prints its message alone, no traceback."""
+
 
 # Keys each task reads; a missing (`???`) value among them is refused. `train` and `prepare` read everything
 # their composition holds.
@@ -35,9 +40,12 @@ AT_LEAST_ONE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer
 # Lightning's accepted `precision` values (lightning.fabric.connector._PRECISION_INPUT).
 PRECISIONS = ("64-true", "32-true", "16-true", "16-mixed", "bf16-true", "bf16-mixed", "transformer-engine",
               "transformer-engine-float16", "64", "32", "16", "bf16")
-CHOICES = {"trainer.precision": (PRECISIONS, " of Lightning's"), "optim.optimizer.ns_dtype":
-           (("bfloat16", "float16", "float32", "float64"), " (Muon's Newton-Schulz)"),
-           "data.packing": (PACKINGS, " (phase.packing)")}
+CHOICES = {  # key -> (allowed values, what the message says about the key)
+    "trainer.precision": (PRECISIONS, "{key}={value!r} is not one of Lightning's {choices}"),
+    "optim.optimizer.ns_dtype": (("bfloat16", "float16", "float32", "float64"),
+                                 "{key}={value!r} (Muon's Newton-Schulz) is not one of {choices}"),
+    "data.packing": (PACKINGS, "{key}={value!r} (phase.packing) is not one of {choices}"),
+}
 
 
 def _get(cfg: DictConfig, key: str):
@@ -51,6 +59,8 @@ def _get(cfg: DictConfig, key: str):
 def missing_keys(node: DictConfig, prefix: str = ""):
     """Full keys of the `???` values under `node`, without resolving any interpolation."""
     for key, value in node.items_ex(resolve=False):
+        if not prefix and key == "hydra":  # Hydra's own node (a launcher's job config has it): filled at run time
+            continue
         if OmegaConf.is_missing(node, key):
             yield f"{prefix}{key}"
         elif isinstance(value, DictConfig) and node[key] is not None:
@@ -86,16 +96,16 @@ def model_config(cfg: DictConfig) -> GLM46Config:
         raise ConfigError(f"model: {error}") from None
 
 
-def check_values(cfg: DictConfig) -> None:
+def check_values(cfg: DictConfig, keys: tuple[str, ...] = AT_LEAST_ONE) -> None:
     """Ranges and choices of single keys."""
-    for key in AT_LEAST_ONE:
+    for key in keys:
         value = _get(cfg, key)
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value!r} must be an integer >= 1")
-    for key, (choices, whose) in CHOICES.items():
+    for key, (choices, message) in CHOICES.items() if keys == AT_LEAST_ONE else ():
         value = _get(cfg, key)
         if value is not None and str(value) not in choices:
-            raise ConfigError(f"{key}={value!r}{whose} is not one of {list(choices)}")
+            raise ConfigError(message.format(key=key, value=value, choices=list(choices)))
 
 
 def _prepared_domains(cfg: DictConfig) -> set[str] | None:
@@ -139,15 +149,20 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
                           f"does not have (it has {sorted(domains)})")
 
 
-def check_training(cfg: DictConfig) -> None:
-    """The step count against the phase's budget, the optimizer, precision against FSDP2's policy, the guard,
-    and what `train` cannot train."""
-    trainer, phase = cfg.trainer, cfg.get("phase")
-    if str(OmegaConf.to_container(trainer, resolve=False)["max_steps"]).count("phase.tokens") and phase:
-        if phase.tokens < cfg.global_batch_tokens:
+def check_budget(cfg: DictConfig) -> None:
+    """A step count derived from the phase's token budget (toy_stage, pretrain_phase1) spends at least one step."""
+    trainer, phase, global_batch = cfg.trainer, cfg.phase, _get(cfg, "global_batch_tokens")
+    if "phase.tokens" in str(OmegaConf.to_container(trainer, resolve=False)["max_steps"]):
+        if phase.tokens < global_batch:
             raise ConfigError(f"phase.tokens={phase.tokens} is less than one global batch of "
-                              f"{cfg.global_batch_tokens} tokens (trainer.max_steps={trainer.max_steps}): raise "
+                              f"{global_batch} tokens (trainer.max_steps={trainer.max_steps}): raise "
                               f"phase.tokens or lower the batch")
+
+
+def check_training(cfg: DictConfig) -> None:
+    """The optimizer, precision against FSDP2's policy, the guard,
+    and what `train` cannot train."""
+    trainer = cfg.trainer
     optimizer = cfg.optim.optimizer
     try:
         get_class(optimizer._target_)
@@ -162,7 +177,7 @@ def check_training(cfg: DictConfig) -> None:
     if optimizer.weight_decay < 0:
         raise ConfigError(f"optim.optimizer.weight_decay={optimizer.weight_decay!r} must be a number >= 0")
     explicit = cfg.parallelism.mixed_precision
-    if explicit is not None and explicit.param_dtype and str(trainer.precision) in ("32-true", "32", "64-true", "64"):
+    if explicit.param_dtype and str(trainer.precision) in ("32-true", "32", "64-true", "64"):
         raise ConfigError(f"parallelism.mixed_precision.param_dtype={explicit.param_dtype} contradicts "
                           f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
                           f"null follows trainer.precision) or choose trainer.precision=bf16-mixed")
@@ -181,11 +196,14 @@ def validate(cfg: DictConfig) -> GLM46Config:
     refuse_missing(cfg)
     config = model_config(cfg)
     check_data(cfg, config)
-    check_values(cfg)
     cluster = cfg.cluster
+    check_values(cfg, ("cluster.num_nodes", "cluster.devices"))
     if cluster.scheduler == "slurm" and not cluster.partition:
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
     validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
+    if cfg.task == "train":
+        check_budget(cfg)
+    check_values(cfg)
     if cfg.task == "train":
         resolve(cfg, RESOLVED_BEFORE_TRAINING)
         check_training(cfg)

@@ -23,6 +23,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from torch.distributed.tensor import DTensor
 
+from glm46.app.resolvers import fsdp_policy
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
@@ -91,8 +92,8 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         with torch.device("meta"):
             model = GLM46ForCausalLM(config)
         parallelism = cfg.parallelism
-        parallelize(model, layout, mesh, parallelism.activation_checkpointing, parallelism.get("mixed_precision"),
-                    parallelism.get("reshard_after_forward", True))
+        policy = fsdp_policy(cfg.trainer.precision, parallelism.mixed_precision)
+        parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward)
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"

@@ -44,11 +44,12 @@ def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_paralle
     return global_tokens // per_micro_step
 
 
-def fsdp_policy(precision: str, mixed_precision: DictConfig | None) -> DictConfig | dict | None:
-    """`${fsdp_policy:${trainer.precision},${..mixed_precision}}`: parallelism.mixed_precision when set
-    (glm46.app.checks refuses one that contradicts trainer.precision), else the policy trainer.precision
+def fsdp_policy(precision: str, mixed_precision: DictConfig) -> dict | None:
+    """`${fsdp_policy:${trainer.precision},${..mixed_precision}}`: parallelism.mixed_precision when either dtype
+    is set (glm46.app.checks refuses one that contradicts trainer.precision), else the policy trainer.precision
     implies (glm46.parallel.parallelize.policy_for_precision)."""
-    return mixed_precision if mixed_precision is not None else policy_for_precision(precision)
+    explicit = OmegaConf.to_container(mixed_precision)
+    return explicit if any(explicit.values()) else policy_for_precision(precision)
 
 
 def matmul_dtype(precision: str) -> str:

@@ -148,7 +148,7 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
                   f"(ep groups lie inside a shard group, or span whole shard groups)")
 
     mixed = _get(parallelism, "mixed_precision", None)
-    if mixed:
+    if mixed and any(_get(mixed, key, None) for key in ("param_dtype", "reduce_dtype")):
         for key in ("param_dtype", "reduce_dtype"):
             value = _get(mixed, key, None)
             check(value in (None, *DTYPES), f"parallelism.mixed_precision.{key}={value!r} is not one of {list(DTYPES)}")

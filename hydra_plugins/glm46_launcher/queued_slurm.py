@@ -48,13 +48,14 @@ class QueuedSlurmLauncher(SlurmLauncher):
             return [self.run_here(config) for config in configs]
         if self.wait:
             return super().launch(job_overrides, initial_job_idx)
-        from glm46.app.checks import validate
+        from glm46.app.checks import Refused, validate
+        from glm46.errors import ConfigError
 
         for overrides, config in zip(job_overrides, configs):
             try:
                 validate(config)
-            except Exception as error:
-                raise type(error)(f"{' '.join(overrides) or '(no overrides)'}: {error}") from None
+            except ConfigError as error:
+                raise Refused(f"{' '.join(overrides) or '(no overrides)'}: {error}") from None
 
         executor = self.executor()
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)

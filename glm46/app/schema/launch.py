@@ -28,8 +28,8 @@ class ParallelismConfig:
     expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
     pipeline_parallel: int = 1  # Lightning offers no pipeline parallelism: only 1 runs
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
-    # FSDP2's policy (engine=mesh). None: derived from trainer.precision (glm46.app.checks.fsdp_policy)
-    mixed_precision: Optional[MixedPrecision] = None
+    # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.app.resolvers.fsdp_policy)
+    mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
     reshard_after_forward: bool = True  # free the gathered layer after forward (ZeRO-3-like); false: ZeRO-2-like
 
 
