@@ -1,3 +1,4 @@
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -6,7 +7,26 @@ from hydra.core.global_hydra import GlobalHydra
 
 from glm46.app.schema import register_configs
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = ROOT / "conf"
+BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".egg-info")  # Python's and pip's, not the tests'
+
+
+def _repository_files() -> set[str]:
+    """Untracked and ignored paths of the checkout (outputs/, multirun/, a stray expert_load.npz, ...)."""
+    listing = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
+                             capture_output=True, text=True).stdout
+    return {line[3:] for line in listing.splitlines() if line[:2] in ("??", "!!")
+            and not any(part in line for part in BUILD_LEFTOVERS)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tests_write_nothing_into_the_repository():
+    """Runs and tests write under tmp_path only: a file they leave in the checkout fails the session."""
+    before = _repository_files()
+    yield
+    written = sorted(_repository_files() - before)
+    assert not written, f"the tests wrote into the repository: {written[:10]}"
 
 
 @pytest.fixture

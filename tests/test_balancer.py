@@ -46,7 +46,7 @@ def skewed_run(balancer: ExpertBalancer | None, steps=40, accumulate=1):
 
 
 def test_maxvio_falls_under_the_balancer_and_stays_high_without():
-    with_balancer, module = skewed_run(ExpertBalancer(rate=Piecewise(values=[0.02], boundaries=[])))
+    with_balancer, module = skewed_run(ExpertBalancer(rate=Piecewise(values=[0.02], boundaries=[]), history_file=None))
     without, _ = skewed_run(None)
     mean = lambda values: sum(values) / len(values)  # noqa: E731
     assert with_balancer[0] > 2.0 and without[0] > 2.0, "the skewed routers should start far from balance"

@@ -137,9 +137,9 @@ def test_run_py_estimate_prints_the_table(tmp_path):
     assert "355,233,991,936" in result.stdout and "32,080,359,424" in result.stdout
 
 
-def test_run_py_refuses_a_misspelt_key_naming_it():
+def test_run_py_refuses_a_misspelt_key_naming_it(tmp_path):
     result = subprocess.run(
-        [sys.executable, "run.py", "model.num_experts_per_tokk=2", "hydra.run.dir=/tmp/glm46-test-estimate"],
+        [sys.executable, "run.py", "model.num_experts_per_tokk=2", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT, capture_output=True, text=True,
     )
     assert result.returncode != 0 and "num_experts_per_tokk" in result.stderr

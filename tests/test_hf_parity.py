@@ -22,7 +22,7 @@ VARIANTS = {
     "two_mtp_layers": dict(num_nextn_predict_layers=2),
 }
 
-TOLERANCE = 1e-4
+TOLERANCE = 1e-6  # fp32 relative logits error; measured at most 2.2e-7 over VARIANTS
 
 
 def hf_config(**overrides) -> Glm4MoeConfig:

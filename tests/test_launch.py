@@ -39,7 +39,8 @@ def compose_with_hydra(*overrides: str):
 
 
 def test_h800_composition_renders_the_production_batch_script(tmp_path):
-    cfg = compose_with_hydra("experiment=pretrain_phase1", "cluster=h800_1024n", f"hydra.sweep.dir={tmp_path}")
+    cfg = compose_with_hydra("experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data",
+                             f"hydra.sweep.dir={tmp_path}")
     assert cfg.hydra.mode.name == "MULTIRUN"  # naming the cluster is enough to submit
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (1024, 8, "gpu")
     script = instantiate(cfg.hydra.launcher).executor()._executor._make_submission_file_text("python -m x", "uid")
@@ -55,10 +56,10 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["experiment=pretrain_phase1", "cluster=h100_8n"],
+    (["experiment=pretrain_phase1", "cluster=h100_8n", "data.path=/data"],
      "world size 64 must be divisible by tensor_parallel x expert_parallel = 8 x 32 = 256"),
-    (["experiment=pretrain_phase1", "cluster=h800_1024n", "parallelism=fsdp2"], "does not fit"),
-    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.batch_size=3"],
+    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "parallelism=fsdp2"], "does not fit"),
+    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "data.batch_size=3"],
      "phase.global_batch_tokens=67108864 is not divisible by data.batch_size x data.seq_len x data-parallel ranks"),
     (["cluster=local_slurm", "cluster.partition=null"], "cluster.partition is not set"),
     (["cluster=local_slurm", "cluster.devices=2"], "parallelism=single runs one process"),
@@ -69,11 +70,21 @@ def test_validation_refuses_jobs_that_cannot_run(overrides, message):
         validate(cfg)
 
 
+def test_a_missing_mandatory_value_is_refused_before_sbatch(tmp_path):
+    """`???` values (here data.path) are refused by the launcher's check, naming the key; nothing is queued."""
+    result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h800_1024n",
+                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "data.path: no value (???) for task=train; set data.path=..." in result.stderr
+    assert not (tmp_path / "train" / ".submitit").exists()
+
+
 def test_a_refused_job_is_never_submitted(tmp_path):
     """The launcher validates before it calls sbatch: with no Slurm answering, the refusal is all we see."""
     result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h100_8n",
-                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
-    assert result.returncode != 0
+                             "data.path=/data", f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "tensor_parallel x expert_parallel = 8 x 32 = 256" in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
 

@@ -118,6 +118,12 @@ def test_tensorboard_and_offline_wandb_loggers_record_the_run(tmp_path):
     events.Reload()
     assert "train/loss" in events.Tags()["scalars"]
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")), "wandb must have written an offline run"
+    # the composition reaches every logger as hyperparameters: wandb's config, TensorBoard's and CSV's hparams.yaml
+    assert "hidden_size" in (tmp_path / "tensorboard" / "hparams.yaml").read_text()
+    records = next((tmp_path / "wandb").glob("offline-run-*/run-*.wandb")).read_bytes()  # config records, offline
+    assert b"hidden_size" in records and b"max_steps" in records
+    hparams = yaml.safe_load((tmp_path / "hparams.yaml").read_text())
+    assert hparams["model"]["hidden_size"] == 128 and hparams["trainer"]["max_steps"] == 4
 
 
 @pytest.mark.slow
@@ -171,17 +177,16 @@ def write_word_corpus(path: Path, documents: int, seed: int) -> Path:
 
 def fake_prepare(calls):
     """A stand-in for task=prepare that records its settings and writes shards with a new fingerprint."""
-    def prepare(settings):
-        calls.append(settings)
-        tokens = Path(settings.data.output_dir) / "tokens"
+    def prepare(source, settings):
+        calls.append(source)
+        tokens = Path(source.output_dir) / "tokens"
         tokens.mkdir(parents=True, exist_ok=True)
         (tokens / "shards.json").write_text(json.dumps({"fingerprint": f"build-{len(calls)}"}))
     return prepare
 
 
 def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(compose_config, tmp_path):
-    from glm46.app.curriculum import prepare_once
-    from glm46.app.tasks import prepare_data
+    from glm46.app.preparation import prepare_once
 
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 100, seed=0), tmp_path / "dataset"
 
@@ -189,7 +194,7 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
         return compose_config("data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
                               f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=400", *overrides)
 
-    prepare_once(config(), lambda settings: prepare_data(settings, None))  # the real preparation, first use
+    prepare_once(config())  # the real preparation, first use
     manifest = json.loads((dataset / "manifest.json").read_text())
     assert manifest["documents_in"] == 100 and (dataset / "tokens" / "shards.json").is_file()
     calls = []
@@ -198,7 +203,7 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
     assert calls == [], "a second run reuses the prepared dataset"
 
     prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
-    assert len(calls) == 1 and calls[0].data.reader == "jsonl" and calls[0].data.output_dir == str(dataset)
+    assert len(calls) == 1 and calls[0].reader == "jsonl" and calls[0].output_dir == str(dataset)
     prepare_once(config("prepare.dedup.threshold=0.7"), fake_prepare(calls))
     assert len(calls) == 1, "the rebuilt dataset is cached under its new fingerprint"
 
@@ -226,7 +231,7 @@ def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, 
 
 
 def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose_config, tmp_path):
-    from glm46.app.curriculum import prepare_once
+    from glm46.app.preparation import prepare_once
 
     calls = []
     prepare_once(compose_config("experiment=tiny_bytes"), fake_prepare(calls))

@@ -138,7 +138,7 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
         return
     mixture = OmegaConf.to_container(data.mixture, resolve=True)
     for domain, weight in mixture.items():
-        if weight < 0:
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
             raise ConfigError(f"data.mixture.{domain}={weight!r} (phase.mixture) must be a number >= 0")
     if not sum(mixture.values()) > 0:
         raise ConfigError(f"data.mixture={mixture} (phase.mixture) gives no domain a positive weight")
@@ -195,6 +195,8 @@ def validate(cfg: DictConfig) -> GLM46Config:
     """Reject a composition that cannot run, before any work starts; return its model config."""
     refuse_missing(cfg)
     config = model_config(cfg)
+    if cfg.task == "prepare":  # reads its data source and the prepare settings only; the pipeline checks them
+        return config
     check_data(cfg, config)
     cluster = cfg.cluster
     check_values(cfg, ("cluster.num_nodes", "cluster.devices"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -26,10 +27,11 @@ def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
         num_workers=settings.num_workers)
 
 
-def prepare_once(cfg: DictConfig) -> None:
+def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig, DictConfig], object] = prepare_source) -> None:
     """Build the dataset `cfg.auto_prepare` describes (a `data=embedded|jsonl|...` source), unless its output_dir
     already holds it with the same fingerprint. Only when the training data reads that folder: a run on another
-    dataset (data.path elsewhere, or data=stdlib) never writes there, nor into its own."""
+    dataset (data.path elsewhere, or data=stdlib) never writes there, nor into its own. `prepare(source,
+    settings)` builds it (tests pass their own)."""
     if not cfg.get("auto_prepare") or "path" not in cfg.data:
         return
     source = cfg.auto_prepare
@@ -45,5 +47,5 @@ def prepare_once(cfg: DictConfig) -> None:
         raise ConfigError(f"auto_prepare: {output_dir} is not prepared (fingerprint {fingerprint}) and this is one "
                           f"of several processes: prepare it first with task=prepare, or run once in one process")
     log.info(f"dataset: preparing {output_dir} (first use, or its sources or settings changed)")
-    prepare_source(source, cfg.prepare)
+    prepare(source, cfg.prepare)
     mark_prepared(output_dir, fingerprint)

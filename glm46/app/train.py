@@ -9,7 +9,7 @@ import lightning as L
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_run
@@ -60,6 +60,9 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
                           f"{config.vocab_size}")
     module = build_module(cfg, config)
     trainer = build_trainer(cfg, output_dir)
+    hyperparameters = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # the composition, as run
+    for logger in trainer.loggers:  # wandb's config, TensorBoard's hparams, hparams.yaml beside metrics.csv
+        logger.log_hyperparams(hyperparameters)
     checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
     trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg.ckpt_path, checkpoint_dir))
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]

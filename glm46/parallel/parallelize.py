@@ -17,6 +17,7 @@ from glm46.modules.decoder import DecoderLayer
 from glm46.modules.model import GLM46ForCausalLM
 from glm46.modules.norm import RMSNorm
 
+from .expert_dispatch import ExpertDispatch
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
 
@@ -97,8 +98,7 @@ def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh) -> None:
             weight = getattr(experts, name)
             sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
             setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
-        experts.ep_group = ep_mesh.get_group()
-        experts.grad_scale = 1.0 / ep
+        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), grad_scale=1.0 / ep)
 
 
 def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:

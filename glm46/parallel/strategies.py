@@ -22,6 +22,13 @@ from lightning.pytorch.accelerators.cuda import CUDAAccelerator
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
 
+from glm46.lightning_private import (
+    DeepSpeedInitializeHook,
+    attach_device_mesh,
+    init_deepspeed_processes,
+    init_model_parallel_processes,
+)
+
 from .layout import Layout, layout_from_config, validate_layout
 from .mesh import build_mesh
 from .parallelize import parallelize
@@ -61,13 +68,12 @@ class MeshParallelStrategy(ModelParallelStrategy):
         self.layout: Layout | None = None
 
     def setup_environment(self) -> None:
-        self._setup_distributed()
+        init_model_parallel_processes(self)
         config = getattr(self.lightning_module, "config", None)
         if config is not None:
             validate_layout(self.parallelism, config, self.world_size)
         self.layout = layout_from_config(self.parallelism, self.world_size)
-        self._device_mesh = build_mesh(self.layout, self.root_device.type)
-        self.lightning_module._device_mesh = self._device_mesh
+        attach_device_mesh(self, build_mesh(self.layout, self.root_device.type))
 
     @property
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
@@ -85,7 +91,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
                            self.parallelism["mixed_precision"], self.reshard_after_forward)
 
 
-class DeepSpeedStrategy(_LightningDeepSpeedStrategy):
+class DeepSpeedStrategy(DeepSpeedInitializeHook, _LightningDeepSpeedStrategy):
     """Lightning's DeepSpeedStrategy, also on CPU (gloo); unchanged on CUDA.
 
     force_ds_cpu_optimizer: DeepSpeed's `zero_force_ds_cpu_optimizer`: with offload_optimizer, refuse any
@@ -110,18 +116,17 @@ class DeepSpeedStrategy(_LightningDeepSpeedStrategy):
             return super().setup_distributed()
         reset_seed()  # CPU devices have no index to check against the local rank
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
+        init_deepspeed_processes(self)
 
-    def _setup_model_and_optimizer(self, model, optimizer, lr_scheduler=None):
+    def deepspeed_initialize(self, model, optimizer, lr_scheduler=None):
+        """`deepspeed.initialize` for training (see DeepSpeedInitializeHook); on CPU `device_rank` is the local rank."""
         self.config.setdefault("zero_force_ds_cpu_optimizer", self.force_ds_cpu_optimizer)
-        if not self._on_cpu():
-            if self.zero_stage_3:
-                register_external_parameters(model)
-            return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
-        import deepspeed
-
         if self.zero_stage_3:
             register_external_parameters(model)
+        if not self._on_cpu():
+            return self.lightning_deepspeed_initialize(model, optimizer, lr_scheduler)
+        import deepspeed
+
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
             args=argparse.Namespace(device_rank=self.local_rank),
             config=self.config,

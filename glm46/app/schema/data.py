@@ -10,7 +10,7 @@ tokenizer) complete them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -43,7 +43,7 @@ class ShardData:
 
     _target_: str = "glm46.lit.shard_data.ShardDataModule"
     path: str = MISSING
-    mixture: Dict[str, float] = MISSING
+    mixture: Any = MISSING  # domain -> weight (`${phase.mixture}`); Any: Hydra cannot replace a typed dict's interpolation
     seq_len: int = MISSING
     batch_size: int = MISSING
     seed: int = MISSING
@@ -60,7 +60,7 @@ class PromptData:
 
     _target_: str = "glm46.lit.rl_data.PromptDataModule"
     path: str = MISSING
-    mixture: Dict[str, float] = MISSING
+    mixture: Any = MISSING  # domain -> weight, as ShardData's
     seq_len: int = MISSING
     batch_size: int = MISSING
     seed: int = MISSING

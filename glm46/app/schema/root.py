@@ -39,7 +39,7 @@ class RunConfig:
     init_from: Optional[str] = None  # weights to start from (a .ckpt, an HF or DCP directory); fresh data state
     global_batch_tokens: int = MISSING  # tokens per optimizer step over all ranks (conf/config.yaml)
     dryrun: DryRun = field(default_factory=DryRun)
-    stages: Optional[Dict[str, List[str]]] = None  # a curriculum's earlier stages: name -> overrides
+    stages: Optional[Dict[str, List[str]]] = field(default_factory=dict)  # earlier stages: name -> overrides
     auto_prepare: Any = None  # a `data` source the run prepares first, when its data reads it
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING

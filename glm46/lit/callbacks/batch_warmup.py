@@ -25,7 +25,7 @@ class BatchSizeWarmup(L.Callback):
         return max(1, round(self.tokens_per_step(tokens_seen) / micro_batch_tokens))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
-        done = trainer.fit_loop.epoch_loop.batch_progress.current.ready - 1  # batches before this one
+        done = batch_idx  # batches before this one in this epoch, as Lightning counts them for accumulation
         current = trainer.accumulate_grad_batches
         if done % current:
             return  # inside an accumulation cycle

@@ -10,10 +10,12 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint as _LightningModelCheckpoint
 
+from glm46.lightning_private import last_saved_step, save_last_checkpoint
+
 
 class ModelCheckpoint(_LightningModelCheckpoint):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Preemption saves last.ckpt itself when it stops a run: no second write of the same step.
-        saved = {self._last_global_step_saved} | {getattr(c, "interrupted_at", None) for c in trainer.callbacks}
+        saved = {last_saved_step(self)} | {getattr(c, "interrupted_at", None) for c in trainer.callbacks}
         if self.save_last and trainer.global_step not in saved:
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+            save_last_checkpoint(self, trainer)
