@@ -37,17 +37,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_throughput import PRESETS, ours  # noqa: E402
 
 from glm46.data.shards import load_shard  # noqa: E402
-from glm46.lit.shard_data import ShardDataModule  # noqa: E402
 from glm46.lit.sft_data import SFTDataModule  # noqa: E402
+from glm46.lit.shard_data import ShardDataModule  # noqa: E402
 from glm46.modules import GLM46Config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = {k: v for k, v in yaml.safe_load((ROOT / "conf" / "model" / "tiny.yaml").read_text()).items()
-        if k != "defaults"} | {"vocab_size": 8192}  # the default run's model (the embedded vocabulary)
+TINY = {
+    k: v for k, v in yaml.safe_load((ROOT / "conf" / "model" / "tiny.yaml").read_text()).items() if k != "defaults"
+} | {"vocab_size": 8192}  # the default run's model (the embedded vocabulary)
 MODELS = {"tiny": TINY, **{name: fields for name, (fields, _) in PRESETS.items()}}
 CASES = [  # name, DataModule, mixture, packing, seq_len (the toy phases of conf/phase)
-    ("pretrain (truncate)", ShardDataModule, {"code": 0.4, "docs": 0.15, "license": 0.15, "math": 0.2,
-                                              "reasoning": 0.1}, "truncate", 256),
+    (
+        "pretrain (truncate)",
+        ShardDataModule,
+        {"code": 0.4, "docs": 0.15, "license": 0.15, "math": 0.2, "reasoning": 0.1},
+        "truncate",
+        256,
+    ),
     ("midtrain (best_fit)", ShardDataModule, {"repo_code": 0.5, "reasoning": 0.3, "math": 0.2}, "best_fit", 1024),
     ("sft (best_fit, mask)", SFTDataModule, {"sft": 1.0}, "best_fit", 256),
 ]
@@ -87,8 +93,12 @@ def ms_per_batch(loader: DataLoader, batches: int, warmup: int = 3) -> float:
 def step_and_wait_ms(fields: dict, loader: DataLoader, device: torch.device, steps: int, dtype) -> tuple[float, float]:
     """(median training-step ms, median ms that the loop waited for the loader's next batch), training on the
     loader's batches: forward + backward + Muon step, as bench/train_throughput.py's runner times them."""
-    runner = ours(GLM46Config(**{"num_nextn_predict_layers": 1, **fields}), device, dtype,
-                  torch.bfloat16 if device.type == "cuda" else torch.float32)
+    runner = ours(
+        GLM46Config(**{"num_nextn_predict_layers": 1, **fields}),
+        device,
+        dtype,
+        torch.bfloat16 if device.type == "cuda" else torch.float32,
+    )
     iterator, waits = iter(loader), []
     for number in range(steps + 2):  # two warm-up steps
         start = time.perf_counter()
@@ -116,13 +126,23 @@ def main() -> None:
         sys.exit(f"{path} is not a prepared dataset: run `python run.py task=prepare data=embedded` first")
     dtype = torch.bfloat16 if device.type == "cuda" else None
     fields = MODELS[args.preset]
-    print(f"model {args.preset} on {device} ({'bf16 autocast' if dtype else 'fp32'}), batch {args.batch}, "
-          f"{torch.get_num_threads()} threads, {args.workers} loader workers in the loop; data {path}")
+    print(
+        f"model {args.preset} on {device} ({'bf16 autocast' if dtype else 'fp32'}), batch {args.batch}, "
+        f"{torch.get_num_threads()} threads, {args.workers} loader workers in the loop; data {path}"
+    )
     print(f"{'case':<22} {'ours ms':>8} {'peer ms':>8} {'ours/peer':>9} {'step ms':>9} {'wait ms':>8} {'share':>7}")
     for name, module, mixture, packing, seq_len in CASES:
-        def datamodule(workers: int):
-            dm = module(str(path), seq_len=seq_len, batch_size=args.batch, mixture=mixture, seed=0, packing=packing,
-                        num_workers=workers)
+
+        def datamodule(workers: int, module=module, seq_len=seq_len, mixture=mixture, packing=packing):
+            dm = module(
+                str(path),
+                seq_len=seq_len,
+                batch_size=args.batch,
+                mixture=mixture,
+                seed=0,
+                packing=packing,
+                num_workers=workers,
+            )
             dm.setup()
             return dm
 
@@ -130,8 +150,10 @@ def main() -> None:
         peer = ms_per_batch(peer_loader(path, next(iter(mixture)), seq_len, args.batch), args.batches)
         step, wait = step_and_wait_ms(fields, datamodule(args.workers).train_dataloader(), device, args.steps, dtype)
         share = wait / (wait + step)
-        print(f"{name:<22} {ours_ms:8.2f} {peer:8.2f} {ours_ms / peer:8.2f}x {step:9.1f} {wait:8.2f} {share:7.2%}"
-              f"{'' if share <= 0.02 else '  > 2%'}")
+        print(
+            f"{name:<22} {ours_ms:8.2f} {peer:8.2f} {ours_ms / peer:8.2f}x {step:9.1f} {wait:8.2f} {share:7.2%}"
+            f"{'' if share <= 0.02 else '  > 2%'}"
+        )
 
 
 if __name__ == "__main__":

@@ -69,16 +69,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "corpus.jsonl"
         write_corpus(path, args.docs)
-        runs = {"datasketch naive update loop": lambda: naive(path, args.num_perm, 0.8),
-                f"glm46 dedup_near ({args.workers} workers)": lambda: ours(path, args.num_perm, 0.8, args.workers)}
+        runs = {
+            "datasketch naive update loop": lambda: naive(path, args.num_perm, 0.8),
+            f"glm46 dedup_near ({args.workers} workers)": lambda: ours(path, args.num_perm, 0.8, args.workers),
+        }
         best = {name: [0.0, 0.0] for name in runs}
         for repeat in range(args.repeats):
             for name, run in runs.items():
                 kept, wall, cpu = timed(run)
                 rate, cpu_rate = args.docs / wall, args.docs / cpu
                 best[name] = [max(best[name][0], rate), max(best[name][1], cpu_rate)]
-                print(f"run {repeat + 1}: {name:40s} {rate:9.0f} docs/s  {cpu_rate:9.0f} docs/CPU-s"
-                      f"  (kept {kept} of {args.docs})")
+                print(
+                    f"run {repeat + 1}: {name:40s} {rate:9.0f} docs/s  {cpu_rate:9.0f} docs/CPU-s"
+                    f"  (kept {kept} of {args.docs})"
+                )
         for name, (rate, cpu_rate) in best.items():
             print(f"best: {name:40s} {rate:9.0f} docs/s  {cpu_rate:9.0f} docs/CPU-s")
         (peer, peer_cpu), (mine, mine_cpu) = best.values()

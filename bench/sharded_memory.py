@@ -32,10 +32,22 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-FIELDS = dict(vocab_size=32768, hidden_size=1536, intermediate_size=4096, moe_intermediate_size=512,
-              num_hidden_layers=9, first_k_dense_replace=1, num_attention_heads=12, num_key_value_heads=4, head_dim=128,
-              n_routed_experts=32, num_experts_per_tok=4, n_shared_experts=1, routed_scaling_factor=2.5,
-              max_position_embeddings=4096)
+FIELDS = dict(
+    vocab_size=32768,
+    hidden_size=1536,
+    intermediate_size=4096,
+    moe_intermediate_size=512,
+    num_hidden_layers=9,
+    first_k_dense_replace=1,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    head_dim=128,
+    n_routed_experts=32,
+    num_experts_per_tok=4,
+    n_shared_experts=1,
+    routed_scaling_factor=2.5,
+    max_position_embeddings=4096,
+)
 LAYOUTS = {"fsdp2": {"expert_parallel": 1}, "fsdp2_ep": {"expert_parallel": 2}}
 WORLD, SEQ = 4, 128
 GIB = 2**30
@@ -68,18 +80,41 @@ def worker(layout: str, steps: int, out: Path) -> None:
         def on_train_end(self, trainer, pl_module):
             peaks["trained"] = peak_rss()
 
-    module = GLM46LitModule(config, optimizer=functools.partial(torch.optim.AdamW, lr=1e-4),
-                            lr_schedule=lambda tokens: 1e-4, mtp_weight=Piecewise(values=[0.3], boundaries=[]),
-                            empty_init=True)
+    module = GLM46LitModule(
+        config,
+        optimizer=functools.partial(torch.optim.AdamW, lr=1e-4),
+        lr_schedule=lambda tokens: 1e-4,
+        mtp_weight=Piecewise(values=[0.3], boundaries=[]),
+        empty_init=True,
+    )
     tokens = torch.randint(0, config.vocab_size, (WORLD * steps, SEQ + 1), generator=torch.Generator().manual_seed(0))
-    batches = [{"input_ids": t[:-1], "labels": t[1:], "position_ids": torch.arange(SEQ),
-                "loss_mask": torch.ones(SEQ, dtype=torch.long)} for t in tokens]
-    strategy = MeshParallelStrategy(data_parallel_shard=-1, mixed_precision={"param_dtype": "bfloat16",
-                                                                             "reduce_dtype": "float32"},
-                                    activation_checkpointing=True, **LAYOUTS[layout])
-    trainer = L.Trainer(accelerator="cpu", devices=WORLD, strategy=strategy, max_steps=steps, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        callbacks=[Peaks()], gradient_clip_val=1.0)
+    batches = [
+        {
+            "input_ids": t[:-1],
+            "labels": t[1:],
+            "position_ids": torch.arange(SEQ),
+            "loss_mask": torch.ones(SEQ, dtype=torch.long),
+        }
+        for t in tokens
+    ]
+    strategy = MeshParallelStrategy(
+        data_parallel_shard=-1,
+        mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "float32"},
+        activation_checkpointing=True,
+        **LAYOUTS[layout],
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=WORLD,
+        strategy=strategy,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[Peaks()],
+        gradient_clip_val=1.0,
+    )
     trainer.fit(module, train_dataloaders=DataLoader(batches, batch_size=1))
     save_hf(module.model, out / "hf")
     peaks["exported"] = peak_rss()
@@ -113,16 +148,32 @@ def main() -> None:
     from glm46.estimate import count_parameters
     from glm46.modules import GLM46Config
 
-    print(f"model: {count_parameters(GLM46Config(**FIELDS))['total'] / 1e9:.2f}B parameters, {WORLD} gloo processes, "
-          f"{args.steps} AdamW steps of 1 x {SEQ} tokens per rank, then the HF export")
-    print(f"{'layout':10s} {'peak RSS per rank after materialise / train / export (GiB)':62s} {'plan':>6s} "
-          f"{'replica':>8s} {'replica / peak':>15s}")
+    print(
+        f"model: {count_parameters(GLM46Config(**FIELDS))['total'] / 1e9:.2f}B parameters, {WORLD} gloo processes, "
+        f"{args.steps} AdamW steps of 1 x {SEQ} tokens per rank, then the HF export"
+    )
+    print(
+        f"{'layout':10s} {'peak RSS per rank after materialise / train / export (GiB)':62s} {'plan':>6s} "
+        f"{'replica':>8s} {'replica / peak':>15s}"
+    )
     for layout in args.layouts:
         with tempfile.TemporaryDirectory() as out:
             env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", layout,
-                            "--steps", str(args.steps), "--out", out],
-                           check=True, env=env, cwd=out)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--worker",
+                    layout,
+                    "--steps",
+                    str(args.steps),
+                    "--out",
+                    out,
+                ],
+                check=True,
+                env=env,
+                cwd=out,
+            )
             ranks = [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(WORLD)]
         plan, replica = planned_bytes(layout)
         cells = " ".join("/".join(f"{r[k] / GIB:.1f}" for k in ("materialised", "trained", "exported")) for r in ranks)

@@ -39,8 +39,10 @@ def main() -> None:
         expected = np.concatenate([np.array(e.ids + [eos], dtype=np.uint32) for e in reference])
         for name, (wall, cpu) in zip(best, (peer, ours)):
             best[name] = [max(best[name][0], len(expected) / wall), max(best[name][1], len(expected) / cpu)]
-            print(f"run {repeat + 1}: {name:40s} {len(expected) / wall / 1e6:6.2f} M tokens/s"
-                  f"  {len(expected) / cpu / 1e6:6.2f} M tokens/CPU-s")
+            print(
+                f"run {repeat + 1}: {name:40s} {len(expected) / wall / 1e6:6.2f} M tokens/s"
+                f"  {len(expected) / cpu / 1e6:6.2f} M tokens/CPU-s"
+            )
         print(f"run {repeat + 1}: ids identical: {np.array_equal(tokens, expected)}")
     for name, (rate, cpu_rate) in best.items():
         print(f"best: {name:40s} {rate / 1e6:6.2f} M tokens/s  {cpu_rate / 1e6:6.2f} M tokens/CPU-s")

@@ -31,16 +31,42 @@ from glm46.optim import Muon, muon_param_groups
 
 COMMON = {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "use_qk_norm": True, "attention_bias": True}
 PRESETS = {  # name -> (config fields, sequence length)
-    "small": (dict(
-        vocab_size=8192, hidden_size=256, intermediate_size=512, moe_intermediate_size=128, num_hidden_layers=4,
-        first_k_dense_replace=1, num_attention_heads=8, num_key_value_heads=2, head_dim=32, n_routed_experts=16,
-        num_experts_per_tok=4, **COMMON), 256),
+    "small": (
+        dict(
+            vocab_size=8192,
+            hidden_size=256,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            num_hidden_layers=4,
+            first_k_dense_replace=1,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=32,
+            n_routed_experts=16,
+            num_experts_per_tok=4,
+            **COMMON,
+        ),
+        256,
+    ),
     # GLM-4.6's shape (GQA with 128-wide heads, 2x-wide attention, top-8 routing + a shared expert, one
     # dense layer first, the 151k vocabulary) scaled to ~1.0B active parameters (3.5B total with its MTP layer).
-    "glm46_1b": (dict(
-        vocab_size=151552, hidden_size=2048, intermediate_size=5632, moe_intermediate_size=768, num_hidden_layers=16,
-        first_k_dense_replace=1, num_attention_heads=32, num_key_value_heads=4, head_dim=128, n_routed_experts=32,
-        num_experts_per_tok=8, **COMMON), 4096),
+    "glm46_1b": (
+        dict(
+            vocab_size=151552,
+            hidden_size=2048,
+            intermediate_size=5632,
+            moe_intermediate_size=768,
+            num_hidden_layers=16,
+            first_k_dense_replace=1,
+            num_attention_heads=32,
+            num_key_value_heads=4,
+            head_dim=128,
+            n_routed_experts=32,
+            num_experts_per_tok=8,
+            **COMMON,
+        ),
+        4096,
+    ),
 }
 
 
@@ -98,22 +124,31 @@ def ours(config: GLM46Config, device, autocast_dtype, ns_dtype) -> Runner:
 
 def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
     torch.manual_seed(0)
-    config = Glm4MoeConfig(**fields, rope_parameters={"rope_type": "default", "rope_theta": 1e6,
-                                                      "partial_rotary_factor": 0.5})
+    config = Glm4MoeConfig(
+        **fields, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
+    )
     model = Glm4MoeForCausalLM(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    return Runner(f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})", model,
-                  optimizer, lambda m, x: m(x, labels=x).loss, device, autocast_dtype,
-                  GLM46Config(**fields, num_nextn_predict_layers=0))  # no MTP layer: FLOPs counted without one
+    return Runner(
+        f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})",
+        model,
+        optimizer,
+        lambda m, x: m(x, labels=x).loss,
+        device,
+        autocast_dtype,
+        GLM46Config(**fields, num_nextn_predict_layers=0),
+    )  # no MTP layer: FLOPs counted without one
 
 
 def runner_factories(fields: dict, device, autocast_dtype, preset: str, peer: bool) -> list:
     """Ours (bf16 and fp32 Newton-Schulz, with and without MTP on the small preset), then the peer."""
+
     def ours_with(mtp: int, ns_dtype: torch.dtype):
         return lambda: ours(GLM46Config(**fields, num_nextn_predict_layers=mtp), device, autocast_dtype, ns_dtype)
 
-    variants = [(0, torch.bfloat16)] if preset == "glm46_1b" else [
-        (0, torch.bfloat16), (0, torch.float32), (1, torch.float32)]
+    variants = (
+        [(0, torch.bfloat16)] if preset == "glm46_1b" else [(0, torch.bfloat16), (0, torch.float32), (1, torch.float32)]
+    )
     peers = [lambda: transformers_peer(fields, device, autocast_dtype)] if peer else []
     return [ours_with(*v) for v in variants] + peers
 
@@ -167,11 +202,14 @@ def report(results: list, tokens: int, seq: int, peaks: dict[str, float]) -> Non
         versus = ""
         if peer is not None:
             peer_rate, peer_model_rate = rates(peer)
-            versus = f"x{rate / peer_rate:5.2f} vs transformers (forward+backward alone x{model_rate / peer_model_rate:5.2f})"
+            alone = model_rate / peer_model_rate
+            versus = f"x{rate / peer_rate:5.2f} vs transformers (forward+backward alone x{alone:5.2f})"
         flops = rate * training_flops_per_token(result.config, seq)
         fractions = "  ".join(f"{flops / peak:6.1%} of {name}" for name, peak in peaks.items())
         optimizer_share = statistics.median(result.optimizer_times) / statistics.median(result.step_times)
-        print(f"{result.name:58s} {rate:8.0f} tokens/s  {versus}  {fractions}  optimizer {optimizer_share:5.1%} of step")
+        print(
+            f"{result.name:58s} {rate:8.0f} tokens/s  {versus}  {fractions}  optimizer {optimizer_share:5.1%} of step"
+        )
 
 
 def main() -> None:
@@ -191,21 +229,28 @@ def main() -> None:
     tokens = args.accumulate * args.batch * seq
     device = torch.device(args.device)
     dtypes = {"bf16": [torch.bfloat16], "fp32": [None], "both": [torch.bfloat16, None]}[args.dtype]
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else f'{torch.get_num_threads()} threads'}), "
-          f"torch {torch.__version__}; {args.accumulate} x batch {args.batch} x {seq} tokens per step; preset {args.preset}: {fields}")
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
+    print(
+        f"device {device} ({where}), torch {torch.__version__}; {args.accumulate} x batch {args.batch} x {seq} "
+        f"tokens per step; preset {args.preset}: {fields}"
+    )
     print({k: f"{v:,}" for k, v in count_parameters(GLM46Config(**fields, num_nextn_predict_layers=1)).items()})
 
     for autocast_dtype in dtypes:
         label = "bf16 autocast" if autocast_dtype else "fp32"
         matmul_dtype = autocast_dtype or torch.float32
-        peaks = {"measured matmul": measured_matmul_flops(device, matmul_dtype, size=8192 if device.type == "cuda" else 2048)}
+        peaks = {
+            "measured matmul": measured_matmul_flops(device, matmul_dtype, size=8192 if device.type == "cuda" else 2048)
+        }
         datasheet = get_available_flops(device, matmul_dtype)
         if datasheet:
             peaks = {"datasheet peak": datasheet, **peaks}
         torch.manual_seed(0)
         x = torch.randint(0, fields["vocab_size"], (args.batch, seq), device=device)
         results = run_all(runner_factories(fields, device, autocast_dtype, args.preset, not args.no_peer), x, args)
-        print(f"\n== {label}: " + ", ".join(f"{name} {peak / 1e12:.1f} TFLOP/s" for name, peak in peaks.items()) + " ==")
+        print(
+            f"\n== {label}: " + ", ".join(f"{name} {peak / 1e12:.1f} TFLOP/s" for name, peak in peaks.items()) + " =="
+        )
         report(results, tokens, seq, peaks)
 
 

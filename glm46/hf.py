@@ -167,8 +167,12 @@ def _shard_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
-def load_hf(path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-            model: GLM46ForCausalLM | None = None) -> GLM46ForCausalLM:
+def load_hf(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    model: GLM46ForCausalLM | None = None,
+) -> GLM46ForCausalLM:
     """A GLM46ForCausalLM with the weights of a transformers/Hub Glm4Moe directory.
 
     Without `model`, one is built from the directory's config.json (allocated once, on `device` in `dtype`).
@@ -227,7 +231,7 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
                 continue
             region = _region(shapes[name], expert, part)
             source = handle.get_slice(key)
-            expected = tuple(s.stop - s.start for s in region)[0 if expert is None else 1:]
+            expected = tuple(s.stop - s.start for s in region)[0 if expert is None else 1 :]
             if tuple(source.get_shape()) != expected:
                 misshapen.append(f"{key}: checkpoint {tuple(source.get_shape())} vs model {expected}")
                 continue
@@ -235,7 +239,7 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
             common = intersect(held, region)
             if common is not None:
                 destination = shift(common, held)
-                piece = source[shift(common, region)[0 if expert is None else 1:]]
+                piece = source[shift(common, region)[0 if expert is None else 1 :]]
                 target[destination] = piece.view(target[destination].shape)
             filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
 
@@ -292,14 +296,19 @@ def save_hf(
                 size = 0
             files[-1].append((key, name, box, hub_shape, out))
             size += nbytes
-    names = [SINGLE_FILE] if len(files) == 1 else [
-        f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))
-    ]
+    names = (
+        [SINGLE_FILE]
+        if len(files) == 1
+        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    )
     requests = [(name, box, i % world) for i, entries in enumerate(files) for _, name, box, _, _ in entries]
     parts = gathered_parts(model, requests)  # collective when the model is sharded
     for i, (file_name, entries) in enumerate(zip(names, files)):
-        writer = StreamingSafetensors(path / file_name, [(key, shape, out) for key, _, _, shape, out in entries]) \
-            if i % world == rank else None
+        writer = (
+            StreamingSafetensors(path / file_name, [(key, shape, out) for key, _, _, shape, out in entries])
+            if i % world == rank
+            else None
+        )
         for key, _, _, hub_shape, out in entries:
             part = next(parts)
             if writer is not None:
@@ -311,8 +320,9 @@ def save_hf(
         if len(names) > 1:
             weight_map = {key: file_name for file_name, entries in zip(names, files) for key, *_ in entries}
             total = sum(math.prod(shape) * out.itemsize for entries in files for _, _, _, shape, out in entries)
-            (path / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map},
-                                                      indent=2))
+            (path / INDEX_FILE).write_text(
+                json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
+            )
         (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
         generation = {"pad_token_id": config.pad_token_id, "eos_token_id": config.eos_token_id}
         (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
@@ -321,8 +331,16 @@ def save_hf(
     return path
 
 
-_SAFETENSORS_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
-                       torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
+_SAFETENSORS_DTYPES = {
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.float64: "F64",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 class StreamingSafetensors:
@@ -333,8 +351,11 @@ class StreamingSafetensors:
         header, offset = {"__metadata__": {"format": "pt"}}, 0
         for key, shape, dtype in entries:
             nbytes = math.prod(shape) * dtype.itemsize
-            header[key] = {"dtype": _SAFETENSORS_DTYPES[dtype], "shape": list(shape),
-                           "data_offsets": [offset, offset + nbytes]}
+            header[key] = {
+                "dtype": _SAFETENSORS_DTYPES[dtype],
+                "shape": list(shape),
+                "data_offsets": [offset, offset + nbytes],
+            }
             offset += nbytes
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned
@@ -350,6 +371,7 @@ class StreamingSafetensors:
 
     def close(self) -> None:
         if self.expected:
-            raise RuntimeError(f"{self.file.name}: {len(self.expected)} tensors never written, "
-                               f"first {self.expected[0]}")
+            raise RuntimeError(
+                f"{self.file.name}: {len(self.expected)} tensors never written, first {self.expected[0]}"
+            )
         self.file.close()

@@ -44,17 +44,30 @@ class Hardware:
         return self.num_nodes * self.devices
 
 
-GROUPS = ("attention", "dense MLP", "routed experts", "shared experts", "router", "MTP projection",
-          "embedding/lm_head", "norms")
+GROUPS = (
+    "attention",
+    "dense MLP",
+    "routed experts",
+    "shared experts",
+    "router",
+    "MTP projection",
+    "embedding/lm_head",
+    "norms",
+)
 
 
 def parameter_group(name: str) -> str:
     """The memory-report group of a parameter (one of GROUPS)."""
     if name.endswith("norm.weight"):
         return "norms"
-    for marker, group in ((".experts.", "routed experts"), (".shared_experts.", "shared experts"),
-                          (".self_attn.", "attention"), (".mlp.gate.", "router"), (".mlp.", "dense MLP"),
-                          ("eh_proj", "MTP projection")):
+    for marker, group in (
+        (".experts.", "routed experts"),
+        (".shared_experts.", "shared experts"),
+        (".self_attn.", "attention"),
+        (".mlp.gate.", "router"),
+        (".mlp.", "dense MLP"),
+        ("eh_proj", "MTP projection"),
+    ):
         if marker in name:
             return group
     return "embedding/lm_head"
@@ -79,10 +92,16 @@ def planned_parameters(config: GLM46Config, layout: Layout, optimizer: str) -> l
         model = GLM46ForCausalLM(config)
     muon = {id(p) for group in muon_param_groups(model) if group["use_muon"] for p in group["params"]}
     experts = config.n_routed_experts
-    return [PlannedParameter(name, parameter_group(name), tuple(p.shape),
-                             largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, experts)),
-                             optimizer == "muon" and id(p) in muon)
-            for name, p in model.named_parameters()]
+    return [
+        PlannedParameter(
+            name,
+            parameter_group(name),
+            tuple(p.shape),
+            largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, experts)),
+            optimizer == "muon" and id(p) in muon,
+        )
+        for name, p in model.named_parameters()
+    ]
 
 
 def state_bytes(numel: int, muon: bool) -> dict[str, int]:
@@ -106,8 +125,9 @@ def fsdp_units(config: GLM46Config, layout: Layout) -> dict[str, int]:
     if layout.data_parallel == 1:
         return {}
     units: dict[str, int] = {}
-    for p in planned_parameters(config, Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1),
-                                "adamw"):  # shards of TP and EP only
+    for p in planned_parameters(
+        config, Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1), "adamw"
+    ):  # shards of TP and EP only
         layer = re.match(r"^(model\.layers\.\d+|mtp_layers\.\d+)\.", p.name)
         unit = "root" if layer is None else layer[1]
         if ".experts." in p.name and layout.expert_parallel > 1:
@@ -130,8 +150,14 @@ def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int) -> dic
     return {"moe_layer": 2 * moe, "dense_layer": 2 * dense, "layer_input": 2 * h}
 
 
-def memory_per_gpu(config: GLM46Config, layout: Layout, micro_batch_tokens: int, optimizer: str,
-                   activation_checkpointing: bool, loss_chunk: int = 4096) -> dict[str, float]:
+def memory_per_gpu(
+    config: GLM46Config,
+    layout: Layout,
+    micro_batch_tokens: int,
+    optimizer: str,
+    activation_checkpointing: bool,
+    loss_chunk: int = 4096,
+) -> dict[str, float]:
     """Bytes on the most loaded GPU by kind (see the module docstring), and their total."""
     state = state_by_group(planned_parameters(config, layout, optimizer))
     act = activation_bytes_per_token(config, layout.tensor_parallel)
@@ -141,8 +167,10 @@ def memory_per_gpu(config: GLM46Config, layout: Layout, micro_batch_tokens: int,
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
         full = layers * act["layer_input"] + max(act["moe_layer"], act["dense_layer"])
     logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 softmax + grad
-    memory = {f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
-              for kind in ("weights", "gradients", "optimizer")}
+    memory = {
+        f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
+        for kind in ("weights", "gradients", "optimizer")
+    }
     memory["activations"] = full * micro_batch_tokens + logits
     memory.update(gathered_bytes(fsdp_units(config, layout)))
     memory["total"] = sum(memory.values())
@@ -155,8 +183,10 @@ def gathered_bytes(units: dict[str, int]) -> dict[str, float]:
     if not units:
         return {"gathered (FSDP2)": 0, "unsharded gradient (FSDP2)": 0}
     largest = max((n for unit, n in units.items() if unit != "root"), default=0)
-    return {"gathered (FSDP2)": 2 * (units.get("root", 0) + largest),
-            "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), largest)}
+    return {
+        "gathered (FSDP2)": 2 * (units.get("root", 0) + largest),
+        "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), largest),
+    }
 
 
 def si(value: float, unit: str) -> str:
@@ -167,8 +197,17 @@ def si(value: float, unit: str) -> str:
     return f"{value:.4g} {unit}"
 
 
-def plan(config: GLM46Config, layout: Layout, hardware: Hardware, tokens: float, seq_len: int, micro_batch: int,
-         optimizer: str, activation_checkpointing: bool, pipeline_parallel: int = 1) -> dict:
+def plan(
+    config: GLM46Config,
+    layout: Layout,
+    hardware: Hardware,
+    tokens: float,
+    seq_len: int,
+    micro_batch: int,
+    optimizer: str,
+    activation_checkpointing: bool,
+    pipeline_parallel: int = 1,
+) -> dict:
     counts = count_parameters(config)
     flops_per_token = training_flops_per_token(config, seq_len)
     total_flops = flops_per_token * tokens
@@ -178,18 +217,24 @@ def plan(config: GLM46Config, layout: Layout, hardware: Hardware, tokens: float,
     capacity = hardware.memory_gib * GIB * MARGIN
     notes = []
     if pipeline_parallel > 1:
-        notes.append(f"pipeline_parallel={pipeline_parallel} is not offered by Lightning (no strategy splits layers "
-                     f"into stages); this plan uses pipeline_parallel=1")
+        notes.append(
+            f"pipeline_parallel={pipeline_parallel} is not offered by Lightning (no strategy splits layers "
+            f"into stages); this plan uses pipeline_parallel=1"
+        )
     if memory["total"] > capacity:
         floor = memory["activations"] + memory["gathered (FSDP2)"] + memory["unsharded gradient (FSDP2)"]
         if floor > capacity:
-            fix = (f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
-                   f"pipeline (or context) parallelism, which the engine does not offer"
-                   + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing"))
+            fix = (
+                f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
+                f"pipeline (or context) parallelism, which the engine does not offer"
+                + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing")
+            )
         else:
             fix = "shard more (data_parallel_shard=-1, expert_parallel) or turn on activation checkpointing"
-        notes.append(f"does not fit: {memory['total'] / GIB:.1f} GiB per GPU > {MARGIN:.0%} of "
-                     f"{hardware.memory_gib:g} GiB; {fix}")
+        notes.append(
+            f"does not fit: {memory['total'] / GIB:.1f} GiB per GPU > {MARGIN:.0%} of "
+            f"{hardware.memory_gib:g} GiB; {fix}"
+        )
     return {
         "parameters": counts,
         "flops_per_token": flops_per_token,

@@ -9,15 +9,19 @@ from glm46.app.schema import register_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
-BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".egg-info")  # Python's and pip's, not the tests'
+BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")  # tools' caches, not the tests'
 
 
 def _repository_files() -> set[str]:
     """Untracked and ignored paths of the checkout (outputs/, multirun/, a stray expert_load.npz, ...)."""
-    listing = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT,
-                             capture_output=True, text=True).stdout
-    return {line[3:] for line in listing.splitlines() if line[:2] in ("??", "!!")
-            and not any(part in line for part in BUILD_LEFTOVERS)}
+    listing = subprocess.run(
+        ["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    return {
+        line[3:]
+        for line in listing.splitlines()
+        if line[:2] in ("??", "!!") and not any(part in line for part in BUILD_LEFTOVERS)
+    }
 
 
 @pytest.fixture(scope="session", autouse=True)

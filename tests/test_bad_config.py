@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from glm46.errors import ConfigError
 from glm46.app.checks import validate
+from glm46.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -34,6 +34,8 @@ EP6 = [*TINY, "parallelism=ep", "cluster.devices=6"]  # expert parallel 2 over 6
 DATASET = [*TOY, "data.path={dataset}"]  # a prepared dataset with the toy_pretrain1 domains only
 COMPOSE, VALIDATE = "compose", "validate"
 
+# One row per line reads as a table:
+# fmt: off
 TABLE = [
     # -- unknown group members, misspelt keys and wrong types: Hydra refuses while composing
     ("unknown-model", [], ["model=nope"], COMPOSE, [r"Could not find 'model/nope'", r"glm46_355b"]),
@@ -97,7 +99,8 @@ TABLE = [
     ("devices-zero", TINY, ["cluster.devices=0"], VALIDATE, [r"cluster\.devices=0 must be an integer >= 1"]),
     ("nodes-negative", TINY, ["cluster.num_nodes=-1"], VALIDATE, [r"cluster\.num_nodes=-1 must be an integer >= 1"]),
     ("single-on-two-devices", TINY, ["cluster.devices=2"], VALIDATE,
-     [r"parallelism=single runs one process, but the cluster has world size 2 \(cluster\.num_nodes x cluster\.devices\)"]),
+     [r"parallelism=single runs one process, but the cluster has world size 2 "
+      r"\(cluster\.num_nodes x cluster\.devices\)"]),
     ("world-not-dividing-tp", TP4, ["cluster.devices=3"], VALIDATE,
      [r"world size 3 \(cluster\.num_nodes x cluster\.devices\) must be divisible by parallelism\.tensor_parallel=2"]),
     ("tp-not-dividing-kv-heads", TP4, ["parallelism.tensor_parallel=4"], VALIDATE,
@@ -158,6 +161,7 @@ TABLE = [
      [r"guard\.on_repeated='retry': expected 'rollback' or 'stop'"]),
     ("guard-spike-factor-below-1", TINY, ["guard.spike_factor=0.5"], VALIDATE, [r"spike_factor=0\.5 must be > 1"]),
 ]
+# fmt: on
 
 TOY_PRETRAIN1_DOMAINS = ["code", "docs", "license", "math", "reasoning"]
 
@@ -167,8 +171,12 @@ def extra(tmp_path):
     """Experiment files with a misplaced and an unknown key, in a search-path folder beside conf/."""
     (tmp_path / "extra" / "experiment").mkdir(parents=True)
     header = "# @package _global_\ndefaults:\n  - tiny_bytes\n\n"
-    (tmp_path / "extra" / "experiment" / "misplaced.yaml").write_text(header + "schedule:\n  val_check_interval: 2000\n")
-    (tmp_path / "extra" / "experiment" / "unknown_top_level.yaml").write_text(header + "schedul:\n  warmup_fraction: 0.1\n")
+    (tmp_path / "extra" / "experiment" / "misplaced.yaml").write_text(
+        header + "schedule:\n  val_check_interval: 2000\n"
+    )
+    (tmp_path / "extra" / "experiment" / "unknown_top_level.yaml").write_text(
+        header + "schedul:\n  warmup_fraction: 0.1\n"
+    )
     return tmp_path / "extra"
 
 
@@ -198,8 +206,9 @@ def test_every_base_composition_is_accepted(compose_config, dataset, extra, base
 
 
 @pytest.mark.parametrize("name, base, bad, stage, patterns", TABLE, ids=[row[0] for row in TABLE])
-def test_a_bad_configuration_is_refused_naming_key_and_values(compose_config, dataset, extra, name, base, bad, stage,
-                                                              patterns):
+def test_a_bad_configuration_is_refused_naming_key_and_values(
+    compose_config, dataset, extra, name, base, bad, stage, patterns
+):
     overrides = _filled([*base, *bad], dataset, extra)
     if stage == COMPOSE:
         with pytest.raises(ConfigCompositionException) as error:
@@ -217,9 +226,20 @@ def test_a_bad_configuration_is_refused_naming_key_and_values(compose_config, da
 def test_run_py_refuses_before_submitting(tmp_path):
     """Through run.py's real entry and the Slurm launcher: a refused job leaves no .submitit folder (nothing
     queued) and no checkpoint, and its message names the key and the value."""
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "cluster=local_slurm", *TINY, "optim.optimizer.lr=-1",
-                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path,
-                            timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "cluster=local_slurm",
+            *TINY,
+            "optim.optimizer.lr=-1",
+            f"paths.sweep_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "optim.optimizer.lr=-1.0 must be a number > 0" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()

@@ -27,18 +27,18 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
+from glm46.app.checks import model_config
+from glm46.app.schema import register_configs
+from glm46.app.tasks import prepare_data, run_task
 from glm46.data.documents import Ledger
 from glm46.data.prepare import EmptyDatasetError, prepare
 from glm46.data.quality import QualityRules
 from glm46.data.shards import write_shards
 from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
+from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import DataMismatchError, ShardDataModule
-from glm46.errors import ConfigError
-from glm46.app.schema import register_configs
-from glm46.app.checks import model_config
-from glm46.app.tasks import prepare_data, run_task
 
 from .conftest import CONF_DIR
 from .helpers import tiny_config
@@ -60,8 +60,9 @@ def run(reader, paths, output_dir, **quality) -> dict:
 
 def assert_conserved(manifest: dict) -> None:
     assert manifest["documents_in"] == manifest["documents_out"] + sum(manifest["dropped"].values())
-    assert manifest["bytes_in"] == (manifest["bytes_out"] + sum(manifest["bytes_dropped"].values())
-                                    + manifest["bytes_trimmed"])
+    assert manifest["bytes_in"] == (
+        manifest["bytes_out"] + sum(manifest["bytes_dropped"].values()) + manifest["bytes_trimmed"]
+    )
     assert sum(d["documents"] for d in manifest["domains"].values()) == manifest["documents_out"]
 
 
@@ -158,8 +159,10 @@ def test_parquet_text_of_the_wrong_type_counts_each_row(tmp_path):
     pq.write_table(pa.table({"text": [prose(random.Random(4))]}), tmp_path / "ok.parquet")
     manifest = run(read_parquet, [tmp_path], tmp_path / "out")
     assert manifest["dropped"] == {"malformed": 2}
-    assert manifest["examples"]["malformed"][1] == f"{tmp_path / 'ints.parquet'}:row 1: field 'text' is a number, " \
-                                                   f"not a string"
+    assert (
+        manifest["examples"]["malformed"][1] == f"{tmp_path / 'ints.parquet'}:row 1: field 'text' is a number, "
+        f"not a string"
+    )
 
 
 def test_a_corrupt_parquet_row_group_counts_its_rows_and_keeps_the_others(tmp_path):
@@ -193,11 +196,14 @@ def test_a_missing_input_path_is_named(tmp_path, reader):
         next(READERS[reader]([str(tmp_path / "nowhere")], Ledger()))
 
 
-@pytest.mark.parametrize("reader, present, wanted", [
-    ("jsonl", "data.csv", ".jsonl or .json"),
-    ("text", "data.jsonl", ".txt or .md"),
-    ("parquet", "data.txt", ".parquet"),
-])
+@pytest.mark.parametrize(
+    "reader, present, wanted",
+    [
+        ("jsonl", "data.csv", ".jsonl or .json"),
+        ("text", "data.jsonl", ".txt or .md"),
+        ("parquet", "data.txt", ".parquet"),
+    ],
+)
 def test_a_folder_without_input_files_is_named(tmp_path, reader, present, wanted):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / present).write_text("{}")
@@ -209,8 +215,9 @@ def test_empty_input_files_are_listed_and_alone_are_an_error(tmp_path):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "blank.jsonl").write_text("\n  \n")
     (tmp_path / "good.jsonl").write_text("\n".join(good_lines()) + "\n")
-    manifest = run(read_jsonl, [tmp_path / "empty.jsonl", tmp_path / "blank.jsonl", tmp_path / "good.jsonl"],
-                   tmp_path / "out")
+    manifest = run(
+        read_jsonl, [tmp_path / "empty.jsonl", tmp_path / "blank.jsonl", tmp_path / "good.jsonl"], tmp_path / "out"
+    )
     assert (manifest["documents_in"], manifest["documents_out"], manifest["files"]) == (2, 2, 3)
     assert manifest["empty_files"] == [str(tmp_path / "empty.jsonl"), str(tmp_path / "blank.jsonl")]
     with pytest.raises(EmptyDatasetError, match=f"no documents in the input: 1 file.* {tmp_path / 'empty.jsonl'}"):
@@ -220,8 +227,14 @@ def test_empty_input_files_are_listed_and_alone_are_an_error(tmp_path):
 def test_a_dataset_empty_after_filtering_names_the_reasons_through_task_prepare(tmp_path):
     file = tmp_path / "in.jsonl"
     file.write_text('{"text": "too short"}\n{"text": "too short"}\n{"broken\n{"text": "   "}\n')
-    cfg = composed("task=prepare", "data=jsonl", f"data.paths=[{file}]", f"data.output_dir={tmp_path / 'out'}",
-                   "prepare.tokenizer.vocab_size=300", "prepare.num_workers=1")
+    cfg = composed(
+        "task=prepare",
+        "data=jsonl",
+        f"data.paths=[{file}]",
+        f"data.output_dir={tmp_path / 'out'}",
+        "prepare.tokenizer.vocab_size=300",
+        "prepare.num_workers=1",
+    )
     with pytest.raises(EmptyDatasetError) as error:
         prepare_data(cfg, model_config(cfg))  # not a failure later, in tokenizer training or shard writing
     message = str(error.value)
@@ -238,8 +251,13 @@ def test_a_tokenizer_of_ones_own_without_a_document_end_token_is_refused_before_
     file.write_text("\n".join(good_lines(4)) + "\n")
     own = tmp_path / "tokenizer.json"
     GLMTokenizer(train_tokenizer([prose(random.Random(0))], vocab_size=300, special_tokens=[])).save(own)
-    cfg = composed("task=prepare", "data=jsonl", f"data.paths=[{file}]", f"data.output_dir={tmp_path / 'out'}",
-                   f"prepare.tokenizer.path={own}")
+    cfg = composed(
+        "task=prepare",
+        "data=jsonl",
+        f"data.paths=[{file}]",
+        f"data.output_dir={tmp_path / 'out'}",
+        f"prepare.tokenizer.path={own}",
+    )
     with pytest.raises(ConfigError, match=f"prepare.tokenizer.path={own}: the tokenizer has no '<\\|endoftext\\|>'"):
         prepare_data(cfg, model_config(cfg))
     assert not (tmp_path / "out").exists()
@@ -269,15 +287,29 @@ def dataset(tmp_path_factory):
     """60 documents of prose in `general`, prepared by task=prepare with a 300-token vocabulary."""
     root = tmp_path_factory.mktemp("bad_data")
     (root / "in.jsonl").write_text("\n".join(good_lines(60, seed=8)) + "\n")
-    cfg = composed("task=prepare", "data=jsonl", f"data.paths=[{root / 'in.jsonl'}]",
-                   f"data.output_dir={root / 'dataset'}", "prepare.tokenizer.vocab_size=300", "prepare.num_workers=1")
+    cfg = composed(
+        "task=prepare",
+        "data=jsonl",
+        f"data.paths=[{root / 'in.jsonl'}]",
+        f"data.output_dir={root / 'dataset'}",
+        "prepare.tokenizer.vocab_size=300",
+        "prepare.num_workers=1",
+    )
     assert prepare_data(cfg, model_config(cfg))["documents_out"] == 60
     return root / "dataset"
 
 
 def shards_config(path: Path, *overrides: str, mixture: str = "{general: 1.0}", hydra: bool = False):
-    return composed("experiment=tiny_bytes", "data=shards", f"data.path={path}", f"data.mixture={mixture}",
-                    "data.seq_len=32", "data.batch_size=2", *overrides, hydra=hydra)
+    return composed(
+        "experiment=tiny_bytes",
+        "data=shards",
+        f"data.path={path}",
+        f"data.mixture={mixture}",
+        "data.seq_len=32",
+        "data.batch_size=2",
+        *overrides,
+        hydra=hydra,
+    )
 
 
 def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(dataset, tmp_path):
@@ -304,13 +336,17 @@ def truncate(file: Path, by: int) -> None:
 
 
 DAMAGE = {  # what is done to a copy of the dataset -> the error (the file it names)
-    "bin truncated": (lambda d: truncate(d / "tokens" / "general.bin", 2),
-                      r"general\.bin holds \d+ bytes but shards\.json records \d+ uint16 tokens \(\d+ bytes\): the"),
+    "bin truncated": (
+        lambda d: truncate(d / "tokens" / "general.bin", 2),
+        r"general\.bin holds \d+ bytes but shards\.json records \d+ uint16 tokens \(\d+ bytes\): the",
+    ),
     "bin 1 byte short": (lambda d: truncate(d / "tokens" / "general.bin", 1), r"general\.bin holds \d+ bytes"),
     "bin missing": (lambda d: (d / "tokens" / "general.bin").unlink(), r"general\.bin is missing"),
     "offsets cut": (lambda d: truncate(d / "tokens" / "general.idx.npy", 40), r"general\.idx\.npy does not load"),
-    "offsets of other data": (lambda d: shutil.copy(d / "other.npy", d / "tokens" / "general.idx.npy"),
-                              r"general\.idx\.npy does not hold the 61 document offsets"),
+    "offsets of other data": (
+        lambda d: shutil.copy(d / "other.npy", d / "tokens" / "general.idx.npy"),
+        r"general\.idx\.npy does not hold the 61 document offsets",
+    ),
     "shards.json cut": (lambda d: truncate(d / "tokens" / "shards.json", 20), r"shards\.json is not valid JSON"),
 }
 
@@ -343,8 +379,15 @@ def test_resuming_a_checkpoint_on_another_dataset_is_refused(dataset, tmp_path):
     write_shards(other, GLMTokenizer.from_file(other / "tokenizer.json"), num_threads=1)
 
     def fit(path: Path, ckpt_path=None):
-        trainer = L.Trainer(max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                            limit_val_batches=0, default_root_dir=tmp_path, enable_checkpointing=ckpt_path is None)
+        trainer = L.Trainer(
+            max_steps=1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+            default_root_dir=tmp_path,
+            enable_checkpointing=ckpt_path is None,
+        )
         dm = ShardDataModule(str(path), seq_len=32, batch_size=2, mixture={"general": 1.0})
         trainer.fit(lit_module(tiny_config(vocab_size=300)), datamodule=dm, ckpt_path=ckpt_path)
         return trainer

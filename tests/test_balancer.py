@@ -39,8 +39,15 @@ def skewed_run(balancer: ExpertBalancer | None, steps=40, accumulate=1):
     loader = DataLoader(TokenWindows(tokens, seq_len=32), batch_size=4, shuffle=True)
     recorder = RecordMaxVio()
     callbacks = [recorder] + ([balancer] if balancer else [])
-    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=accumulate, callbacks=callbacks, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module, train_dataloaders=loader)
     return recorder.values, module
 
@@ -62,7 +69,7 @@ def test_bias_update_rule_sums_micro_batches_of_a_step(rule):
     balancer = ExpertBalancer(rate=Piecewise(values=[0.5], boundaries=[]), rule=rule, history_file=None)
     _, module = skewed_run(balancer, steps=1, accumulate=3)
     assert balancer.pending is None
-    (step, counts), = balancer.history
+    ((step, counts),) = balancer.history
     assert step == 0 and (counts.sum(dim=-1) == 3 * 4 * 32 * 2).all()  # 3 micro-batches of 4 x 32 tokens, top-2
     mean = counts.mean(dim=-1, keepdim=True)
     expected = (mean - counts).sign() if rule == "sign" else (mean - counts) / mean

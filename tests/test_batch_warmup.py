@@ -31,8 +31,14 @@ def test_accumulation_grows_from_1_to_4_micro_batches_and_steps_stay_whole():
     tokens = torch.randint(0, config.vocab_size, (50_000,)).numpy()
     loader = DataLoader(TokenWindows(tokens, seq_len=16), batch_size=2)
     counter = CountMicroBatches()
-    trainer = L.Trainer(max_steps=20, callbacks=[BatchSizeWarmup(ramp), counter], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=20,
+        callbacks=[BatchSizeWarmup(ramp), counter],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(lit_module(config), train_dataloaders=loader)
 
     assert all(summed == claimed for summed, claimed in counter.steps), counter.steps

@@ -99,8 +99,14 @@ class Tiny(L.LightningModule):
 
 def test_last_ckpt_holds_the_final_step_when_it_is_not_a_multiple_of_the_interval(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_last=True)
-    trainer = L.Trainer(max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, plugins=[AtomicCheckpointIO()])
+    trainer = L.Trainer(
+        max_steps=6,
+        callbacks=[checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[AtomicCheckpointIO()],
+    )
     trainer.fit(Tiny(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6
     assert not list(tmp_path.glob("*.partial"))

@@ -10,10 +10,10 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from glm46.estimate import count_parameters
-from glm46.errors import ConfigError
-from glm46.modules import GLM46Config
 from glm46.app.checks import model_config, validate
+from glm46.errors import ConfigError
+from glm46.estimate import count_parameters
+from glm46.modules import GLM46Config
 
 from .helpers import TINY
 
@@ -110,7 +110,9 @@ def test_inconsistent_composition_is_rejected_before_the_task(compose_config):
         validate(cfg)
     with pytest.raises(ConfigCompositionException) as error:
         compose_config("task=nope")  # the schema's Task enum
-    assert "Invalid value 'nope', expected one of [train, prepare, estimate, plan, dryrun]" in str(error.value.__cause__)
+    assert "Invalid value 'nope', expected one of [train, prepare, estimate, plan, dryrun]" in str(
+        error.value.__cause__
+    )
 
 
 def test_glm45_glm46_counts_match_the_reference():
@@ -132,7 +134,10 @@ def test_air_counts_match_the_reference(compose_config):
 def test_run_py_estimate_prints_the_table(tmp_path):
     result = subprocess.run(
         [sys.executable, "run.py", "task=estimate", "model=glm46_355b", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert "355,233,991,936" in result.stdout and "32,080,359,424" in result.stdout
 
@@ -140,7 +145,9 @@ def test_run_py_estimate_prints_the_table(tmp_path):
 def test_run_py_refuses_a_misspelt_key_naming_it(tmp_path):
     result = subprocess.run(
         [sys.executable, "run.py", "model.num_experts_per_tokk=2", f"hydra.run.dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode != 0 and "num_experts_per_tokk" in result.stderr
 

@@ -34,8 +34,13 @@ def run_main(capsys, *argv):
 def run_dir(tmp_path_factory):
     """A real Hydra run directory, written by `python run.py task=estimate` (no training)."""
     path = tmp_path_factory.mktemp("run") / "estimate"
-    subprocess.run([sys.executable, "run.py", "task=estimate", f"hydra.run.dir={path}"],
-                   cwd=ROOT, capture_output=True, text=True, check=True)
+    subprocess.run(
+        [sys.executable, "run.py", "task=estimate", f"hydra.run.dir={path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     for name in ("config.yaml", "overrides.yaml", "hydra.yaml"):
         assert (path / ".hydra" / name).is_file()
     return path
@@ -73,13 +78,20 @@ def test_the_command_prints_the_ablation(capsys):
     assert "  optim: muon -> adamw" in lines
     assert "  optim.optimizer._target_: glm46.optim.Muon -> torch.optim.AdamW" in lines
     assert "  optim.optimizer.momentum: 0.95 -> (absent)" in lines
-    changed = [line.split(":")[0].strip() for line in lines[lines.index(next(x for x in lines if x.startswith("keys"))) + 1:]]
+    changed = [
+        line.split(":")[0].strip() for line in lines[lines.index(next(x for x in lines if x.startswith("keys"))) + 1 :]
+    ]
     assert changed == sorted(ABLATION_KEYS)
 
 
 def test_python_m_glm46_diff_runs_as_a_module():
-    result = subprocess.run([sys.executable, "-m", "glm46.diff", PHASE1, f"{PHASE1} optim=adamw", "--exit-code"],
-                            cwd=ROOT, capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "glm46.diff", PHASE1, f"{PHASE1} optim=adamw", "--exit-code"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 1, result.stderr
     assert "optim: muon -> adamw" in result.stdout and "Traceback" not in result.stderr
 
@@ -107,9 +119,15 @@ def test_yaml_output(capsys):
     assert doc["defaults"] == {"optim": {"a": "muon", "b": "adamw"}}
     # FSDP2's policy follows trainer.precision: bf16 parameters with fp32 reductions under bf16-mixed, none at 32-true
     policy = {"": {"b": None}, ".param_dtype": {"a": "bfloat16"}, ".reduce_dtype": {"a": "float32"}}
-    assert doc["changed"] == {**ABLATION_KEYS, "trainer.precision": {"a": "bf16-mixed", "b": "32-true"},
-                              **{f"{node}.strategy.mixed_precision{key}": change for node in ("parallelism", "trainer")
-                                 for key, change in policy.items()}}
+    assert doc["changed"] == {
+        **ABLATION_KEYS,
+        "trainer.precision": {"a": "bf16-mixed", "b": "32-true"},
+        **{
+            f"{node}.strategy.mixed_precision{key}": change
+            for node in ("parallelism", "trainer")
+            for key, change in policy.items()
+        },
+    }
     assert yaml.safe_load(run_main(capsys, "", "", "--yaml")[1]) == {"defaults": {}, "changed": {}}
 
 
@@ -128,11 +146,14 @@ def test_a_run_directory_against_override_lists(capsys, run_dir):
     assert "optim.optimizer.lr" not in doc["changed"]
 
 
-@pytest.mark.parametrize("override, key", [
-    ("optim=adamx", "optim/adamx"),  # unknown group member
-    ("trainer.max_stepz=3", "trainer.max_stepz"),  # misspelt key
-    ("model.hidden_size=abc", "model.hidden_size"),  # wrong type
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("optim=adamx", "optim/adamx"),  # unknown group member
+        ("trainer.max_stepz=3", "trainer.max_stepz"),  # misspelt key
+        ("model.hidden_size=abc", "model.hidden_size"),  # wrong type
+    ],
+)
 def test_a_bad_override_exits_2_naming_it(capsys, override, key):
     code, out, err = run_main(capsys, "", override)
     assert code == 2 and out == ""
@@ -160,5 +181,7 @@ def test_config_dir_option(capsys, tmp_path):
     (tmp_path / "size" / "large.yaml").write_text("width: 2\ndepth: 3\n")
     code, out, _ = run_main(capsys, "", "size=large", "--config-dir", str(tmp_path), "--yaml")
     assert code == 0
-    assert yaml.safe_load(out) == {"defaults": {"size": {"a": "small", "b": "large"}},
-                                   "changed": {"size.depth": {"b": 3}, "size.width": {"a": 1, "b": 2}}}
+    assert yaml.safe_load(out) == {
+        "defaults": {"size": {"a": "small", "b": "large"}},
+        "changed": {"size.depth": {"b": 3}, "size.width": {"a": 1, "b": 2}},
+    }

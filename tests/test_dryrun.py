@@ -15,16 +15,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
-AIR_H100 = ["experiment=pretrain_phase1", "cluster=h100_8n", "model=glm45_air_106b", "parallelism=fsdp2_ep",
-            "parallelism.expert_parallel=8", "parallelism.activation_checkpointing=true",
-            "data.path=/nowhere/no-data-needed"]
+AIR_H100 = [
+    "experiment=pretrain_phase1",
+    "cluster=h100_8n",
+    "model=glm45_air_106b",
+    "parallelism=fsdp2_ep",
+    "parallelism.expert_parallel=8",
+    "parallelism.activation_checkpointing=true",
+    "data.path=/nowhere/no-data-needed",
+]
 
 
 def main(spec: dict) -> None:
     from hydra import compose, initialize_config_dir
 
-    from glm46.app.schema import register_configs
     from glm46.app.checks import validate
+    from glm46.app.schema import register_configs
     from glm46.app.tasks import dryrun_job
 
     if spec.get("leave_replicated"):  # a broken layout: FSDP2 never applied, every parameter left whole
@@ -38,8 +44,13 @@ def main(spec: dict) -> None:
 
 
 def dry_run(overrides: list[str], **spec) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tests.test_dryrun", json.dumps({"overrides": overrides, **spec})],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "tests.test_dryrun", json.dumps({"overrides": overrides, **spec})],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def figures(result: subprocess.CompletedProcess) -> dict:
@@ -82,17 +93,22 @@ def test_a_parameter_left_replicated_is_reported_by_name():
 def test_a_rank_that_does_not_fit_its_gpu_fails():
     result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
     assert result.returncode != 0
-    assert re.search(r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)",
-                     result.stderr)
+    assert re.search(
+        r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr
+    )
 
 
 @pytest.mark.slow
 def test_the_production_command_dry_runs_without_data_or_gpu_in_little_memory(tmp_path):
     """The README's command: exits 0, writes nothing outside its working directory, peak memory under 4 GiB."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "task=dryrun", *PHASE1_H800,
-                             f"paths.sweep_dir={tmp_path}"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "task=dryrun", *PHASE1_H800, f"paths.sweep_dir={tmp_path}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "dry run: rank 0 of 8192 (fake process group)" in result.stdout
     assert "(90% usable: fits)" in result.stdout
@@ -102,9 +118,20 @@ def test_the_production_command_dry_runs_without_data_or_gpu_in_little_memory(tm
 
 
 def test_a_rank_outside_the_world_is_refused(tmp_path):
-    result = subprocess.run([sys.executable, str(ROOT / "run.py"), "task=dryrun", "parallelism=fsdp2",
-                             "cluster.devices=4", "dryrun.rank=4"], cwd=tmp_path, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "run.py"),
+            "task=dryrun",
+            "parallelism=fsdp2",
+            "cluster.devices=4",
+            "dryrun.rank=4",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "dryrun.rank=4 must be in [0, world size 4)" in result.stderr
 

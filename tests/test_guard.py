@@ -55,10 +55,15 @@ class Snapshots(L.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.inputs.append(batch["input_ids"].clone())
-        self.at_batch.append({
-            "weights": {k: v.clone() for k, v in pl_module.model.state_dict().items()},
-            "optimizer": {id(p): {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
-                          for p, s in trainer.optimizers[0].state.items()}})
+        self.at_batch.append(
+            {
+                "weights": {k: v.clone() for k, v in pl_module.model.state_dict().items()},
+                "optimizer": {
+                    id(p): {k: v.clone() for k, v in s.items() if torch.is_tensor(v)}
+                    for p, s in trainer.optimizers[0].state.items()
+                },
+            }
+        )
 
 
 def fit(module, tmp_path, steps: int, every: int = 1000):
@@ -67,8 +72,14 @@ def fit(module, tmp_path, steps: int, every: int = 1000):
     snapshots = Snapshots()
     balancer = ExpertBalancer(rate=Piecewise(values=[0.01], boundaries=[]), history_file=None)
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=every, save_last=True)
-    trainer = L.Trainer(max_steps=steps, callbacks=[snapshots, balancer, checkpoint], logger=False,
-                        enable_progress_bar=False, enable_model_summary=False, plugins=[AtomicCheckpointIO()])
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[snapshots, balancer, checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        plugins=[AtomicCheckpointIO()],
+    )
     trainer.fit(module, train_dataloaders=data)
     return snapshots
 

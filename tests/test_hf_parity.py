@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
 
 from glm46.hf import INDEX_FILE, load_hf, save_hf
 
-from .helpers import TINY, randomise, random_model, relative_error, tiny_config
+from .helpers import TINY, random_model, randomise, relative_error, tiny_config
 
 VARIANTS = {
     "glm46_shape": dict(use_qk_norm=True, attention_bias=True, routed_scaling_factor=2.5),
@@ -17,8 +17,9 @@ VARIANTS = {
     "no_bias_no_norm_topk": dict(attention_bias=False, norm_topk_prob=False, use_qk_norm=True),
     "grouped_routing": dict(n_routed_experts=16, n_group=4, topk_group=2, num_experts_per_tok=4),
     "dense_first_2_mha": dict(first_k_dense_replace=2, num_hidden_layers=4, num_key_value_heads=4),
-    "head_dim_not_hidden_over_heads_rotary_quarter": dict(head_dim=48, num_attention_heads=6,
-                                                         num_key_value_heads=2, partial_rotary_factor=0.25),
+    "head_dim_not_hidden_over_heads_rotary_quarter": dict(
+        head_dim=48, num_attention_heads=6, num_key_value_heads=2, partial_rotary_factor=0.25
+    ),
     "two_mtp_layers": dict(num_nextn_predict_layers=2),
 }
 
@@ -27,8 +28,11 @@ TOLERANCE = 1e-6  # fp32 relative logits error; measured at most 2.2e-7 over VAR
 
 def hf_config(**overrides) -> Glm4MoeConfig:
     fields = {**TINY, **overrides}
-    rope = {"rope_type": "default", "rope_theta": 1_000_000.0,
-            "partial_rotary_factor": fields.pop("partial_rotary_factor", 0.5)}
+    rope = {
+        "rope_type": "default",
+        "rope_theta": 1_000_000.0,
+        "partial_rotary_factor": fields.pop("partial_rotary_factor", 0.5),
+    }
     fields.pop("num_nextn_predict_layers", None)
     return Glm4MoeConfig(**fields, rope_parameters=rope, num_mtp_layers=0)
 
@@ -45,7 +49,9 @@ def test_ours_to_transformers(variant, tmp_path):
     assert (tmp_path / INDEX_FILE).exists(), "expected a sharded checkpoint with an index"
 
     hf, info = AutoModelForCausalLM.from_pretrained(tmp_path, output_loading_info=True)
-    mtp_prefixes = tuple(f"model.layers.{config.num_hidden_layers + j}." for j in range(config.num_nextn_predict_layers))
+    mtp_prefixes = tuple(
+        f"model.layers.{config.num_hidden_layers + j}." for j in range(config.num_nextn_predict_layers)
+    )
     assert info["missing_keys"] == set() or not info["missing_keys"]
     assert [k for k in info["unexpected_keys"] if not k.startswith(mtp_prefixes)] == []
     assert info["mismatched_keys"] == set() or not info["mismatched_keys"]

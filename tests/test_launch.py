@@ -16,16 +16,22 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
-from glm46.errors import ConfigError
-from glm46.app.schema import register_configs
 from glm46.app.checks import validate
+from glm46.app.schema import register_configs
+from glm46.errors import ConfigError
 
 from .conftest import CONF_DIR
 from .slurm import require_slurm, sacct_states
 
 REPO = Path(__file__).resolve().parents[1]
 # Short local jobs: no validation, few checkpoints, the tiny model on the standard library's bytes.
-QUICK = ["experiment=tiny_bytes", "data.max_bytes=200000", "trainer.val_check_interval=1000", "trainer.limit_val_batches=0", "logger=csv"]
+QUICK = [
+    "experiment=tiny_bytes",
+    "data.max_bytes=200000",
+    "trainer.val_check_interval=1000",
+    "trainer.limit_val_batches=0",
+    "logger=csv",
+]
 
 
 def compose_with_hydra(*overrides: str):
@@ -39,14 +45,24 @@ def compose_with_hydra(*overrides: str):
 
 
 def test_h800_composition_renders_the_production_batch_script(tmp_path):
-    cfg = compose_with_hydra("experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data",
-                             f"hydra.sweep.dir={tmp_path}")
+    cfg = compose_with_hydra(
+        "experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", f"hydra.sweep.dir={tmp_path}"
+    )
     assert cfg.hydra.mode.name == "MULTIRUN"  # naming the cluster is enough to submit
     assert (cfg.trainer.num_nodes, cfg.trainer.devices, cfg.trainer.accelerator) == (1024, 8, "gpu")
     script = instantiate(cfg.hydra.launcher).executor()._executor._make_submission_file_text("python -m x", "uid")
-    for line in ["#SBATCH --nodes=1024", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8",
-                 "#SBATCH --partition=h800", "#SBATCH --time=4320", "#SBATCH --requeue", "#SBATCH --exclusive",
-                 "#SBATCH --signal=USR1@600", "export NCCL_IB_HCA=mlx5", "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1"]:
+    for line in [
+        "#SBATCH --nodes=1024",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=h800",
+        "#SBATCH --time=4320",
+        "#SBATCH --requeue",
+        "#SBATCH --exclusive",
+        "#SBATCH --signal=USR1@600",
+        "export NCCL_IB_HCA=mlx5",
+        "export TORCH_NCCL_ASYNC_ERROR_HANDLING=1",
+    ]:
         assert line in script.splitlines(), line
     assert "USR2" not in script  # submitit's own signal is replaced: the Preemption callback owns requeue
     # 64M tokens per step over 1024 data-parallel ranks (TP 8) of 1 x 4096 tokens: 16 micro-batches.
@@ -55,15 +71,23 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
     validate(cfg)  # the production layout fits: accepted
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["experiment=pretrain_phase1", "cluster=h100_8n", "data.path=/data"],
-     "world size 64 must be divisible by tensor_parallel x expert_parallel = 8 x 32 = 256"),
-    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "parallelism=fsdp2"], "does not fit"),
-    (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "data.batch_size=3"],
-     "phase.global_batch_tokens=67108864 is not divisible by data.batch_size x data.seq_len x data-parallel ranks"),
-    (["cluster=local_slurm", "cluster.partition=null"], "cluster.partition is not set"),
-    (["cluster=local_slurm", "cluster.devices=2"], "parallelism=single runs one process"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["experiment=pretrain_phase1", "cluster=h100_8n", "data.path=/data"],
+            "world size 64 must be divisible by tensor_parallel x expert_parallel = 8 x 32 = 256",
+        ),
+        (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "parallelism=fsdp2"], "does not fit"),
+        (
+            ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "data.batch_size=3"],
+            "phase.global_batch_tokens=67108864 is not divisible by data.batch_size x data.seq_len x "
+            "data-parallel ranks",
+        ),
+        (["cluster=local_slurm", "cluster.partition=null"], "cluster.partition is not set"),
+        (["cluster=local_slurm", "cluster.devices=2"], "parallelism=single runs one process"),
+    ],
+)
 def test_validation_refuses_jobs_that_cannot_run(overrides, message):
     cfg = compose_with_hydra(*overrides)
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -72,8 +96,18 @@ def test_validation_refuses_jobs_that_cannot_run(overrides, message):
 
 def test_a_missing_mandatory_value_is_refused_before_sbatch(tmp_path):
     """`???` values (here data.path) are refused by the launcher's check, naming the key; nothing is queued."""
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h800_1024n",
-                             f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "experiment=pretrain_phase1",
+            "cluster=h800_1024n",
+            f"paths.sweep_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "data.path: no value (???) for task=train; set data.path=..." in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
@@ -81,9 +115,19 @@ def test_a_missing_mandatory_value_is_refused_before_sbatch(tmp_path):
 
 def test_a_refused_job_is_never_submitted(tmp_path):
     """The launcher validates before it calls sbatch: with no Slurm answering, the refusal is all we see."""
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "experiment=pretrain_phase1", "cluster=h100_8n",
-                             "data.path=/data", f"paths.sweep_dir={tmp_path}"], capture_output=True, text=True,
-                            cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "experiment=pretrain_phase1",
+            "cluster=h100_8n",
+            "data.path=/data",
+            f"paths.sweep_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "tensor_parallel x expert_parallel = 8 x 32 = 256" in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
@@ -91,16 +135,28 @@ def test_a_refused_job_is_never_submitted(tmp_path):
 
 def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
     """6 x 32.08B active x 15T tokens = 2.887e24 FLOPs: yottaFLOPs, not the seeds' "zettaFLOPs"."""
-    result = subprocess.run([sys.executable, str(REPO / "run.py"), "task=plan", "experiment=pretrain_phase1",
-                             "cluster=h800_1024n", f"paths.sweep_dir={tmp_path}"],
-                            capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "run.py"),
+            "task=plan",
+            "experiment=pretrain_phase1",
+            "cluster=h800_1024n",
+            f"paths.sweep_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "active per token 32,080,359,424" in out
     assert "6 x active x tokens alone: 2.887e+24 FLOPs (2.887 yottaFLOPs)" in out
     flops = float(re.search(r"training FLOPs: ([\d.e+]+) FLOPs", out).group(1))
     # attention: 12 x 93 layers x 96 heads x 128 x 4096; lm_head run by the main model and the MTP layer
-    per_token = 6 * (32_080_359_424 + 3_988_069_632 - 152 * 3 * 5120 * 1536 + 2 * 151552 * 5120) + 12 * 93 * 96 * 128 * 4096
+    per_token = (
+        6 * (32_080_359_424 + 3_988_069_632 - 152 * 3 * 5120 * 1536 + 2 * 151552 * 5120) + 12 * 93 * 96 * 128 * 4096
+    )
     assert flops == pytest.approx(per_token * 15e12, rel=5e-4)
     gpu_hours = per_token * 15e12 / (989e12 * 0.4) / 3600
     assert f"{gpu_hours:,.0f} GPU-hours" in out
@@ -115,8 +171,15 @@ def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
 def submit(tmp_path: Path, *overrides: str, multirun: bool = False) -> list[str]:
     """python run.py [-m] cluster=local_slurm ...: returns the job ids it printed (it must not wait)."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "run.py"), *(["-m"] if multirun else []), "cluster=local_slurm",
-               f"paths.sweep_dir={tmp_path}", *QUICK, *overrides]
+    command = [
+        sys.executable,
+        str(REPO / "run.py"),
+        *(["-m"] if multirun else []),
+        "cluster=local_slurm",
+        f"paths.sweep_dir={tmp_path}",
+        *QUICK,
+        *overrides,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     jobs = re.findall(r"^  (\d+(?:_\d+)?): ", result.stdout, flags=re.M)
@@ -135,14 +198,27 @@ def test_a_job_slurm_refuses_ends_in_one_line_naming_the_request_and_the_answer(
     the gres, and the user reads what was asked, from which cluster config, and Slurm's answer."""
     require_slurm()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    command = [sys.executable, str(REPO / "run.py"), "experiment=tiny_bytes", "cluster=h800_1024n",
-               "cluster.partition=debug", "cluster.num_nodes=1", "parallelism=ddp", f"paths.sweep_dir={tmp_path}"]
+    command = [
+        sys.executable,
+        str(REPO / "run.py"),
+        "experiment=tiny_bytes",
+        "cluster=h800_1024n",
+        "cluster.partition=debug",
+        "cluster.num_nodes=1",
+        "parallelism=ddp",
+        f"paths.sweep_dir={tmp_path}",
+    ]
     result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300, check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
     (line,) = [line for line in output.splitlines() if "Slurm refused" in line]
-    for part in ("Invalid generic resource (gres) specification", "--gpus-per-node=8", "--nodes=1",
-                 "--partition=debug", "cluster=h800_1024n"):
+    for part in (
+        "Invalid generic resource (gres) specification",
+        "--gpus-per-node=8",
+        "--nodes=1",
+        "--partition=debug",
+        "cluster=h800_1024n",
+    ):
         assert part in line, (part, line)
     assert output.count("Invalid generic resource") == 1 and "Traceback" not in output, output
 
@@ -180,9 +256,15 @@ def test_time_limit_requeues_and_the_job_resumes_to_the_same_step_count(tmp_path
     boundary on SIGUSR1 and requeues itself; the job ends with every step done, exactly once."""
     require_slurm()
     steps = 400
-    (job,) = submit(tmp_path, f"trainer.max_steps={steps}", "cluster.time_min=3", "cluster.signal_delay_s=60",
-                    "callbacks.model_checkpoint.every_n_train_steps=1000", "+callbacks.slow._target_=tests.helpers.SlowSteps",
-                    "+callbacks.slow.seconds=0.25")
+    (job,) = submit(
+        tmp_path,
+        f"trainer.max_steps={steps}",
+        "cluster.time_min=3",
+        "cluster.signal_delay_s=60",
+        "callbacks.model_checkpoint.every_n_train_steps=1000",
+        "+callbacks.slow._target_=tests.helpers.SlowSteps",
+        "+callbacks.slow.seconds=0.25",
+    )
     assert sacct_states(job, timeout=900) == {job: "COMPLETED"}
     log = next((tmp_path / "train" / ".submitit" / job).glob("*_0_log.out")).read_text()
     interruptions = [int(step) for step in re.findall(r"interrupted at step (\d+)", log)]

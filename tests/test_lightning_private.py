@@ -27,14 +27,17 @@ from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.parallel.strategies import DeepSpeedStrategy as GLMDeepSpeedStrategy
 
 
-@pytest.mark.parametrize("owner, name, parameters", [
-    (ModelParallelStrategy, "_setup_distributed", ["self"]),
-    (DeepSpeedStrategy, "_init_deepspeed_distributed", ["self"]),
-    (DeepSpeedStrategy, "_setup_model_and_optimizer", ["self", "model", "optimizer", "lr_scheduler"]),
-    (ModelCheckpoint, "_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
-    (ModelCheckpoint, "_monitor_candidates", ["self", "trainer"]),
-    (ExperimentWriter, "_check_log_dir_exists", ["self"]),
-])
+@pytest.mark.parametrize(
+    "owner, name, parameters",
+    [
+        (ModelParallelStrategy, "_setup_distributed", ["self"]),
+        (DeepSpeedStrategy, "_init_deepspeed_distributed", ["self"]),
+        (DeepSpeedStrategy, "_setup_model_and_optimizer", ["self", "model", "optimizer", "lr_scheduler"]),
+        (ModelCheckpoint, "_save_last_checkpoint", ["self", "trainer", "monitor_candidates"]),
+        (ModelCheckpoint, "_monitor_candidates", ["self", "trainer"]),
+        (ExperimentWriter, "_check_log_dir_exists", ["self"]),
+    ],
+)
 def test_private_methods_keep_their_signatures(owner, name, parameters):
     method = getattr(owner, name, None)
     assert callable(method), f"Lightning {L.__version__}: {owner.__name__}.{name} is gone"
@@ -62,8 +65,11 @@ def one_process():
     if torch.distributed.is_initialized():
         pytest.skip("a process group is already up in this process")
     environ = dict(os.environ)
-    yield {"accelerator": CPUAccelerator(), "parallel_devices": [torch.device("cpu")],
-           "cluster_environment": LightningEnvironment()}
+    yield {
+        "accelerator": CPUAccelerator(),
+        "parallel_devices": [torch.device("cpu")],
+        "cluster_environment": LightningEnvironment(),
+    }
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     os.environ.clear()
@@ -103,13 +109,15 @@ class Tiny(L.LightningModule):
 def test_model_checkpoint_records_its_saved_step_and_saves_last_on_demand(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_last=True)
     assert last_saved_step(checkpoint) == 0
-    trainer = L.Trainer(max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+    trainer = L.Trainer(
+        max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
     trainer.fit(Tiny(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
     assert last_saved_step(checkpoint) == 4
     last = tmp_path / "last.ckpt"
-    assert torch.load(last, weights_only=False)["global_step"] == 4, \
+    assert torch.load(last, weights_only=False)["global_step"] == 4, (
         "Lightning now refreshes last.ckpt at the end of training: glm46's ModelCheckpoint.on_train_end may go"
+    )
 
     save_last_checkpoint(checkpoint, trainer)
     assert last_saved_step(checkpoint) == 6 and checkpoint.last_model_path == str(last)

@@ -52,8 +52,15 @@ def test_mtp_matches_transformers_mtp_layer(tmp_path):
 
 def test_checkpoint_mtp_layer_loads_in_transformers_mtp_model(tmp_path):
     """With 46 layers (GLM-4.5-Air's MTP index), transformers' own MTP loader reads our checkpoint's MTP layer."""
-    config = tiny_config(num_hidden_layers=46, hidden_size=32, head_dim=16, intermediate_size=48,
-                         moe_intermediate_size=16, num_attention_heads=2, num_key_value_heads=1)
+    config = tiny_config(
+        num_hidden_layers=46,
+        hidden_size=32,
+        head_dim=16,
+        intermediate_size=48,
+        moe_intermediate_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
     ours = random_model(config)
     save_hf(ours, tmp_path, max_shard_bytes=500_000)
     hf = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
@@ -115,7 +122,9 @@ def test_mtp_loss_is_cross_entropy_of_mtp_logits_against_shifted_labels():
     T = x.shape[1]
     expected_main = torch.nn.functional.cross_entropy(logits.logits[:, :-1].flatten(0, 1), x[:, 1:].flatten())
     expected_mtp = [
-        torch.nn.functional.cross_entropy(logits.mtp_logits[k - 1][:, : T - 1 - k].flatten(0, 1), x[:, 1 + k :].flatten())
+        torch.nn.functional.cross_entropy(
+            logits.mtp_logits[k - 1][:, : T - 1 - k].flatten(0, 1), x[:, 1 + k :].flatten()
+        )
         for k in (1, 2)
     ]
     torch.testing.assert_close(out.loss, expected_main)

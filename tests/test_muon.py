@@ -48,8 +48,11 @@ def test_fused_gate_up_is_orthogonalised_as_separate_gate_and_up():
     ups = [torch.nn.Parameter(m[16:].detach().clone()) for m in fused]
     grads = [torch.randn(3, 32, 40) for _ in range(3)]
     run_steps(Muon([{"params": [fused], "use_muon": True, "row_chunks": 2}], **SETTINGS), [fused], [[g] for g in grads])
-    run_steps(Muon([{"params": gates + ups, "use_muon": True}], **SETTINGS), gates + ups,
-              [[*(x[:16] for x in g), *(x[16:] for x in g)] for g in grads])
+    run_steps(
+        Muon([{"params": gates + ups, "use_muon": True}], **SETTINGS),
+        gates + ups,
+        [[*(x[:16] for x in g), *(x[16:] for x in g)] for g in grads],
+    )
     expected = torch.stack([torch.cat([g.detach(), u.detach()]) for g, u in zip(gates, ups)])
     torch.testing.assert_close(fused.detach(), expected, rtol=0, atol=1e-6)
 
@@ -81,12 +84,24 @@ def test_glm45_grouping_rule():
     by_group = [{names[id(p)] for p in g["params"]} for g in groups]
     muon, fused, adamw = by_group
     assert [g["use_muon"] for g in groups] == [True, True, False] and groups[1]["row_chunks"] == 2
-    assert {"model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-            "model.layers.0.self_attn.q_proj.bias", "model.layers.0.self_attn.q_norm.weight"} <= adamw
-    assert {"model.layers.1.mlp.gate.weight", "model.layers.1.mlp.experts.down_proj",
-            "model.layers.0.self_attn.q_proj.weight", "mtp_layers.0.eh_proj.weight"} <= muon
-    assert fused == {"model.layers.1.mlp.experts.gate_up_proj", "model.layers.2.mlp.experts.gate_up_proj",
-                     "mtp_layers.0.block.mlp.experts.gate_up_proj"}
+    assert {
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.self_attn.q_proj.bias",
+        "model.layers.0.self_attn.q_norm.weight",
+    } <= adamw
+    assert {
+        "model.layers.1.mlp.gate.weight",
+        "model.layers.1.mlp.experts.down_proj",
+        "model.layers.0.self_attn.q_proj.weight",
+        "mtp_layers.0.eh_proj.weight",
+    } <= muon
+    assert fused == {
+        "model.layers.1.mlp.experts.gate_up_proj",
+        "model.layers.2.mlp.experts.gate_up_proj",
+        "mtp_layers.0.block.mlp.experts.gate_up_proj",
+    }
     assert sum(len(g) for g in by_group) == len(names)
 
 

@@ -49,8 +49,15 @@ def compose_layout(layout: str, overrides: list[str]):
 def samples(vocab_size: int, count: int) -> list[dict[str, torch.Tensor]]:
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, vocab_size, (count, SEQ_LEN + 1), generator=generator)
-    return [{"input_ids": t[:-1], "labels": t[1:], "position_ids": torch.arange(SEQ_LEN),
-             "loss_mask": torch.ones(SEQ_LEN, dtype=torch.long)} for t in tokens]
+    return [
+        {
+            "input_ids": t[:-1],
+            "labels": t[1:],
+            "position_ids": torch.arange(SEQ_LEN),
+            "loss_mask": torch.ones(SEQ_LEN, dtype=torch.long),
+        }
+        for t in tokens
+    ]
 
 
 def main(spec: dict) -> None:
@@ -76,14 +83,20 @@ def main(spec: dict) -> None:
 
     torch.manual_seed(0)
     lr, eps = spec.get("lr", 3e-3), spec.get("eps", EPS)
-    factory = (functools.partial(Muon, lr=lr, eps=eps, ns_dtype=torch.float32) if optimizer == "muon"
-               else functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.1, eps=eps))
+    factory = (
+        functools.partial(Muon, lr=lr, eps=eps, ns_dtype=torch.float32)
+        if optimizer == "muon"
+        else functools.partial(torch.optim.AdamW, lr=lr, weight_decay=0.1, eps=eps)
+    )
     module = GLM46LitModule(
-        config, optimizer=factory,
-        lr_schedule=WarmupCosine(peak=lr, floor=lr / 10, warmup_tokens=0,
-                                 total_tokens=4 * GLOBAL_BATCH * SEQ_LEN),  # driven by tokens seen: TP must not double them
+        config,
+        optimizer=factory,
+        lr_schedule=WarmupCosine(
+            peak=lr, floor=lr / 10, warmup_tokens=0, total_tokens=4 * GLOBAL_BATCH * SEQ_LEN
+        ),  # driven by tokens seen: TP must not double them
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
-        empty_init=cfg.parallelism.engine == "mesh", init_from=spec["init_from"],
+        empty_init=cfg.parallelism.engine == "mesh",
+        init_from=spec["init_from"],
     )
     data = samples(config.vocab_size, 8 * GLOBAL_BATCH)
 
@@ -116,15 +129,31 @@ def main(spec: dict) -> None:
     if spec.get("checkpoint_every"):  # checkpoints every that many steps, in the layout's own format
         from lightning.pytorch.callbacks import ModelCheckpoint
 
-        checkpoints.append(ModelCheckpoint(dirpath=spec["out"], filename="step{step}", save_top_k=-1,
-                                           every_n_train_steps=spec["checkpoint_every"], auto_insert_metric_name=False))
+        checkpoints.append(
+            ModelCheckpoint(
+                dirpath=spec["out"],
+                filename="step{step}",
+                save_top_k=-1,
+                every_n_train_steps=spec["checkpoint_every"],
+                auto_insert_metric_name=False,
+            )
+        )
     balancer = ExpertBalancer(rate=Piecewise(values=[0.01], boundaries=[]), history_every=1, history_file=None)
     strategy = cfg.parallelism.strategy
     strategy = instantiate(strategy) if not isinstance(strategy, str) else strategy
     trainer = L.Trainer(
-        accelerator="cpu", devices=devices, strategy=strategy, precision="32-true",
-        max_steps=steps, gradient_clip_val=spec.get("clip", 1.0), logger=False, enable_checkpointing=bool(checkpoints),
-        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        precision="32-true",
+        max_steps=steps,
+        gradient_clip_val=spec.get("clip", 1.0),
+        logger=False,
+        enable_checkpointing=bool(checkpoints),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         use_distributed_sampler=False,
         callbacks=[record, balancer, *checkpoints],
     )
@@ -142,10 +171,18 @@ def main(spec: dict) -> None:
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
     if is_writer():
-        torch.save({"losses": record.losses, "state": state, "initial": record.initial,
-                    "tokens_seen": module.tokens_seen,
-                    "counts": [counts for _, counts in balancer.history], "expert_parallel": expert_parallel,
-                    "world_size": trainer.world_size}, out / "result.pt")
+        torch.save(
+            {
+                "losses": record.losses,
+                "state": state,
+                "initial": record.initial,
+                "tokens_seen": module.tokens_seen,
+                "counts": [counts for _, counts in balancer.history],
+                "expert_parallel": expert_parallel,
+                "world_size": trainer.world_size,
+            },
+            out / "result.pt",
+        )
 
 
 # ---------------------------------------------------------------- helpers for the tests
@@ -165,11 +202,21 @@ def run_layout(tmp_path: Path, layout: str, devices: int = 1, *, init_from: str,
     out = tmp_path / f"{layout}-{devices}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"layout": layout, "devices": devices, "out": str(out), "init_from": init_from, **spec}
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK",
-                                                              "LOCAL_RANK", "NODE_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    }
     env.setdefault("OMP_NUM_THREADS", "1")
-    result = subprocess.run([sys.executable, "-m", "tests.test_parallel", json.dumps(spec)], check=False, cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.test_parallel", json.dumps(spec)],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False) | {"out": out}
 
@@ -185,8 +232,10 @@ def assert_same_run(run: dict, reference: dict, tolerance: float = TOLERANCE, fi
         assert torch.equal(a, b), f"step {step}: global expert counts differ from the single-process run"
     assert run["tokens_seen"] == reference["tokens_seen"]
     assert run["state"].keys() == reference["state"].keys()
-    errors = {name: ((run["state"][name].float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item()
-              for name, b in reference["state"].items()}
+    errors = {
+        name: ((run["state"][name].float() - b.float()).norm() / b.float().norm().clamp(min=1e-12)).item()
+        for name, b in reference["state"].items()
+    }
     worst = max(errors, key=errors.get)
     assert errors[worst] <= tolerance, f"final {worst} differs from the single-process run by {errors[worst]:.2e}"
 
@@ -232,7 +281,6 @@ def assert_loads_and_exports_like_one_process(run: dict, init_from: str, tmp_pat
 # ---------------------------------------------------------------- the tests
 
 
-
 @pytest.fixture(scope="module")
 def single_muon(tmp_path_factory, initial_weights):
     return run_layout(tmp_path_factory.mktemp("single"), "single", init_from=initial_weights)
@@ -259,8 +307,9 @@ def test_fsdp2_with_muon_equals_the_single_process_run(tmp_path, initial_weights
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(tmp_path, initial_weights,
-                                                                                    single_muon):
+def test_expert_parallel_equals_the_single_process_run_and_exports_to_transformers(
+    tmp_path, initial_weights, single_muon
+):
     from transformers import AutoModelForCausalLM
 
     from glm46.hf import load_hf
@@ -292,12 +341,20 @@ def test_tensor_parallel_equals_the_single_process_run(tmp_path, initial_weights
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(
-        tmp_path, initial_weights, single_muon):
+    tmp_path, initial_weights, single_muon
+):
     """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, activation
     checkpointing on; built on meta, each rank reads its slices of init_from and the export is assembled from
     the shards; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
-    run = run_layout(tmp_path, "fsdp2_ep", init_from=initial_weights, devices=4, checkpoint_every=1, hf=True,
-                     overrides=["parallelism.activation_checkpointing=true"])
+    run = run_layout(
+        tmp_path,
+        "fsdp2_ep",
+        init_from=initial_weights,
+        devices=4,
+        checkpoint_every=1,
+        hf=True,
+        overrides=["parallelism.activation_checkpointing=true"],
+    )
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)
     assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)
@@ -313,8 +370,14 @@ def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoin
 @pytest.mark.slow
 def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks."""
-    run = run_layout(tmp_path, "production", init_from=initial_weights, devices=4, hf=True,
-                     overrides=["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"])
+    run = run_layout(
+        tmp_path,
+        "production",
+        init_from=initial_weights,
+        devices=4,
+        hf=True,
+        overrides=["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"],
+    )
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)
     assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)  # TP x FSDP: _StridedShard slices
@@ -326,7 +389,9 @@ def test_fsdp2_with_its_bf16_mixed_precision_policy_trains(tmp_path, initial_wei
     """The policy trainer.precision=bf16-mixed implies for the fsdp2 member (bf16 parameters, fp32 reductions;
     the Trainer here stays at 32-true, no autocast): close to the fp32 run, not equal. At 32-true, the composition
     of the other tests, the member has no policy and equals one process."""
-    run = run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=["trainer.precision=bf16-mixed"])
+    run = run_layout(
+        tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=["trainer.precision=bf16-mixed"]
+    )
     for a, b in zip(run["losses"], single_muon["losses"]):
         assert abs(a - b) <= 1e-2 * b
 
@@ -339,17 +404,29 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initia
     the partitions."""
     from glm46.hf import load_hf
 
-    run = run_layout(tmp_path, "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw",
-                     checkpoint_every=1)
+    run = run_layout(
+        tmp_path, "deepspeed_zero3", init_from=initial_weights, devices=2, optimizer="adamw", checkpoint_every=1
+    )
     assert_same_run(run, single_adamw)
     checkpoint = run["out"] / "step2.ckpt"
     assert len(list((checkpoint / "checkpoint").glob("zero_pp_rank_*_optim_states.pt"))) == 2, "partitioned state"
     assert_weights_of_checkpoint(run["out"] / "step3.ckpt", run["state"])
 
-    offload = ["parallelism.offload_parameters=true", "parallelism.offload_optimizer=true",
-               "parallelism.force_deepspeed_cpu_optimizer=false"]  # the torch AdamW steps the offloaded state
-    resumed = run_layout(tmp_path / "resumed", "deepspeed_zero3", init_from=initial_weights, devices=2,
-                         optimizer="adamw", hf=True, resume=str(checkpoint), overrides=offload)
+    offload = [
+        "parallelism.offload_parameters=true",
+        "parallelism.offload_optimizer=true",
+        "parallelism.force_deepspeed_cpu_optimizer=false",
+    ]  # the torch AdamW steps the offloaded state
+    resumed = run_layout(
+        tmp_path / "resumed",
+        "deepspeed_zero3",
+        init_from=initial_weights,
+        devices=2,
+        optimizer="adamw",
+        hf=True,
+        resume=str(checkpoint),
+        overrides=offload,
+    )
     assert_same_run(resumed, single_adamw, first_step=2)
     for name, tensor in load_hf(resumed["out"] / "hf").state_dict().items():
         assert torch.equal(tensor, resumed["state"][name]), name

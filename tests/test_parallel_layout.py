@@ -4,9 +4,9 @@ rules name their keys and numbers (no processes started)."""
 import pytest
 from omegaconf import OmegaConf
 
+from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
 from glm46.errors import ConfigError
 from glm46.parallel import Layout, layout_from_config, validate_layout
-from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
 
 from .helpers import tiny_config
 
@@ -46,17 +46,24 @@ def test_the_production_layout_is_tp8_x_ep32_with_fsdp_instead_of_pipeline_stage
         validate_layout({**cfg.parallelism, "pipeline_parallel": 16}, config, 1024 * 8)
 
 
-@pytest.mark.parametrize("keys, world, message", [
-    ({"tensor_parallel": 3}, 6, r"num_attention_heads=4 must be divisible by parallelism.tensor_parallel=3"),
-    ({"tensor_parallel": 4}, 4, r"num_key_value_heads=2 must be divisible by parallelism.tensor_parallel=4"),
-    ({"expert_parallel": 3}, 3, r"n_routed_experts=8 must be divisible by parallelism.expert_parallel=3"),
-    ({"tensor_parallel": 2}, 3, r"world size 3 .* must be divisible by parallelism.tensor_parallel=2"),
-    ({"expert_parallel": 4}, 2, r"world size 2 must be divisible by tensor_parallel x expert_parallel = 1 x 4"),
-    ({"data_parallel_shard": 3}, 4, r"data_parallel_shard=3 must divide the data-parallel size"),
-    ({"data_parallel_shard": 4, "expert_parallel": 6}, 12, r"expert_parallel=6 and data_parallel_shard=4 must divide"),
-    ({"pipeline_parallel": 2}, 2, r"pipeline_parallel=2: Lightning offers no pipeline parallelism"),
-    ({"mixed_precision": {"param_dtype": "bf16"}}, 2, r"mixed_precision.param_dtype='bf16' is not one of"),
-])
+@pytest.mark.parametrize(
+    "keys, world, message",
+    [
+        ({"tensor_parallel": 3}, 6, r"num_attention_heads=4 must be divisible by parallelism.tensor_parallel=3"),
+        ({"tensor_parallel": 4}, 4, r"num_key_value_heads=2 must be divisible by parallelism.tensor_parallel=4"),
+        ({"expert_parallel": 3}, 3, r"n_routed_experts=8 must be divisible by parallelism.expert_parallel=3"),
+        ({"tensor_parallel": 2}, 3, r"world size 3 .* must be divisible by parallelism.tensor_parallel=2"),
+        ({"expert_parallel": 4}, 2, r"world size 2 must be divisible by tensor_parallel x expert_parallel = 1 x 4"),
+        ({"data_parallel_shard": 3}, 4, r"data_parallel_shard=3 must divide the data-parallel size"),
+        (
+            {"data_parallel_shard": 4, "expert_parallel": 6},
+            12,
+            r"expert_parallel=6 and data_parallel_shard=4 must divide",
+        ),
+        ({"pipeline_parallel": 2}, 2, r"pipeline_parallel=2: Lightning offers no pipeline parallelism"),
+        ({"mixed_precision": {"param_dtype": "bf16"}}, 2, r"mixed_precision.param_dtype='bf16' is not one of"),
+    ],
+)
 def test_mesh_layouts_that_cannot_run_name_their_keys(keys, world, message):
     parallelism = {"name": "fsdp2", "engine": "mesh", "data_parallel_shard": -1, **keys}
     with pytest.raises(ConfigError, match=message):
@@ -71,18 +78,22 @@ def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon():
     with pytest.raises(ConfigError, match=r"activation_checkpointing=true is applied by engine=mesh"):
         validate_layout({"name": "ddp", "engine": "ddp", "activation_checkpointing": True}, tiny_config(), 2)
     with pytest.raises(ConfigError, match=r"Muon's Newton-Schulz needs whole matrices; use optim=adamw"):
-        validate_layout({"name": "deepspeed_zero3", "engine": "deepspeed"}, tiny_config(), 2,
-                        {"_target_": "glm46.optim.Muon"})
+        validate_layout(
+            {"name": "deepspeed_zero3", "engine": "deepspeed"}, tiny_config(), 2, {"_target_": "glm46.optim.Muon"}
+        )
 
 
-@pytest.mark.parametrize("world, tp, ep, shard, shape", [
-    (2, 1, 1, 2, (1, 1, 2, 1, 1)),  # fsdp2
-    (2, 1, 2, 1, (1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
-    (4, 1, 2, 4, (1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
-    (4, 2, 2, 2, (1, 1, 1, 2, 2)),  # tp x ep
-    (16, 1, 4, 2, (4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
-    (8192, 8, 32, 1024, (1, 1, 32, 32, 8)),  # production
-])
+@pytest.mark.parametrize(
+    "world, tp, ep, shard, shape",
+    [
+        (2, 1, 1, 2, (1, 1, 2, 1, 1)),  # fsdp2
+        (2, 1, 2, 1, (1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
+        (4, 1, 2, 4, (1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
+        (4, 2, 2, 2, (1, 1, 1, 2, 2)),  # tp x ep
+        (16, 1, 4, 2, (4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
+        (8192, 8, 32, 1024, (1, 1, 32, 32, 8)),  # production
+    ],
+)
 def test_mesh_shape_places_ep_inside_the_data_parallel_ranks(world, tp, ep, shard, shape):
     layout = Layout(world, tp, ep, shard)
     assert layout.mesh_shape == shape

@@ -54,11 +54,14 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
             ours, theirs = _muon(model), _muon(reference)
             generator = torch.Generator().manual_seed(7)
             for _ in range(3):  # the same full gradients on every rank; each keeps its slice
-                for (n, p), q in zip(model.named_parameters(), reference.parameters()):
+                for (_, p), q in zip(model.named_parameters(), reference.parameters()):
                     grad = torch.randn(q.shape, generator=generator)
                     q.grad = grad
-                    p.grad = (distribute_tensor(grad, p.device_mesh, p.placements, src_data_rank=None)
-                              if isinstance(p, DTensor) else grad.clone())
+                    p.grad = (
+                        distribute_tensor(grad, p.device_mesh, p.placements, src_data_rank=None)
+                        if isinstance(p, DTensor)
+                        else grad.clone()
+                    )
                 ours.step()
                 theirs.step()
             for (n, p), q in zip(model.named_parameters(), reference.parameters()):

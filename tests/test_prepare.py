@@ -62,13 +62,22 @@ def test_planted_folder_gives_the_expected_counts(planted, tmp_path):
     manifest = prepare(read_jsonl([str(planted)], ledger), ledger, tmp_path / "out", DEDUP, QualityRules())
     assert manifest["documents_in"] == 50
     assert manifest["documents_out"] == 40
-    assert manifest["dropped"] == {"exact_duplicate": 1, "url_duplicate": 1, "near_duplicate": 2, "malformed": 3,
-                                   "empty": 1, "undecodable": 1, "quality/min_chars": 1}
+    assert manifest["dropped"] == {
+        "exact_duplicate": 1,
+        "url_duplicate": 1,
+        "near_duplicate": 2,
+        "malformed": 3,
+        "empty": 1,
+        "undecodable": 1,
+        "quality/min_chars": 1,
+    }
     assert manifest["documents_in"] == manifest["documents_out"] + sum(manifest["dropped"].values())
-    assert manifest["bytes_in"] == (manifest["bytes_out"] + sum(manifest["bytes_dropped"].values())
-                                    + manifest["bytes_trimmed"])
+    assert manifest["bytes_in"] == (
+        manifest["bytes_out"] + sum(manifest["bytes_dropped"].values()) + manifest["bytes_trimmed"]
+    )
     assert [e.split(": ")[0] for e in manifest["examples"]["malformed"]] == [
-        f"{planted / 'part1.jsonl'}:{line}" for line in (45, 46, 47)]
+        f"{planted / 'part1.jsonl'}:{line}" for line in (45, 46, 47)
+    ]
     assert manifest["examples"]["undecodable"][0].startswith(str(planted / "part2.jsonl") + ":1")
     kept = [json.loads(line) for line in (tmp_path / "out" / "documents" / "general.jsonl").read_text().splitlines()]
     assert [d["id"] for d in kept] == [str(i) for i in range(40)], "the first of every group is the one kept"
@@ -158,9 +167,17 @@ def edited(rng: random.Random, text: str, changes: int) -> str:
 def test_signatures_are_datasketch_minhash_of_the_shingles():
     rng = random.Random(1)
     ascii_noise = ["".join(rng.choices("aB9_ -,.!?'\t\nZz()", k=rng.randrange(80))) for _ in range(30)]
-    texts = ["Hello, World! hello world again and AGAIN, the end.", "a b c d e", "a b c d", "short", "", "!!! ...",
-             "Héllo WÖRLD straße 数学 x_y İstanbul ÉCOLE, naïve café", "tabs\tand\nnew_lines 123 4.56 x-y",
-             random_docs(rng, 1, words=20000)[0]] + ascii_noise  # ... and one longer than a block of shingles
+    texts = [
+        "Hello, World! hello world again and AGAIN, the end.",
+        "a b c d e",
+        "a b c d",
+        "short",
+        "",
+        "!!! ...",
+        "Héllo WÖRLD straße 数学 x_y İstanbul ÉCOLE, naïve café",
+        "tabs\tand\nnew_lines 123 4.56 x-y",
+        random_docs(rng, 1, words=20000)[0],
+    ] + ascii_noise  # ... and one longer than a block of shingles
     signatures = minhash_signatures(texts, shingle_size=5, num_perm=64, seed=3)
     for text, row in zip(texts, signatures):
         reference = MinHash(num_perm=64, seed=3, hashfunc=shingle_hash)
@@ -176,7 +193,8 @@ def test_estimated_jaccard_agrees_with_exact_shingle_jaccard():
     for (a, b), sig_a, sig_b in zip(pairs, signatures[0::2], signatures[1::2]):
         exact = len(set(shingles(a, 5)) & set(shingles(b, 5))) / len(set(shingles(a, 5)) | set(shingles(b, 5)))
         estimate = LeanMinHash(seed=1, hashvalues=sig_a, scheme="affine32").jaccard(
-            LeanMinHash(seed=1, hashvalues=sig_b, scheme="affine32"))
+            LeanMinHash(seed=1, hashvalues=sig_b, scheme="affine32")
+        )
         errors.append(abs(estimate - exact))
     assert np.mean(errors) < 0.05 and max(errors) < 0.2, errors
 
@@ -226,10 +244,16 @@ def test_signatures_are_deterministic_across_runs_chunks_and_workers(tmp_path):
     assert np.array_equal(minhash_signatures(texts, 5, 128, seed=7, num_workers=2, chunk=37), signatures)
     assert not np.array_equal(minhash_signatures(texts, 5, 128, seed=8), signatures)
     (tmp_path / "texts.json").write_text(json.dumps(texts))
-    script = ("import json, sys, numpy as np; from glm46.data.dedup import minhash_signatures; "
-              "np.save(sys.argv[2], minhash_signatures(json.load(open(sys.argv[1])), 5, 128, seed=7))")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "texts.json"), str(tmp_path / "other.npy")],
-                   cwd=ROOT, env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    script = (
+        "import json, sys, numpy as np; from glm46.data.dedup import minhash_signatures; "
+        "np.save(sys.argv[2], minhash_signatures(json.load(open(sys.argv[1])), 5, 128, seed=7))"
+    )
+    subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "texts.json"), str(tmp_path / "other.npy")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        check=True,
+    )
     assert np.array_equal(np.load(tmp_path / "other.npy"), signatures)
 
 
@@ -241,9 +265,20 @@ def test_missing_input_path_is_named(tmp_path):
 def test_run_py_prepare_command(planted, tmp_path):
     out = tmp_path / "dataset"
     result = subprocess.run(
-        [sys.executable, "run.py", "task=prepare", "data=jsonl", f"data.paths=[{planted}]", f"data.output_dir={out}",
-         "prepare.tokenizer.vocab_size=300", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "run.py",
+            "task=prepare",
+            "data=jsonl",
+            f"data.paths=[{planted}]",
+            f"data.output_dir={out}",
+            "prepare.tokenizer.vocab_size=300",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     manifest = json.loads((out / "manifest.json").read_text())

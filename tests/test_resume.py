@@ -16,16 +16,31 @@ from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # 6 optimizer steps of 2 micro-batches, a checkpoint every 2 steps, every step logged.
-RUN = ["experiment=tiny_bytes", "data.max_bytes=100000", "data.seq_len=32", "data.batch_size=2",
-       "trainer.max_steps=6", "trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=1",
-       "trainer.val_check_interval=1000", "trainer.limit_val_batches=0", "callbacks.progress_bar=null",
-       "callbacks.model_checkpoint.every_n_train_steps=2", "callbacks.throughput=null"]
+RUN = [
+    "experiment=tiny_bytes",
+    "data.max_bytes=100000",
+    "data.seq_len=32",
+    "data.batch_size=2",
+    "trainer.max_steps=6",
+    "trainer.accumulate_grad_batches=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=1000",
+    "trainer.limit_val_batches=0",
+    "callbacks.progress_bar=null",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "callbacks.throughput=null",
+]
 STAGES = ['+stages.first=["optim.optimizer.lr=0.001"]']  # a first stage at another learning rate
 
 
 def run(run_dir: Path, *overrides: str, killed: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", *overrides],
-                            cwd=ROOT, capture_output=True, text=True, timeout=900)
+    result = subprocess.run(
+        [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", *overrides],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     expected = -signal.SIGKILL if killed else 0
     assert result.returncode == expected, result.stdout[-2000:] + result.stderr[-3000:]
     return result
@@ -59,10 +74,13 @@ def straight(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("batch, resumed_from", [
-    (5, 2),  # the second micro-batch of step 3: its first micro-batch's gradient is lost with the process
-    (8, 4),  # the first micro-batch after the checkpoint of step 4
-])
+@pytest.mark.parametrize(
+    "batch, resumed_from",
+    [
+        (5, 2),  # the second micro-batch of step 3: its first micro-batch's gradient is lost with the process
+        (8, 4),  # the first micro-batch after the checkpoint of step 4
+    ],
+)
 def test_sigkill_then_resume_is_bitwise_the_straight_run(straight, tmp_path, batch, resumed_from):
     run(tmp_path, *kill_at(batch), killed=True)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == resumed_from

@@ -17,24 +17,27 @@ from .test_sft import make_chat_dataset
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("completion, reward", [
-    ("7 * 3 = 21. Then 12 + 21 = 33.\nAnswer: 33", 1.0),
-    ("Answer: 33.", 1.0),
-    ("so the result is \\boxed{33}", 1.0),
-    ("Answer: \\boxed{ 33 }", 1.0),
-    ("Answer: 12\nOn second thought, Answer: 33", 1.0),  # the last final answer counts
-    ("Answer: 34", 0.0),  # wrong
-    ("Answer: 33\nAnswer: 34", 0.0),
-    ("Answer: 33<|endoftext|><|endoftext|>", 1.0),  # a decoded completion, padded after its stop token
-    ("Answer: 33<|user|>\nAnswer: 34", 1.0),  # what follows a stop token is not the reply
-    ("Answer: -33", 0.0),
-    ("The answer is 33", 0.0),  # malformed: no final-answer line
-    ("Answer: thirty-three", 0.0),
-    ("Answer: 33.0", 0.0),
-    ("Answer: 33 apples", 0.0),
-    ("\\boxed{}", 0.0),
-    ("", 0.0),
-])
+@pytest.mark.parametrize(
+    "completion, reward",
+    [
+        ("7 * 3 = 21. Then 12 + 21 = 33.\nAnswer: 33", 1.0),
+        ("Answer: 33.", 1.0),
+        ("so the result is \\boxed{33}", 1.0),
+        ("Answer: \\boxed{ 33 }", 1.0),
+        ("Answer: 12\nOn second thought, Answer: 33", 1.0),  # the last final answer counts
+        ("Answer: 34", 0.0),  # wrong
+        ("Answer: 33\nAnswer: 34", 0.0),
+        ("Answer: 33<|endoftext|><|endoftext|>", 1.0),  # a decoded completion, padded after its stop token
+        ("Answer: 33<|user|>\nAnswer: 34", 1.0),  # what follows a stop token is not the reply
+        ("Answer: -33", 0.0),
+        ("The answer is 33", 0.0),  # malformed: no final-answer line
+        ("Answer: thirty-three", 0.0),
+        ("Answer: 33.0", 0.0),
+        ("Answer: 33 apples", 0.0),
+        ("\\boxed{}", 0.0),
+        ("", 0.0),
+    ],
+)
 def test_verify_rewards_only_the_right_integer_in_the_answer_format(completion, reward):
     assert verify({"answer": 33}, completion) == reward
 
@@ -74,8 +77,11 @@ def test_prompts_end_with_the_assistant_token_and_carry_the_reference_answer(dat
         expression = prompt.split("Compute ")[1].split(".")[0]
         assert eval(expression) == int(answer)
         # the prompt is a document's start, and the document's reference reply earns the reward
-        start = next(s for (s, _), in dm.bins["rl"] if torch.equal(torch.from_numpy(tokens[s : s + length]
-                                                                                     .astype("int64")), ids[:length]))
+        start = next(
+            s
+            for ((s, _),) in dm.bins["rl"]
+            if torch.equal(torch.from_numpy(tokens[s : s + length].astype("int64")), ids[:length])
+        )
         ((_, doc_length),) = next(b for b in dm.bins["rl"] if b[0][0] == start)
         reply = tokenizer.decode(tokens[start + length : start + doc_length].tolist())
         assert verify({"answer": answer}, reply) == 1.0
@@ -99,15 +105,29 @@ def test_held_out_prompts_are_disjoint_from_training_prompts(dataset):
     seen = set()
     for _, batch in zip(range(30), train):
         seen |= {tuple(ids[:n].tolist()) for ids, n in zip(batch["prompt_ids"], batch["prompt_length"])}
-    held_out = [tuple(ids[:n].tolist()) for batch in dm.val_dataloader()
-                for ids, n in zip(batch["prompt_ids"], batch["prompt_length"])]
+    held_out = [
+        tuple(ids[:n].tolist())
+        for batch in dm.val_dataloader()
+        for ids, n in zip(batch["prompt_ids"], batch["prompt_length"])
+    ]
     assert len(held_out) == 20 and not seen & set(held_out)
 
 
 def test_train_refuses_the_rl_data_module_naming_it(tmp_path):
     result = subprocess.run(
-        [sys.executable, "run.py", "experiment=toy_stage", "phase=toy_rl", "data=embedded_rl",
-         f"data.path={tmp_path}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "run.py",
+            "experiment=toy_stage",
+            "phase=toy_rl",
+            "data=embedded_rl",
+            f"data.path={tmp_path}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     assert "PromptDataModule serves prompts for an RL loop, and this version has no RL step" in result.stderr

@@ -76,9 +76,12 @@ def test_batch_warmup_callbacks_member_ramps_a_quarter_to_the_full_batch(compose
         ("midtrain phase=midtrain_long", 131072, 1_000_000.0, "best_fit", 100 * 10**9),
     ],
 )
-def test_glm45_phases_set_sequence_rope_packing_and_steps(compose_config, experiment, seq_len, rope_theta, packing,
-                                                          tokens):
-    cfg = compose_config(*f"experiment={experiment}".split(), "cluster=h800_1024n", "data.path=/data", "init_from=/ckpt")
+def test_glm45_phases_set_sequence_rope_packing_and_steps(
+    compose_config, experiment, seq_len, rope_theta, packing, tokens
+):
+    cfg = compose_config(
+        *f"experiment={experiment}".split(), "cluster=h800_1024n", "data.path=/data", "init_from=/ckpt"
+    )
     assert (cfg.data.seq_len, cfg.model.rope_theta, cfg.data.packing) == (seq_len, rope_theta, packing)
     assert cfg.model.max_position_embeddings == 202752
     # the phase's global batch (64M tokens; 128M at 128K) per optimizer step, whatever the cluster
@@ -88,9 +91,16 @@ def test_glm45_phases_set_sequence_rope_packing_and_steps(compose_config, experi
 
 
 def test_a_sequence_longer_than_the_model_allows_is_refused(compose_config):
-    from glm46.errors import ConfigError
     from glm46.app.checks import validate
+    from glm46.errors import ConfigError
 
-    cfg = compose_config("experiment=midtrain", "phase=midtrain_long", "cluster=h800_1024n", "data.path=/data", "init_from=/ckpt", "phase.seq_len=300000")
+    cfg = compose_config(
+        "experiment=midtrain",
+        "phase=midtrain_long",
+        "cluster=h800_1024n",
+        "data.path=/data",
+        "init_from=/ckpt",
+        "phase.seq_len=300000",
+    )
     with pytest.raises(ConfigError, match="data.seq_len=300000 exceeds model.max_position_embeddings=202752"):
         validate(cfg)

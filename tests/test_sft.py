@@ -66,8 +66,10 @@ def test_two_turn_conversation_trains_only_the_assistant_tokens(tokenizer):
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     assert trained == "12 + 30 = 42.\nAnswer: 42<|user|><think>42 * 2 = 84</think>\nAnswer: 84<|endoftext|>"
     untrained = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
-    assert untrained == ("[gMASK]<sop><|system|>\nAnswer briefly.<|user|>\nWhat is 12 + 30?<|assistant|>\n"
-                         "\nNow double it.<|assistant|>\n")
+    assert untrained == (
+        "[gMASK]<sop><|system|>\nAnswer briefly.<|user|>\nWhat is 12 + 30?<|assistant|>\n"
+        "\nNow double it.<|assistant|>\n"
+    )
     # the rendered text, tokenized as the shard writer does (plus its <|endoftext|>), is format_chat's ids,
     # and the mask is recovered from the ids alone
     assert tokenizer.encode(render_chat(TWO_TURNS)) + [tokenizer.token_id("<|endoftext|>")] == ids
@@ -149,10 +151,17 @@ def test_validation_reads_held_out_conversations_with_the_same_mask(dataset):
 def fit(dataset, steps, directory, ckpt_path=None):
     recorder = RecordBatches("labels")
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=directory, every_n_train_steps=2, save_top_k=-1)
-    trainer = L.Trainer(max_steps=steps, callbacks=[recorder, checkpoint], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)
-    trainer.fit(lit_module(tiny_config(vocab_size=400)), datamodule=datamodule(dataset, seq_len=128),
-                ckpt_path=ckpt_path)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[recorder, checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        lit_module(tiny_config(vocab_size=400)), datamodule=datamodule(dataset, seq_len=128), ckpt_path=ckpt_path
+    )
     return recorder.batches
 
 

@@ -20,8 +20,10 @@ def dataset(tmp_path_factory):
     root = tmp_path_factory.mktemp("dataset")
     (root / "documents").mkdir()
     rng = np.random.default_rng(0)
-    texts = {"code": [f"def f{i}(x):\n    return x * {i} + {rng.integers(100)}\n" for i in range(300)],
-             "math": [f"Question: What is {a} + {b}?\nAnswer: {a + b}" for a, b in rng.integers(0, 999, (300, 2))]}
+    texts = {
+        "code": [f"def f{i}(x):\n    return x * {i} + {rng.integers(100)}\n" for i in range(300)],
+        "math": [f"Question: What is {a} + {b}?\nAnswer: {a + b}" for a, b in rng.integers(0, 999, (300, 2))],
+    }
     for domain, docs in texts.items():
         (root / "documents" / f"{domain}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     tokenizer = GLMTokenizer(train_tokenizer([t for docs in texts.values() for t in docs], vocab_size=320))
@@ -99,8 +101,14 @@ def fit(dataset, steps, tmp_path, ckpt_path=None):
     config = tiny_config(vocab_size=320)
     recorder = RecordBatches("input_ids")
     checkpoint = L.pytorch.callbacks.ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=3, save_top_k=-1)
-    trainer = L.Trainer(max_steps=steps, callbacks=[recorder, checkpoint], logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        max_steps=steps,
+        callbacks=[recorder, checkpoint],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(lit_module(config), datamodule=datamodule(dataset), ckpt_path=ckpt_path)
     return recorder.batches
 

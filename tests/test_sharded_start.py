@@ -23,14 +23,40 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
 # About 100M parameters (400 MiB in fp32): a whole copy on a rank is 2-4x the shards of these layouts.
-LARGE = dict(vocab_size=16384, hidden_size=512, intermediate_size=1024, moe_intermediate_size=512, num_hidden_layers=6,
-             num_attention_heads=8, num_key_value_heads=4, head_dim=64, first_k_dense_replace=1, n_routed_experts=16,
-             num_experts_per_tok=2, max_position_embeddings=256)
+LARGE = dict(
+    vocab_size=16384,
+    hidden_size=512,
+    intermediate_size=1024,
+    moe_intermediate_size=512,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    first_k_dense_replace=1,
+    n_routed_experts=16,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+)
 TINY_SHARDED = dict(num_hidden_layers=3, n_routed_experts=8)  # tests.helpers.tiny_config with these
-SMALL = dict(LARGE, vocab_size=256, hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=16, n_routed_experts=4)
-LAYOUTS = {"fsdp2": (-1, 1, 1), "ep": (1, 1, 4), "fsdp2_ep": (-1, 1, 2), "tp": (-1, 2, 1),  # shard, tp, ep
-           "tp2_ep2": (2, 2, 2)}  # experts over ep, replicated over tp: replicas to compare
+SMALL = dict(
+    LARGE,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=64,
+    moe_intermediate_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    n_routed_experts=4,
+)
+LAYOUTS = {
+    "fsdp2": (-1, 1, 1),
+    "ep": (1, 1, 4),
+    "fsdp2_ep": (-1, 1, 2),
+    "tp": (-1, 2, 1),  # shard, tp, ep
+    "tp2_ep2": (2, 2, 2),
+}  # experts over ep, replicated over tp: replicas to compare
 MEASURED = ("fsdp2", "ep", "fsdp2_ep", "tp")
 
 
@@ -98,10 +124,24 @@ def measure(tmp_path: Path, layout: str, model: dict, **spec) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     spec = json.dumps({"layout": layout, "model": model, "out": str(out), **spec})
-    processes = [subprocess.Popen([sys.executable, "-m", "tests.test_sharded_start", spec], cwd=ROOT,
-                                  env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                                       "RANK": str(r), "WORLD_SIZE": "4", "OMP_NUM_THREADS": "1"},
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(4)]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.test_sharded_start", spec],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(r),
+                "WORLD_SIZE": "4",
+                "OMP_NUM_THREADS": "1",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(4)
+    ]
     for p in processes:
         _, err = p.communicate(timeout=300)
         assert p.returncode == 0, err[-3000:]
@@ -117,7 +157,8 @@ def test_each_rank_holds_its_shards_plus_a_fixed_overhead(tmp_path, layout):
         assert r["local"] < r["whole"] / 1.9, f"rank {rank}: the layout should shard most of the model"
         assert r["grown"] <= r["local"] + overhead, (
             f"rank {rank} grew {r['grown'] / MIB:.0f} MiB for {r['local'] / MIB:.0f} MiB of shards "
-            f"(overhead {overhead / MIB:.0f} MiB; the whole model is {r['whole'] / MIB:.0f} MiB)")
+            f"(overhead {overhead / MIB:.0f} MiB; the whole model is {r['whole'] / MIB:.0f} MiB)"
+        )
 
 
 def fused(source: Path, target: Path) -> Path:
@@ -150,8 +191,10 @@ def without_mtp(source: Path, target: Path, num_layers: int) -> Path:
     tensors = load_file(source / "model.safetensors")
     target.mkdir()
     shutil.copy(source / "config.json", target / "config.json")
-    save_file({k: v for k, v in tensors.items() if not k.startswith(f"model.layers.{num_layers}.")},
-              target / "model.safetensors")
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith(f"model.layers.{num_layers}.")},
+        target / "model.safetensors",
+    )
     return target
 
 
@@ -184,9 +227,12 @@ def test_shards_initialise_consistently_and_read_weights_of_every_kind(tmp_path)
     per_expert = save_hf(random_model(tiny_config(**model), seed=3), tmp_path / "per_expert")
     checkpoint = tmp_path / "last.ckpt"  # a Lightning checkpoint file, memory-mapped by every rank
     torch.save({"state_dict": {f"model.{k}": v for k, v in load_hf(per_expert).state_dict().items()}}, checkpoint)
-    sources = {"per_expert": str(per_expert), "fused": str(fused(per_expert, tmp_path / "fused")),
-               "ckpt": str(checkpoint),
-               "no_mtp": str(without_mtp(per_expert, tmp_path / "no_mtp", model["num_hidden_layers"]))}
+    sources = {
+        "per_expert": str(per_expert),
+        "fused": str(fused(per_expert, tmp_path / "fused")),
+        "ckpt": str(checkpoint),
+        "no_mtp": str(without_mtp(per_expert, tmp_path / "no_mtp", model["num_hidden_layers"])),
+    }
     ranks = measure(tmp_path, "tp2_ep2", tiny_config(**model).__dict__, check=sources)
     assert_replicas_agree_and_shards_differ(ranks, "pieces")
     assert_replicas_agree_and_shards_differ(ranks, "no_mtp_pieces")
@@ -210,7 +256,7 @@ from omegaconf import OmegaConf
 from glm46.app.schema import register_configs
 from glm46.app.train import build_module
 register_configs()
-with initialize_config_dir(config_dir="{ROOT / 'conf'}", version_base="1.3"):
+with initialize_config_dir(config_dir="{ROOT / "conf"}", version_base="1.3"):
     cfg = compose(config_name="config", overrides=["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/x"])
 module = build_module(cfg, OmegaConf.to_object(cfg.model))
 assert all(p.is_meta for p in module.parameters())

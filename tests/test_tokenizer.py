@@ -17,8 +17,14 @@ from glm46.data.tokenizer import SPECIAL_TOKENS, GLMTokenizer, train_tokenizer
 def corpus() -> list[str]:
     ledger = Ledger()
     code = [doc.text for _, doc in zip(range(60), stdlib_code(ledger))]
-    return code + [doc.text for doc in generated(ledger, math_problems=300, reasoning_problems=200, seed=0)] + [
-        "unicode: héllo wörld, 数学, emoji 🙂\r\n\ttabs   and  spaces\n\n\n", "<|user|>hi<|assistant|><think>x</think>"]
+    return (
+        code
+        + [doc.text for doc in generated(ledger, math_problems=300, reasoning_problems=200, seed=0)]
+        + [
+            "unicode: héllo wörld, 数学, emoji 🙂\r\n\ttabs   and  spaces\n\n\n",
+            "<|user|>hi<|assistant|><think>x</think>",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +105,10 @@ def test_chat_template_masks_assistant_turns_only(tokenizer):
     ]
     ids, mask = format_chat(messages, tokenizer)
     assert len(ids) == len(mask)
-    assert tokenizer.decode(ids) == ("[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2 + 2?<|assistant|>\n4"
-                                     "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>9<|endoftext|>")
+    assert tokenizer.decode(ids) == (
+        "[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2 + 2?<|assistant|>\n4"
+        "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>9<|endoftext|>"
+    )
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     assert trained == "4<|user|><think>3 * 3 = 9</think>9<|endoftext|>"
     with pytest.raises(ValueError, match="role 'tool'"):

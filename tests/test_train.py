@@ -18,16 +18,24 @@ from glm46.hf import load_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RUN = [
-    "experiment=tiny_bytes", "data.max_bytes=300000", "data.seq_len=64", "data.batch_size=4",
+    "experiment=tiny_bytes",
+    "data.max_bytes=300000",
+    "data.seq_len=64",
+    "data.batch_size=4",
     "trainer.val_check_interval=10",
-    "trainer.limit_val_batches=2", "trainer.log_every_n_steps=2", "callbacks.model_checkpoint.every_n_train_steps=10",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=2",
+    "callbacks.model_checkpoint.every_n_train_steps=10",
 ]
 
 
 def run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={run_dir}", *overrides],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -51,8 +59,18 @@ def trained(tmp_path_factory):
 @pytest.mark.slow
 def test_training_run_learns_and_logs_the_design_metrics(trained):
     rows = metrics(trained)
-    for name in ("train/loss", "train/mtp_loss", "optim/lr", "moe/maxvio", "perf/tokens_per_sec",
-                 "perf/mfu", "optim/grad_norm", "moe/maxvio_layer0", "val/loss", "val/ppl"):
+    for name in (
+        "train/loss",
+        "train/mtp_loss",
+        "optim/lr",
+        "moe/maxvio",
+        "perf/tokens_per_sec",
+        "perf/mfu",
+        "optim/grad_norm",
+        "moe/maxvio_layer0",
+        "val/loss",
+        "val/ppl",
+    ):
         assert column(rows, name), f"metrics.csv has no {name}"
     loss = column(rows, "train/loss")
     assert loss[-1] < loss[0] - 1.0, f"loss did not fall: {loss}"
@@ -132,20 +150,48 @@ def test_train_on_a_prepared_dataset(tmp_path):
     corpus.mkdir()
     rng = random.Random(0)
     words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
-    (corpus / "docs.jsonl").write_text("".join(
-        json.dumps({"text": " ".join(rng.choice(words) for _ in range(80)) + "."}) + "\n" for _ in range(200)))
+    (corpus / "docs.jsonl").write_text(
+        "".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(80)) + "."}) + "\n" for _ in range(200))
+    )
     dataset = tmp_path / "dataset"
     prepared = subprocess.run(
-        [sys.executable, "run.py", "task=prepare", "data=jsonl", f"data.paths=[{corpus}]", f"data.output_dir={dataset}",
-         "prepare.tokenizer.vocab_size=400", f"hydra.run.dir={tmp_path / 'prep'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "run.py",
+            "task=prepare",
+            "data=jsonl",
+            f"data.paths=[{corpus}]",
+            f"data.output_dir={dataset}",
+            "prepare.tokenizer.vocab_size=400",
+            f"hydra.run.dir={tmp_path / 'prep'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     result = subprocess.run(
-        [sys.executable, "run.py", "experiment=tiny_bytes", "data=shards", f"data.path={dataset}",
-         "data.mixture={general: 1.0}",
-         "data.seq_len=64", "data.batch_size=4", "model.vocab_size=400", "trainer.max_steps=12",
-         "trainer.val_check_interval=6", "trainer.log_every_n_steps=2", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "run.py",
+            "experiment=tiny_bytes",
+            "data=shards",
+            f"data.path={dataset}",
+            "data.mixture={general: 1.0}",
+            "data.seq_len=64",
+            "data.batch_size=4",
+            "model.vocab_size=400",
+            "trainer.max_steps=12",
+            "trainer.val_check_interval=6",
+            "trainer.log_every_n_steps=2",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["ShardDataModule"]["samples"] == 12 * 4
@@ -170,18 +216,23 @@ def write_word_corpus(path: Path, documents: int, seed: int) -> Path:
     """JSONL of documents of 60 random made-up words: varied enough for dedup and the quality rules."""
     rng = random.Random(seed)
     words = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "lmnrst"]
-    path.write_text("".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n"
-                            for _ in range(documents)))
+    path.write_text(
+        "".join(
+            json.dumps({"text": " ".join(rng.choice(words) for _ in range(60)) + "."}) + "\n" for _ in range(documents)
+        )
+    )
     return path
 
 
 def fake_prepare(calls):
     """A stand-in for task=prepare that records its settings and writes shards with a new fingerprint."""
+
     def prepare(source, settings):
         calls.append(source)
         tokens = Path(source.output_dir) / "tokens"
         tokens.mkdir(parents=True, exist_ok=True)
         (tokens / "shards.json").write_text(json.dumps({"fingerprint": f"build-{len(calls)}"}))
+
     return prepare
 
 
@@ -191,8 +242,13 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 100, seed=0), tmp_path / "dataset"
 
     def config(*overrides):
-        return compose_config("data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
-                              f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=400", *overrides)
+        return compose_config(
+            "data@auto_prepare=jsonl",
+            f"auto_prepare.paths=[{corpus}]",
+            f"auto_prepare.output_dir={dataset}",
+            "prepare.tokenizer.vocab_size=400",
+            *overrides,
+        )
 
     prepare_once(config())  # the real preparation, first use
     manifest = json.loads((dataset / "manifest.json").read_text())
@@ -221,8 +277,13 @@ def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, 
     from glm46.app.tasks import run_task
 
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 50, seed=1), tmp_path / "dataset"
-    config = compose_config("task=prepare", "data@auto_prepare=jsonl", f"auto_prepare.paths=[{corpus}]",
-                            f"auto_prepare.output_dir={dataset}", "prepare.tokenizer.vocab_size=300")
+    config = compose_config(
+        "task=prepare",
+        "data@auto_prepare=jsonl",
+        f"auto_prepare.paths=[{corpus}]",
+        f"auto_prepare.output_dir={dataset}",
+        "prepare.tokenizer.vocab_size=300",
+    )
     run_task(config)
     assert json.loads((dataset / "manifest.json").read_text())["documents_in"] == 50
     fingerprint = json.loads((dataset / "tokens" / "shards.json").read_text())["fingerprint"]
@@ -237,8 +298,10 @@ def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose
     prepare_once(compose_config("experiment=tiny_bytes"), fake_prepare(calls))
     prepare_once(compose_config("data=stdlib"), fake_prepare(calls))  # the default run's stages on the byte stream
     # the default experiment on a dataset of one's own: neither the embedded corpus nor that folder is written
-    prepare_once(compose_config("data=shards", f"data.path={tmp_path}", f"auto_prepare.output_dir={tmp_path / 'x'}"),
-                 fake_prepare(calls))
+    prepare_once(
+        compose_config("data=shards", f"data.path={tmp_path}", f"auto_prepare.output_dir={tmp_path / 'x'}"),
+        fake_prepare(calls),
+    )
     prepare_once(compose_config(f"data.path={tmp_path}"), fake_prepare(calls))
     assert calls == [] and list(tmp_path.iterdir()) == []
     assert compose_config(f"auto_prepare.output_dir={tmp_path}").data.path == str(tmp_path)
@@ -247,13 +310,22 @@ def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose
 @pytest.mark.slow
 def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curriculum(tmp_path):
     dataset, run_dir = tmp_path / "embedded", tmp_path / "run"
-    small = [f"auto_prepare.output_dir={dataset}", "auto_prepare.options.math_problems=2000",
-             "auto_prepare.options.reasoning_problems=1000", "auto_prepare.options.sft_conversations=1000",
-             "auto_prepare.options.rl_prompts=200", "prepare.tokenizer.vocab_size=2048", "data.batch_size=4",
-             "phase.seq_len=128", "trainer.log_every_n_steps=1", "trainer.limit_val_batches=2",
-             f"hydra.run.dir={run_dir}"]
-    first = subprocess.run([sys.executable, "run.py", *small, "trainer.max_steps=4"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    small = [
+        f"auto_prepare.output_dir={dataset}",
+        "auto_prepare.options.math_problems=2000",
+        "auto_prepare.options.reasoning_problems=1000",
+        "auto_prepare.options.sft_conversations=1000",
+        "auto_prepare.options.rl_prompts=200",
+        "prepare.tokenizer.vocab_size=2048",
+        "data.batch_size=4",
+        "phase.seq_len=128",
+        "trainer.log_every_n_steps=1",
+        "trainer.limit_val_batches=2",
+        f"hydra.run.dir={run_dir}",
+    ]
+    first = subprocess.run(
+        [sys.executable, "run.py", *small, "trainer.max_steps=4"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
     assert f"dataset: preparing {dataset}" in first.stdout
     manifest = json.loads((dataset / "manifest.json").read_text())
@@ -281,8 +353,13 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     first_losses.append(column(metrics(run_dir), "train/loss")[0])
     assert all(loss < first_losses[0] for loss in first_losses[1:]), f"each stage starts from the last: {first_losses}"
 
-    again = subprocess.run([sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
-                           cwd=ROOT, capture_output=True, text=True, timeout=900)
+    again = subprocess.run(
+        [sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert f"dataset: {dataset} (prepared" in again.stdout and "preparing" not in again.stdout
     assert again.stdout.count("finished before, skipped") == 3

@@ -8,6 +8,7 @@ The Slurm launcher runs `validate` on every job before `sbatch`; `run.py` before
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
@@ -24,26 +25,59 @@ from glm46.lit.shard_data import PACKINGS
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
 
+
 class Refused(CompactHydraException):
     """A ConfigError at the command line: Hydra prints its message alone, no traceback."""
 
 
 # Keys each task reads; a missing (`???`) value among them is refused. `train` and `prepare` read everything
 # their composition holds.
-READS = {"estimate": ("model",), "plan": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len",
-                                          "data.batch_size"),
-         "dryrun": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len", "data.batch_size")}
-RESOLVED_BEFORE_TRAINING = ("model", "optim", "schedule", "data", "phase", "trainer", "parallelism",
-                            "cluster", "global_batch_tokens")
-AT_LEAST_ONE = ("data.batch_size", "data.seq_len", "trainer.max_steps", "trainer.accumulate_grad_batches",
-                "cluster.num_nodes", "cluster.devices", "optim.optimizer.ns_steps")
+READS = {
+    "estimate": ("model",),
+    "plan": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len", "data.batch_size"),
+    "dryrun": ("model", "optim", "phase", "parallelism", "cluster", "data.seq_len", "data.batch_size"),
+}
+RESOLVED_BEFORE_TRAINING = (
+    "model",
+    "optim",
+    "schedule",
+    "data",
+    "phase",
+    "trainer",
+    "parallelism",
+    "cluster",
+    "global_batch_tokens",
+)
+AT_LEAST_ONE = (
+    "data.batch_size",
+    "data.seq_len",
+    "trainer.max_steps",
+    "trainer.accumulate_grad_batches",
+    "cluster.num_nodes",
+    "cluster.devices",
+    "optim.optimizer.ns_steps",
+)
 # Lightning's accepted `precision` values (lightning.fabric.connector._PRECISION_INPUT).
-PRECISIONS = ("64-true", "32-true", "16-true", "16-mixed", "bf16-true", "bf16-mixed", "transformer-engine",
-              "transformer-engine-float16", "64", "32", "16", "bf16")
+PRECISIONS = (
+    "64-true",
+    "32-true",
+    "16-true",
+    "16-mixed",
+    "bf16-true",
+    "bf16-mixed",
+    "transformer-engine",
+    "transformer-engine-float16",
+    "64",
+    "32",
+    "16",
+    "bf16",
+)
 CHOICES = {  # key -> (allowed values, what the message says about the key)
     "trainer.precision": (PRECISIONS, "{key}={value!r} is not one of Lightning's {choices}"),
-    "optim.optimizer.ns_dtype": (("bfloat16", "float16", "float32", "float64"),
-                                 "{key}={value!r} (Muon's Newton-Schulz) is not one of {choices}"),
+    "optim.optimizer.ns_dtype": (
+        ("bfloat16", "float16", "float32", "float64"),
+        "{key}={value!r} (Muon's Newton-Schulz) is not one of {choices}",
+    ),
     "data.packing": (PACKINGS, "{key}={value!r} (phase.packing) is not one of {choices}"),
 }
 
@@ -70,11 +104,13 @@ def missing_keys(node: DictConfig, prefix: str = ""):
 def refuse_missing(cfg: DictConfig) -> None:
     """Every `???` value the task reads, named, before any work (a job would otherwise fail after queueing)."""
     reads = READS.get(str(cfg.task))
-    missing = sorted(k for k in missing_keys(cfg)
-                     if reads is None or any(k == r or k.startswith(f"{r}.") for r in reads))
+    missing = sorted(
+        k for k in missing_keys(cfg) if reads is None or any(k == r or k.startswith(f"{r}.") for r in reads)
+    )
     if missing:
-        raise ConfigError(f"{', '.join(missing)}: no value (???) for task={cfg.task}; set "
-                          + " ".join(f"{k}=..." for k in missing))
+        raise ConfigError(
+            f"{', '.join(missing)}: no value (???) for task={cfg.task}; set " + " ".join(f"{k}=..." for k in missing)
+        )
 
 
 def resolve(cfg: DictConfig, keys: tuple[str, ...]) -> None:
@@ -128,12 +164,15 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
     data = cfg.data
     seq_len = data.get("seq_len")
     if seq_len is not None and seq_len > config.max_position_embeddings:
-        raise ConfigError(f"data.seq_len={seq_len} exceeds model.max_position_embeddings="
-                          f"{config.max_position_embeddings}")
+        raise ConfigError(
+            f"data.seq_len={seq_len} exceeds model.max_position_embeddings={config.max_position_embeddings}"
+        )
     module = get_class(data._target_) if "_target_" in data else None
     if module is not None and issubclass(module, SFTDataModule) and data.packing == "truncate":
-        raise ConfigError("data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations "
-                          "at random: SFT takes packing best_fit or pad")
+        raise ConfigError(
+            "data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations "
+            "at random: SFT takes packing best_fit or pad"
+        )
     if data.get("mixture") is None:
         return
     mixture = OmegaConf.to_container(data.mixture, resolve=True)
@@ -145,8 +184,10 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
     domains = _prepared_domains(cfg)
     unknown = sorted(set(mixture) - domains) if domains is not None else []
     if unknown:
-        raise ConfigError(f"data.mixture (phase.mixture) names domains {unknown} that data.path={data.path} "
-                          f"does not have (it has {sorted(domains)})")
+        raise ConfigError(
+            f"data.mixture (phase.mixture) names domains {unknown} that data.path={data.path} "
+            f"does not have (it has {sorted(domains)})"
+        )
 
 
 def check_budget(cfg: DictConfig) -> None:
@@ -154,9 +195,11 @@ def check_budget(cfg: DictConfig) -> None:
     trainer, phase, global_batch = cfg.trainer, cfg.phase, _get(cfg, "global_batch_tokens")
     if "phase.tokens" in str(OmegaConf.to_container(trainer, resolve=False)["max_steps"]):
         if phase.tokens < global_batch:
-            raise ConfigError(f"phase.tokens={phase.tokens} is less than one global batch of "
-                              f"{global_batch} tokens (trainer.max_steps={trainer.max_steps}): raise "
-                              f"phase.tokens or lower the batch")
+            raise ConfigError(
+                f"phase.tokens={phase.tokens} is less than one global batch of "
+                f"{global_batch} tokens (trainer.max_steps={trainer.max_steps}): raise "
+                f"phase.tokens or lower the batch"
+            )
 
 
 def check_training(cfg: DictConfig) -> None:
@@ -167,28 +210,34 @@ def check_training(cfg: DictConfig) -> None:
     try:
         get_class(optimizer._target_)
     except Exception:
-        raise ConfigError(f"optim.optimizer._target_={optimizer._target_!r} cannot be imported (optim=muon or "
-                          f"adamw)") from None
+        raise ConfigError(
+            f"optim.optimizer._target_={optimizer._target_!r} cannot be imported (optim=muon or adamw)"
+        ) from None
     if not optimizer.lr > 0:
         raise ConfigError(f"optim.optimizer.lr={optimizer.lr!r} must be a number > 0")
     if not 0 <= cfg.optim.min_lr <= optimizer.lr:
-        raise ConfigError(f"optim.min_lr={cfg.optim.min_lr!r} must be a number in [0, optim.optimizer.lr="
-                          f"{optimizer.lr}]")
+        raise ConfigError(
+            f"optim.min_lr={cfg.optim.min_lr!r} must be a number in [0, optim.optimizer.lr={optimizer.lr}]"
+        )
     if optimizer.weight_decay < 0:
         raise ConfigError(f"optim.optimizer.weight_decay={optimizer.weight_decay!r} must be a number >= 0")
     explicit = cfg.parallelism.mixed_precision
     if explicit.param_dtype and str(trainer.precision) in ("32-true", "32", "64-true", "64"):
-        raise ConfigError(f"parallelism.mixed_precision.param_dtype={explicit.param_dtype} contradicts "
-                          f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
-                          f"null follows trainer.precision) or choose trainer.precision=bf16-mixed")
+        raise ConfigError(
+            f"parallelism.mixed_precision.param_dtype={explicit.param_dtype} contradicts "
+            f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
+            f"null follows trainer.precision) or choose trainer.precision=bf16-mixed"
+        )
     if cfg.guard is not None:
         try:
             instantiate(cfg.guard)  # StepGuard checks its own settings
         except Exception as error:
             raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
     if issubclass(get_class(cfg.data._target_), PromptDataModule):
-        raise ConfigError(f"data: {cfg.data._target_} serves prompts for an RL loop, and this version has no RL "
-                          f"step (train trains the language-modelling objective); use it from your own loop")
+        raise ConfigError(
+            f"data: {cfg.data._target_} serves prompts for an RL loop, and this version has no RL "
+            f"step (train trains the language-modelling objective); use it from your own loop"
+        )
 
 
 def validate(cfg: DictConfig) -> GLM46Config:
@@ -203,6 +252,11 @@ def validate(cfg: DictConfig) -> GLM46Config:
     if cluster.scheduler == "slurm" and not cluster.partition:
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
     validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
+    if cfg.parallelism.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            f"parallelism={cfg.parallelism.name} needs DeepSpeed, which is not installed: "
+            f"pip install 'glm46[deepspeed]' (make install does)"
+        )
     if cfg.task == "train":
         check_budget(cfg)
     check_values(cfg)
@@ -212,6 +266,5 @@ def validate(cfg: DictConfig) -> GLM46Config:
         if cluster.accelerator == "gpu":
             result = composed_plan(cfg, config)[0]
             if not result["fits"]:
-                raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: "
-                                  + result["notes"][-1])
+                raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: " + result["notes"][-1])
     return config

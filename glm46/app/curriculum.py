@@ -117,9 +117,17 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
     started = time.time()
     metrics = train(cfg, config)
     report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from))
-    log.info("curriculum:\n" + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}"
-                                         for name, seconds, where, _ in report))
-    (run_dir / "curriculum.json").write_text(json.dumps(
-        [{"stage": name, "seconds": round(seconds, 1), "run_dir": str(where), "init_from": source}
-         for name, seconds, where, source in report], indent=2))
+    log.info(
+        "curriculum:\n"
+        + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _ in report)
+    )
+    (run_dir / "curriculum.json").write_text(
+        json.dumps(
+            [
+                {"stage": name, "seconds": round(seconds, 1), "run_dir": str(where), "init_from": source}
+                for name, seconds, where, source in report
+            ],
+            indent=2,
+        )
+    )
     return metrics

@@ -66,8 +66,9 @@ def compose_from(spec: str, config_dir: str | Path | None = None) -> tuple[dict,
     if is_run_dir(spec):
         return _read_run_dir(Path(spec))
     if spec.strip() and "=" not in spec and ("/" in spec or Path(spec).exists()):
-        raise SpecError(f"{spec}: not a run directory (no {Path(spec) / '.hydra' / 'config.yaml'}) "
-                        f"nor an override list")
+        raise SpecError(
+            f"{spec}: not a run directory (no {Path(spec) / '.hydra' / 'config.yaml'}) nor an override list"
+        )
     try:
         overrides = shlex.split(spec)
     except ValueError as e:
@@ -231,8 +232,11 @@ def format_text(result: dict, label_a: str = "A", label_b: str = "B") -> str:
         entries = result[section]
         added = sum("a" not in e for e in entries.values())
         removed = sum("b" not in e for e in entries.values())
-        counts = [f"{n} {what}" for n, what in ((len(entries) - added - removed, "changed"), (added, "added"),
-                                                  (removed, "removed")) if n]
+        counts = [
+            f"{n} {what}"
+            for n, what in ((len(entries) - added - removed, "changed"), (added, "added"), (removed, "removed"))
+            if n
+        ]
         lines.append(f"{title} ({', '.join(counts)}):" if entries else f"{title}: no difference")
         for key, entry in entries.items():
             lines.append(f"  {key}: {_show(entry.get('a', _ABSENT))} -> {_show(entry.get('b', _ABSENT))}")
@@ -250,11 +254,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m glm46.diff",
         description="The key-by-key difference between two resolved compositions. "
-                    "A and B: a quoted override list (\"\" for the default) or a run directory.")
+        'A and B: a quoted override list ("" for the default) or a run directory.',
+    )
     parser.add_argument("a", help='override list, e.g. "experiment=pretrain_phase1", or a run directory')
     parser.add_argument("b", help="override list or run directory")
-    parser.add_argument("--yaml", action="store_true",
-                        help="print {defaults: {group: {a, b}}, changed: {key: {a, b}}} as YAML")
+    parser.add_argument(
+        "--yaml", action="store_true", help="print {defaults: {group: {a, b}}, changed: {key: {a, b}}} as YAML"
+    )
     parser.add_argument("--exit-code", action="store_true", help="exit with 1 when they differ, 0 when not")
     parser.add_argument("--config-dir", default=None, help=f"the config directory (default {default_config_dir()})")
     args = parser.parse_args(argv)
@@ -270,4 +276,3 @@ def main(argv: list[str] | None = None) -> int:
         print(format_text(result, args.a, args.b))
     differ = bool(result["defaults"] or result["changed"])
     return 1 if args.exit_code and differ else 0
-

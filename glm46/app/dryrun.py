@@ -31,7 +31,7 @@ from glm46.optim.muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import parallelize
-from glm46.plan import GIB, GROUPS, MARGIN, Hardware, parameter_group, planned_parameters, state_bytes, state_by_group
+from glm46.plan import GIB, GROUPS, MARGIN, Hardware, parameter_group, planned_parameters, state_by_group, state_bytes
 
 SPLIT_BEFORE_FSDP = ("tp", "ep")  # mesh dims that split a tensor before FSDP2; its all-gather leaves them split
 
@@ -93,7 +93,9 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             model = GLM46ForCausalLM(config)
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, parallelism.mixed_precision)
-        parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward)
+        parallelize(
+            model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward
+        )
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"
@@ -107,11 +109,20 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             plan = planned[name]
             if local.numel() > plan.shard_numel:
                 how = "is replicated" if local.numel() == p.numel() else "is split less than planned"
-                problems.append(f"{name} {how}: this rank holds {tuple(local.shape)} of {tuple(p.shape)}, the plan "
-                                f"gives at most {plan.shard_shape} to a rank")
+                problems.append(
+                    f"{name} {how}: this rank holds {tuple(local.shape)} of {tuple(p.shape)}, the plan "
+                    f"gives at most {plan.shard_shape} to a rank"
+                )
         coordinate = mesh.get_coordinate()
-        return DryRun(rank, coordinate, state, state_by_group(planned.values()), largest_gather(model, optimizer),
-                      problems, time.time() - started)
+        return DryRun(
+            rank,
+            coordinate,
+            state,
+            state_by_group(planned.values()),
+            largest_gather(model, optimizer),
+            problems,
+            time.time() - started,
+        )
     finally:
         dist.destroy_process_group()
 
@@ -119,38 +130,56 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
 def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, layout: Layout) -> str:
     """The per-group table (this rank's shards beside the plan's most loaded rank) and the verdict."""
     dims = dict(zip(("edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp"), run.coordinate))
-    lines = [f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
-             + ", ".join(f"{k}={v}" for k, v in dims.items()) + f"; built, sharded and optimizer set up in "
-             f"{run.seconds:.1f} s",
-             f"{'GiB per GPU':18s} " + " ".join(f"{k:>9s}" for k in ("weights", "grads", "optim")) + " | "
-             + " ".join(f"{'plan':>9s}" for _ in range(3))]
+    lines = [
+        f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
+        + ", ".join(f"{k}={v}" for k, v in dims.items())
+        + f"; built, sharded and optimizer set up in "
+        f"{run.seconds:.1f} s",
+        f"{'GiB per GPU':18s} "
+        + " ".join(f"{k:>9s}" for k in ("weights", "grads", "optim"))
+        + " | "
+        + " ".join(f"{'plan':>9s}" for _ in range(3)),
+    ]
     for group in GROUPS:
         mine, plan = run.state[group], run.planned[group]
-        lines.append(f"{group:18s} " + " ".join(f"{mine[k] / GIB:9.3f}" for k in mine) + " | "
-                     + " ".join(f"{plan[k] / GIB:9.3f}" for k in plan))
+        lines.append(
+            f"{group:18s} "
+            + " ".join(f"{mine[k] / GIB:9.3f}" for k in mine)
+            + " | "
+            + " ".join(f"{plan[k] / GIB:9.3f}" for k in plan)
+        )
     total = {k: sum(g[k] for g in run.state.values()) for k in ("weights", "gradients", "optimizer")}
     planned_total = {k: sum(g[k] for g in run.planned.values()) for k in total}
-    lines.append(f"{'total':18s} " + " ".join(f"{v / GIB:9.3f}" for v in total.values()) + " | "
-                 + " ".join(f"{v / GIB:9.3f}" for v in planned_total.values()))
+    lines.append(
+        f"{'total':18s} "
+        + " ".join(f"{v / GIB:9.3f}" for v in total.values())
+        + " | "
+        + " ".join(f"{v / GIB:9.3f}" for v in planned_total.values())
+    )
     others = {k: v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded"))}
     rank_total = sum(total.values()) + sum(others.values())
     lines += [f"{name} (plan): {value / GIB:.2f} GiB" for name, value in others.items()]
     what, nbytes = run.largest_gather
     lines.append(f"largest tensor gathered whole on a rank: {what}: {nbytes / GIB:.3f} GiB")
     fits = rank_total <= hardware.memory_gib * GIB * MARGIN
-    lines.append(f"rank total: {rank_total / GIB:.2f} GiB of {hardware.memory_gib:g} GiB "
-                 f"({MARGIN:.0%} usable: {'fits' if fits else 'DOES NOT FIT'})")
+    lines.append(
+        f"rank total: {rank_total / GIB:.2f} GiB of {hardware.memory_gib:g} GiB "
+        f"({MARGIN:.0%} usable: {'fits' if fits else 'DOES NOT FIT'})"
+    )
     return "\n".join(lines)
 
 
 def check(run: DryRun, memory: dict[str, float], hardware: Hardware) -> None:
     """Raise ConfigError naming the parameters left larger than planned, or the memory that does not fit."""
     if run.problems:
-        raise ConfigError(f"dry run, rank {run.rank}: {len(run.problems)} parameter(s) not sharded as planned:\n  "
-                          + "\n  ".join(run.problems[:20]))
+        raise ConfigError(
+            f"dry run, rank {run.rank}: {len(run.problems)} parameter(s) not sharded as planned:\n  "
+            + "\n  ".join(run.problems[:20])
+        )
     others = sum(v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded")))
     total = sum(sum(g.values()) for g in run.state.values()) + others
     if total > hardware.memory_gib * GIB * MARGIN:
-        raise ConfigError(f"dry run, rank {run.rank}: {total / GIB:.1f} GiB does not fit {MARGIN:.0%} of "
-                          f"{hardware.memory_gib:g} GiB (cluster.gpu.memory_gib)")
-
+        raise ConfigError(
+            f"dry run, rank {run.rank}: {total / GIB:.1f} GiB does not fit {MARGIN:.0%} of "
+            f"{hardware.memory_gib:g} GiB (cluster.gpu.memory_gib)"
+        )

@@ -20,11 +20,17 @@ log = rank_zero_logger(__name__)
 def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
     """Prepare a `data` source (data=embedded|jsonl|text|parquet) with the `prepare` settings."""
     return prepare_dataset(
-        source.reader, list(source.paths), source.output_dir, default_domain=source.default_domain,
+        source.reader,
+        list(source.paths),
+        source.output_dir,
+        default_domain=source.default_domain,
         options=OmegaConf.to_container(source.options) if source.options else None,
-        dedup=OmegaConf.to_container(settings.dedup), quality=instantiate(settings.quality, _convert_="all"),
-        tokenizer_path=settings.tokenizer.path, vocab_size=settings.tokenizer.vocab_size,
-        num_workers=settings.num_workers)
+        dedup=OmegaConf.to_container(settings.dedup),
+        quality=instantiate(settings.quality, _convert_="all"),
+        tokenizer_path=settings.tokenizer.path,
+        vocab_size=settings.tokenizer.vocab_size,
+        num_workers=settings.num_workers,
+    )
 
 
 def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig, DictConfig], object] = prepare_source) -> None:
@@ -38,14 +44,17 @@ def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig, DictConfig], ob
     output_dir = Path(source.output_dir)
     if Path(cfg.data.path).absolute() != output_dir.absolute():
         return
-    fingerprint = prepare_fingerprint(OmegaConf.to_container(source, resolve=True),
-                                      OmegaConf.to_container(cfg.prepare, resolve=True))
+    fingerprint = prepare_fingerprint(
+        OmegaConf.to_container(source, resolve=True), OmegaConf.to_container(cfg.prepare, resolve=True)
+    )
     if is_prepared(output_dir, fingerprint):
         log.info(f"dataset: {output_dir} (prepared, fingerprint {fingerprint})")
         return
     if int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1"))) > 1:
-        raise ConfigError(f"auto_prepare: {output_dir} is not prepared (fingerprint {fingerprint}) and this is one "
-                          f"of several processes: prepare it first with task=prepare, or run once in one process")
+        raise ConfigError(
+            f"auto_prepare: {output_dir} is not prepared (fingerprint {fingerprint}) and this is one "
+            f"of several processes: prepare it first with task=prepare, or run once in one process"
+        )
     log.info(f"dataset: preparing {output_dir} (first use, or its sources or settings changed)")
     prepare(source, cfg.prepare)
     mark_prepared(output_dir, fingerprint)

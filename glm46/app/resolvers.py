@@ -27,8 +27,10 @@ def steps(budget: float, *per_step: float) -> int:
 def data_parallel(num_nodes: int, devices: int, tensor_parallel: int = 1) -> int:
     """`${data_parallel:nodes,devices,tp}`: ranks that see different batches (tensor-parallel ranks share one)."""
     if (num_nodes * devices) % tensor_parallel:
-        raise ValueError(f"world size cluster.num_nodes x cluster.devices = {num_nodes} x {devices} is not "
-                         f"divisible by parallelism.tensor_parallel={tensor_parallel}")
+        raise ValueError(
+            f"world size cluster.num_nodes x cluster.devices = {num_nodes} x {devices} is not "
+            f"divisible by parallelism.tensor_parallel={tensor_parallel}"
+        )
     return num_nodes * devices // tensor_parallel
 
 
@@ -40,7 +42,8 @@ def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_paralle
         raise ValueError(
             f"phase.global_batch_tokens={global_tokens} is not divisible by data.batch_size x data.seq_len x "
             f"data-parallel ranks (cluster.num_nodes x cluster.devices / parallelism.tensor_parallel) = "
-            f"{batch_size} x {seq_len} x {data_parallel_ranks} = {per_micro_step}")
+            f"{batch_size} x {seq_len} x {data_parallel_ranks} = {per_micro_step}"
+        )
     return global_tokens // per_micro_step
 
 

@@ -13,8 +13,15 @@ from glm46.plan import Hardware, plan
 
 def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
     cluster = cfg.cluster
-    hardware = Hardware(cluster.num_nodes, cluster.devices, cluster.gpu.name, cluster.gpu.memory_gib,
-                        cluster.gpu.bf16_tflops, cluster.mfu, cluster.price_per_gpu_hour)
+    hardware = Hardware(
+        cluster.num_nodes,
+        cluster.devices,
+        cluster.gpu.name,
+        cluster.gpu.memory_gib,
+        cluster.gpu.bf16_tflops,
+        cluster.mfu,
+        cluster.price_per_gpu_hour,
+    )
     return hardware, layout_from_config(cfg.parallelism, hardware.world_size)
 
 
@@ -22,6 +29,15 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
     """glm46.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
     optimizer = "muon" if issubclass(get_class(cfg.optim.optimizer._target_), Muon) else "adamw"
-    result = plan(config, layout, hardware, float(cfg.phase.tokens), cfg.data.seq_len, cfg.data.batch_size,
-                  optimizer, cfg.parallelism.activation_checkpointing, cfg.parallelism.pipeline_parallel)
+    result = plan(
+        config,
+        layout,
+        hardware,
+        float(cfg.phase.tokens),
+        cfg.data.seq_len,
+        cfg.data.batch_size,
+        optimizer,
+        cfg.parallelism.activation_checkpointing,
+        cfg.parallelism.pipeline_parallel,
+    )
     return result, hardware, layout

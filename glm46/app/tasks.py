@@ -62,7 +62,11 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
-    "estimate": estimate, "plan": plan_job, "prepare": prepare_data, "train": train, "dryrun": dryrun_job,
+    "estimate": estimate,
+    "plan": plan_job,
+    "prepare": prepare_data,
+    "train": train,
+    "dryrun": dryrun_job,
 }
 
 

@@ -13,11 +13,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_run
+from glm46.errors import ConfigError
 from glm46.hf import save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
-from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 
 log = rank_zero_logger(__name__)
@@ -47,8 +47,9 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
         plugins.append(SLURMEnvironment(auto_requeue=False))
     if cfg.parallelism.engine != "deepspeed":  # DeepSpeed writes its own folders (with a `latest` marker)
         plugins.append(AtomicCheckpointIO())
-    return instantiate(cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins,
-                       default_root_dir=str(output_dir))
+    return instantiate(
+        cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(output_dir)
+    )
 
 
 def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
@@ -56,8 +57,9 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     L.seed_everything(cfg.seed, workers=True)
     datamodule = instantiate(cfg.data)
     if datamodule.vocab_size > config.vocab_size:
-        raise ConfigError(f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size="
-                          f"{config.vocab_size}")
+        raise ConfigError(
+            f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size={config.vocab_size}"
+        )
     module = build_module(cfg, config)
     trainer = build_trainer(cfg, output_dir)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # the composition, as run

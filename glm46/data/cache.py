@@ -42,8 +42,11 @@ def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `data=embedded|jsonl|...` node) with `settings` (`prepare`)."""
     source = {k: v for k, v in source.items() if k != "output_dir"}
     settings = {k: v for k, v in settings.items() if k != "num_workers"}  # the output does not depend on them
-    key = {"source": source, "prepare": settings,
-           "files": source_signature(source["reader"], list(source.get("paths") or []))}
+    key = {
+        "source": source,
+        "prepare": settings,
+        "files": source_signature(source["reader"], list(source.get("paths") or [])),
+    }
     return hashlib.blake2b(json.dumps(key, sort_keys=True, default=str).encode(), digest_size=16).hexdigest()
 
 

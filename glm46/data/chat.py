@@ -15,7 +15,12 @@ import numpy as np
 
 from .tokenizer import GLMTokenizer
 
-ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>", "observation": "<|observation|>"}
+ROLE_TOKENS = {
+    "system": "<|system|>",
+    "user": "<|user|>",
+    "assistant": "<|assistant|>",
+    "observation": "<|observation|>",
+}
 PREFIX = ("[gMASK]", "<sop>")
 EOS = "<|endoftext|>"
 

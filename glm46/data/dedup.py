@@ -72,8 +72,10 @@ def shingles(text: str, size: int) -> list[bytes]:
 _ASCII_WORDS = bytes(ord(chr(c).lower()) if c < 128 and _WORD.fullmatch(chr(c)) else 32 for c in range(256))
 _BYTE_BASE = np.uint64(0x9E3779B97F4A7C15)  # odd, so its powers are invertible modulo 2^64
 _WORD_BASE = np.uint64(0xC2B2AE3D27D4EB4F)
-_FMIX = {np.uint32: (16, 0x85EBCA6B, 13, 0xC2B2AE35, 16),
-         np.uint64: (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33)}
+_FMIX = {
+    np.uint32: (16, 0x85EBCA6B, 13, 0xC2B2AE35, 16),
+    np.uint64: (33, 0xFF51AFD7ED558CCD, 33, 0xC4CEB9FE1A85EC53, 33),
+}
 
 
 def _word_bytes(text: str) -> bytes:
@@ -139,8 +141,7 @@ def _permutations(num_perm: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return a, gen.randint(0, 1 << 32, num_perm, dtype=np.uint32)
 
 
-def _min_hashes(hashes: np.ndarray, first: np.ndarray, a: np.ndarray, b: np.ndarray,
-                block: int = 8192) -> np.ndarray:
+def _min_hashes(hashes: np.ndarray, first: np.ndarray, a: np.ndarray, b: np.ndarray, block: int = 8192) -> np.ndarray:
     """[documents, num_perm]: per document, min over its hashes h of a * fmix32(h) + b mod 2^32.
 
     The hashes go in fixed blocks, which a long document may span, through one [num_perm, block]
@@ -169,8 +170,9 @@ def _signatures(texts: list[str], shingle_size: int, num_perm: int, seed: int) -
     return _min_hashes(hashes, first, *_permutations(num_perm, seed))
 
 
-def minhash_signatures(texts: list[str], shingle_size: int, num_perm: int, seed: int = 1,
-                       num_workers: int = 1, chunk: int = 2000) -> np.ndarray:
+def minhash_signatures(
+    texts: list[str], shingle_size: int, num_perm: int, seed: int = 1, num_workers: int = 1, chunk: int = 2000
+) -> np.ndarray:
     """[len(texts), num_perm] uint32 MinHash values, computed in chunks over num_workers threads.
 
     Threads, not processes: numpy releases the GIL in the whole-array passes that take nearly all the
@@ -200,8 +202,9 @@ def _sharing_a_band(signatures: np.ndarray, bands: list[tuple[int, int]]) -> np.
     return shared
 
 
-def _near_duplicates(signatures: np.ndarray, candidates: np.ndarray, bands: list[tuple[int, int]],
-                     threshold: float) -> set[int]:
+def _near_duplicates(
+    signatures: np.ndarray, candidates: np.ndarray, bands: list[tuple[int, int]], threshold: float
+) -> set[int]:
     """Which candidates to drop, by MinHashLSH's keep-first loop in input order: one is dropped when an
     earlier kept one shares a band with it and their estimated Jaccard similarity reaches threshold."""
     buckets, dropped = [{} for _ in bands], set()
@@ -217,8 +220,15 @@ def _near_duplicates(signatures: np.ndarray, candidates: np.ndarray, bands: list
     return dropped
 
 
-def dedup_near(docs: list[Document], ledger: Ledger, threshold: float = 0.8, num_perm: int = 128,
-               shingle_size: int = 5, seed: int = 1, num_workers: int = 1) -> list[Document]:
+def dedup_near(
+    docs: list[Document],
+    ledger: Ledger,
+    threshold: float = 0.8,
+    num_perm: int = 128,
+    shingle_size: int = 5,
+    seed: int = 1,
+    num_workers: int = 1,
+) -> list[Document]:
     """Drop a document whose estimated Jaccard similarity to an earlier kept one reaches threshold.
 
     The LSH bands lean towards recall (false negatives weigh 0.8), and every candidate is checked

@@ -100,8 +100,10 @@ def arithmetic_problem(rng: random.Random) -> tuple[str, str, int]:
         steps = f"{a} - {b}: subtract the ones, then the tens, borrowing as needed: {a} - {b} = {a - b}."
         return f"What is {a} - {b}?", steps, a - b
     tens, ones = b // 10 * 10, b % 10
-    steps = (f"Split {b} into {tens} + {ones}. {a} * {tens} = {a * tens}. {a} * {ones} = {a * ones}. "
-             f"{a * tens} + {a * ones} = {a * b}.")
+    steps = (
+        f"Split {b} into {tens} + {ones}. {a} * {tens} = {a * tens}. {a} * {ones} = {a * ones}. "
+        f"{a * tens} + {a * ones} = {a * b}."
+    )
     return f"What is {a} * {b}?", steps, a * b
 
 
@@ -111,18 +113,30 @@ def word_problem(rng: random.Random) -> tuple[str, str, int]:
     start, bags, per_bag, given = rng.randint(2, 30), rng.randint(2, 9), rng.randint(2, 12), rng.randint(1, 20)
     bought = bags * per_bag
     answer = start + bought - given
-    question = (f"{name} has {start} marbles, buys {bags} bags of {per_bag} marbles each, then gives away {given}. "
-                f"How many marbles does {name} have now?")
-    trace = (f"{name} buys {bags} x {per_bag} = {bought} marbles. Before giving any away: {start} + {bought} = "
-             f"{start + bought}. After giving away {given}: {start + bought} - {given} = {answer}.")
+    question = (
+        f"{name} has {start} marbles, buys {bags} bags of {per_bag} marbles each, then gives away {given}. "
+        f"How many marbles does {name} have now?"
+    )
+    trace = (
+        f"{name} buys {bags} x {per_bag} = {bought} marbles. Before giving any away: {start} + {bought} = "
+        f"{start + bought}. After giving away {given}: {start + bought} - {given} = {answer}."
+    )
     return question, trace, answer
 
 
-SYSTEM_PROMPTS = [None, None, "You are a helpful assistant.", "You are a careful math tutor. Show your working.",
-                  "Answer briefly and end with the final answer.", "Solve the problem, then state the answer."]
-FOLLOW_UPS = [("Now add {k} to that.", lambda x, k: (f"{x} + {k} = {x + k}.", x + k)),
-              ("And if you subtract {k} from it?", lambda x, k: (f"{x} - {k} = {x - k}.", x - k)),
-              ("What is {k} times that?", lambda x, k: (f"{k} * {x} = {k * x}.", k * x))]
+SYSTEM_PROMPTS = [
+    None,
+    None,
+    "You are a helpful assistant.",
+    "You are a careful math tutor. Show your working.",
+    "Answer briefly and end with the final answer.",
+    "Solve the problem, then state the answer.",
+]
+FOLLOW_UPS = [
+    ("Now add {k} to that.", lambda x, k: (f"{x} + {k} = {x + k}.", x + k)),
+    ("And if you subtract {k} from it?", lambda x, k: (f"{x} - {k} = {x - k}.", x - k)),
+    ("What is {k} times that?", lambda x, k: (f"{k} * {x} = {k * x}.", k * x)),
+]
 
 
 def conversation(rng: random.Random) -> list[dict[str, str]]:
@@ -144,8 +158,10 @@ def conversation(rng: random.Random) -> list[dict[str, str]]:
         template, solve = rng.choice(FOLLOW_UPS)
         k = rng.randint(2, 9) if "times" in template else rng.randint(2, 99)
         steps, answer = solve(answer, k)
-        messages += [{"role": "user", "content": template.format(k=k)},
-                     {"role": "assistant", "content": f"{steps}\nAnswer: {answer}"}]
+        messages += [
+            {"role": "user", "content": template.format(k=k)},
+            {"role": "assistant", "content": f"{steps}\nAnswer: {answer}"},
+        ]
     return messages
 
 
@@ -177,27 +193,55 @@ def rl_prompt(rng: random.Random) -> list[dict[str, str]]:
     ]
 
 
-def generated(ledger: Ledger, math_problems: int, reasoning_problems: int, seed: int, sft_conversations: int = 0,
-              rl_prompts: int = 0) -> Iterator[Document]:
+def generated(
+    ledger: Ledger,
+    math_problems: int,
+    reasoning_problems: int,
+    seed: int,
+    sft_conversations: int = 0,
+    rl_prompts: int = 0,
+) -> Iterator[Document]:
     rng = random.Random(seed)
     for i in range(math_problems):
         question, steps, answer = arithmetic_problem(rng)
-        yield ledger.admit(Document(text=f"Question: {question}\nSolution: {steps}\nAnswer: {answer}",
-                                    domain="math", source=f"generated:math:{i}", id=f"math-{i}"))
+        yield ledger.admit(
+            Document(
+                text=f"Question: {question}\nSolution: {steps}\nAnswer: {answer}",
+                domain="math",
+                source=f"generated:math:{i}",
+                id=f"math-{i}",
+            )
+        )
     for i in range(reasoning_problems):
         question, trace, answer = word_problem(rng)
-        yield ledger.admit(Document(text=f"Question: {question}\n<think>{trace}</think>\nAnswer: {answer}",
-                                    domain="reasoning", source=f"generated:reasoning:{i}", id=f"reasoning-{i}"))
+        yield ledger.admit(
+            Document(
+                text=f"Question: {question}\n<think>{trace}</think>\nAnswer: {answer}",
+                domain="reasoning",
+                source=f"generated:reasoning:{i}",
+                id=f"reasoning-{i}",
+            )
+        )
     for domain, count, make in (("sft", sft_conversations, conversation), ("rl", rl_prompts, rl_prompt)):
         rng = random.Random(f"{seed}:{domain}")
         for i in range(count):
-            yield ledger.admit(Document(text=render_chat(make(rng)), domain=domain, source=f"generated:{domain}:{i}",
-                                        id=f"{domain}-{i}"))
+            yield ledger.admit(
+                Document(
+                    text=render_chat(make(rng)), domain=domain, source=f"generated:{domain}:{i}", id=f"{domain}-{i}"
+                )
+            )
 
 
-def read_embedded(paths: list[str], ledger: Ledger, default_domain: str = "general", math_problems: int = 20000,
-                  reasoning_problems: int = 10000, seed: int = 0, sft_conversations: int = 10000,
-                  rl_prompts: int = 5000) -> Iterator[Document]:
+def read_embedded(
+    paths: list[str],
+    ledger: Ledger,
+    default_domain: str = "general",
+    math_problems: int = 20000,
+    reasoning_problems: int = 10000,
+    seed: int = 0,
+    sft_conversations: int = 10000,
+    rl_prompts: int = 5000,
+) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)

@@ -25,12 +25,15 @@ from .tokenizer import GLMTokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
 
+
 def load_tokenizer(path: str | Path) -> GLMTokenizer:
     """The tokenizer.json at `path` (prepare.tokenizer.path), which must have the document-end token."""
     tokenizer = GLMTokenizer.from_file(path)
     if tokenizer.tokenizer.token_to_id(EOS) is None:
-        raise ConfigError(f"prepare.tokenizer.path={path}: the tokenizer has no {EOS!r} token, which "
-                          f"ends every document in the token shards")
+        raise ConfigError(
+            f"prepare.tokenizer.path={path}: the tokenizer has no {EOS!r} token, which "
+            f"ends every document in the token shards"
+        )
     return tokenizer
 
 
@@ -41,18 +44,30 @@ def _texts(documents_dir: Path) -> Iterator[str]:
                 yield json.loads(line)["text"]
 
 
-def prepare_dataset(reader: str, paths: list[str], output_dir: str | Path, *, default_domain: str = "general",
-                    options: dict | None = None, dedup: dict | None = None, quality: QualityRules | None = None,
-                    tokenizer_path: str | None = None, vocab_size: int = 8192, num_workers: int = 2) -> dict:
+def prepare_dataset(
+    reader: str,
+    paths: list[str],
+    output_dir: str | Path,
+    *,
+    default_domain: str = "general",
+    options: dict | None = None,
+    dedup: dict | None = None,
+    quality: QualityRules | None = None,
+    tokenizer_path: str | None = None,
+    vocab_size: int = 8192,
+    num_workers: int = 2,
+) -> dict:
     """Write `output_dir`: documents/, manifest.json, tokenizer.json and tokens/; return the manifest.
 
     reader: one of READERS (embedded, jsonl, text, parquet); dedup: glm46.data.prepare.prepare's switches and
-    MinHash settings (conf/prepare/default.yaml; missing keys: on, with dedup_near's defaults); tokenizer_path: a tokenizer.json to use as is
-    (checked before any document is read), else a byte-level BPE of `vocab_size` is trained on the kept
-    documents."""
+    MinHash settings (conf/prepare/default.yaml; missing keys: on, with dedup_near's defaults); tokenizer_path:
+    a tokenizer.json to use as is (checked before any document is read), else a byte-level BPE of `vocab_size`
+    is trained on the kept documents."""
     if reader not in READERS:
-        raise ConfigError(f"data.reader={reader!r}: task=prepare reads one of {sorted(READERS)} "
-                          f"(data=embedded, jsonl, text or parquet)")
+        raise ConfigError(
+            f"data.reader={reader!r}: task=prepare reads one of {sorted(READERS)} "
+            f"(data=embedded, jsonl, text or parquet)"
+        )
     own_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     ledger = Ledger()
     documents = READERS[reader](list(paths), ledger, default_domain, **(options or {}))

@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from .dedup import dedup_exact, dedup_near, dedup_urls
 from .documents import Document, Ledger
-from .quality import QualityRules, violation
 from .embedded import read_embedded
+from .quality import QualityRules, violation
 from .sources import read_jsonl, read_parquet, read_text_folder
 
 READERS = {"embedded": read_embedded, "jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
@@ -82,10 +82,16 @@ def run_pipeline(docs: Iterable[Document], ledger: Ledger, stages: list[tuple[st
         before, dropped_before = _totals(current), Counter(ledger.dropped)
         current = stage(current, ledger)
         after = _totals(current)
-        report.append({
-            "stage": name, "documents_in": before[0], "bytes_in": before[1],
-            "documents_out": after[0], "bytes_out": after[1], "dropped": dict(ledger.dropped - dropped_before),
-        })
+        report.append(
+            {
+                "stage": name,
+                "documents_in": before[0],
+                "bytes_in": before[1],
+                "documents_out": after[0],
+                "bytes_out": after[1],
+                "dropped": dict(ledger.dropped - dropped_before),
+            }
+        )
     return current, report
 
 
@@ -123,8 +129,14 @@ def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir
     return manifest
 
 
-def prepare(docs: Iterable[Document], ledger: Ledger, output_dir: str | Path, dedup: dict,
-            quality: QualityRules, num_workers: int = 1) -> dict:
+def prepare(
+    docs: Iterable[Document],
+    ledger: Ledger,
+    output_dir: str | Path,
+    dedup: dict,
+    quality: QualityRules,
+    num_workers: int = 1,
+) -> dict:
     stages = [("max_chars", lambda d, led: length_filter(d, led, quality))]
     if dedup.get("exact", True):
         stages.append(("exact_dedup", dedup_exact))
@@ -149,7 +161,12 @@ def empty_dataset_message(manifest: dict, output_dir: Path) -> str:
         listed = f" ({len(empty)} empty: {', '.join(empty[:3])})" if empty else ""
         return f"no documents in the input: {manifest['files']} file(s) read{listed}"
     dropped = ", ".join(f"{reason} {count}" for reason, count in sorted(manifest["dropped"].items()))
-    stages = ", ".join(f"{s['stage']} {s.get('documents_in', manifest['documents_in'])} -> {s['documents_out']}"
-                       for s in manifest["stages"] if s["dropped"] or s["stage"] == "read+normalise")
-    return (f"no documents left after filtering: {manifest['documents_in']} in, 0 out; dropped: {dropped}; "
-            f"per stage: {stages}; the first file:line of each reason in {output_dir / 'manifest.json'}")
+    stages = ", ".join(
+        f"{s['stage']} {s.get('documents_in', manifest['documents_in'])} -> {s['documents_out']}"
+        for s in manifest["stages"]
+        if s["dropped"] or s["stage"] == "read+normalise"
+    )
+    return (
+        f"no documents left after filtering: {manifest['documents_in']} in, 0 out; dropped: {dropped}; "
+        f"per stage: {stages}; the first file:line of each reason in {output_dir / 'manifest.json'}"
+    )

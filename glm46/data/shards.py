@@ -44,8 +44,9 @@ def _encode_chunk(tokenizer: GLMTokenizer, eos: int, texts: list[str]) -> tuple[
     return ids, ends
 
 
-def encode_documents(texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int = 1 << 20,
-                     num_threads: int = 2) -> tuple[np.ndarray, np.ndarray]:
+def encode_documents(
+    texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int = 1 << 20, num_threads: int = 2
+) -> tuple[np.ndarray, np.ndarray]:
     """Ids of every text followed by EOS, flat uint32, and offsets [len(texts) + 1] of each document's start.
 
     Texts are joined with the EOS string into ~1 MB chunks, encoded by num_threads threads: tiktoken
@@ -54,16 +55,24 @@ def encode_documents(texts: list[str], tokenizer: GLMTokenizer, chunk_chars: int
     """
     eos, chunks = tokenizer.token_id(EOS), _chunks(texts, chunk_chars)
     with ThreadPoolExecutor(num_threads) as pool:
-        encoded = list(tqdm(pool.map(partial(_encode_chunk, tokenizer, eos), chunks), total=len(chunks),
-                            desc="tokenize", unit="chunk", leave=False))
+        encoded = list(
+            tqdm(
+                pool.map(partial(_encode_chunk, tokenizer, eos), chunks),
+                total=len(chunks),
+                desc="tokenize",
+                unit="chunk",
+                leave=False,
+            )
+        )
     starts = np.cumsum([0] + [len(ids) for ids, _ in encoded])
     tokens = np.concatenate([ids for ids, _ in encoded]) if encoded else np.zeros(0, np.uint32)
     offsets = np.concatenate([[0]] + [ends + start for (_, ends), start in zip(encoded, starts)])
     return tokens, offsets.astype(np.int64)
 
 
-def write_shards(dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: str | Path | None = None,
-                 num_threads: int = 2) -> dict:
+def write_shards(
+    dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: str | Path | None = None, num_threads: int = 2
+) -> dict:
     """Tokenize `documents/<domain>.jsonl` of a prepared dataset into `tokens/<domain>.bin` + `.idx.npy`."""
     dataset_dir = Path(dataset_dir)
     output_dir = Path(output_dir or dataset_dir / "tokens")
@@ -80,8 +89,13 @@ def write_shards(dataset_dir: str | Path, tokenizer: GLMTokenizer, output_dir: s
         fingerprint.update(file.stem.encode())
         fingerprint.update(tokens)  # the same digest as of the concatenation, without copying the tokens
         domains[file.stem] = {"documents": len(texts), "tokens": int(len(tokens))}
-    index = {"dtype": np.dtype(dtype).name, "vocab_size": tokenizer.vocab_size, "eos_token_id": tokenizer.token_id(EOS),
-             "fingerprint": fingerprint.hexdigest(), "domains": domains}
+    index = {
+        "dtype": np.dtype(dtype).name,
+        "vocab_size": tokenizer.vocab_size,
+        "eos_token_id": tokenizer.token_id(EOS),
+        "fingerprint": fingerprint.hexdigest(),
+        "domains": domains,
+    }
     (output_dir / "shards.json").write_text(json.dumps(index, indent=2))
     return index
 
@@ -108,15 +122,19 @@ def load_shard(tokens_dir: str | Path, domain: str) -> tuple[np.memmap, np.ndarr
     if not data.exists():
         raise FileNotFoundError(f"{data} is missing: prepare the dataset again")
     if data.stat().st_size != count * dtype.itemsize:
-        raise ValueError(f"{data} holds {data.stat().st_size} bytes but shards.json records {count} {dtype.name} "
-                         f"tokens ({count * dtype.itemsize} bytes): the file is truncated or corrupted; "
-                         f"prepare the dataset again")
+        raise ValueError(
+            f"{data} holds {data.stat().st_size} bytes but shards.json records {count} {dtype.name} "
+            f"tokens ({count * dtype.itemsize} bytes): the file is truncated or corrupted; "
+            f"prepare the dataset again"
+        )
     try:
         offsets = np.load(idx)
     except (OSError, ValueError, EOFError) as error:  # missing, truncated or not a .npy file
         raise ValueError(f"{idx} does not load ({error}): prepare the dataset again") from None
     documents = index["domains"][domain]["documents"]
     if offsets.shape != (documents + 1,) or offsets[0] != 0 or offsets[-1] != count:
-        raise ValueError(f"{idx} does not hold the {documents + 1} document offsets 0 ... {count} that shards.json "
-                         f"records: prepare the dataset again")
+        raise ValueError(
+            f"{idx} does not hold the {documents + 1} document offsets 0 ... {count} that shards.json "
+            f"records: prepare the dataset again"
+        )
     return np.memmap(data, dtype=dtype, mode="r"), offsets

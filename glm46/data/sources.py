@@ -14,8 +14,15 @@ from .documents import Document, Ledger
 
 # A domain names files (documents/<domain>.jsonl, tokens/<domain>.bin) and mixture keys.
 DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-JSON_TYPES = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", int: "a number",
-              float: "a number", type(None): "null"}
+JSON_TYPES = {
+    dict: "an object",
+    list: "an array",
+    str: "a string",
+    bool: "a boolean",
+    int: "a number",
+    float: "a number",
+    type(None): "null",
+}
 
 
 def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
@@ -64,10 +71,15 @@ def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes
         ledger.reject("undecodable", where, f"field 'text': {error.reason} ({text[error.start]!r})", nbytes)
         return None
     url, key = record.get("url"), record.get("id")
-    return ledger.admit(Document(
-        text=text, domain=record.get("domain") or default_domain, source=where,
-        id=where if key is None else str(key), url=url if isinstance(url, str) else None,
-    ))
+    return ledger.admit(
+        Document(
+            text=text,
+            domain=record.get("domain") or default_domain,
+            source=where,
+            id=where if key is None else str(key),
+            url=url if isinstance(url, str) else None,
+        )
+    )
 
 
 def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
@@ -110,8 +122,12 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
         names, rows = parquet.schema_arrow.names, parquet.metadata.num_rows
         if "text" not in names:
             if rows:
-                ledger.reject("malformed", f"{file}:rows 0-{rows - 1}", f"no column 'text' (columns: "
-                              f"{', '.join(names) or 'none'})", count=rows)
+                ledger.reject(
+                    "malformed",
+                    f"{file}:rows 0-{rows - 1}",
+                    f"no column 'text' (columns: {', '.join(names) or 'none'})",
+                    count=rows,
+                )
         else:
             columns = [c for c in ("text", "url", "id", "domain") if c in names]
             first = 0
@@ -120,8 +136,12 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
                 try:
                     records = parquet.read_row_group(group, columns=columns).to_pylist()
                 except (pa.ArrowException, OSError) as error:
-                    ledger.reject("undecodable", f"{file}:rows {first}-{first + size - 1}",
-                                  f"row group {group} does not read ({' '.join(str(error).split())})", count=size)
+                    ledger.reject(
+                        "undecodable",
+                        f"{file}:rows {first}-{first + size - 1}",
+                        f"row group {group} does not read ({' '.join(str(error).split())})",
+                        count=size,
+                    )
                     records = []
                 for row, record in enumerate(records, start=first):
                     doc = _from_record(record, f"{file}:row {row}", ledger, default_domain)
@@ -131,8 +151,9 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
         ledger.read_file(file, before)
 
 
-def read_text_folder(paths: list[str], ledger: Ledger, default_domain: str = "general",
-                     suffixes: tuple[str, ...] = (".txt", ".md")) -> Iterator[Document]:
+def read_text_folder(
+    paths: list[str], ledger: Ledger, default_domain: str = "general", suffixes: tuple[str, ...] = (".txt", ".md")
+) -> Iterator[Document]:
     """One document per file."""
     for file in _files(paths, tuple(suffixes)):
         raw = file.read_bytes()

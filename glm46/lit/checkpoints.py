@@ -28,8 +28,10 @@ class CorruptCheckpointError(RuntimeError):
 
 
 def _unreadable(path, error: Exception) -> CorruptCheckpointError:
-    return CorruptCheckpointError(f"{path}: not a readable checkpoint ({type(error).__name__}: "
-                                  f"{str(error).splitlines()[0][:200] if str(error) else ''})")
+    return CorruptCheckpointError(
+        f"{path}: not a readable checkpoint ({type(error).__name__}: "
+        f"{str(error).splitlines()[0][:200] if str(error) else ''})"
+    )
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
@@ -59,8 +61,10 @@ def check_readable(path: Path) -> None:
     mmap, which reads the archive's directory and the pickled structure, not the tensors' bytes."""
     if path.is_dir():
         if not any((path / marker).exists() for marker in FOLDER_MARKERS):
-            raise CorruptCheckpointError(f"{path}: a checkpoint folder without its completion marker "
-                                         f"({' or '.join(FOLDER_MARKERS)}): its save did not finish")
+            raise CorruptCheckpointError(
+                f"{path}: a checkpoint folder without its completion marker "
+                f"({' or '.join(FOLDER_MARKERS)}): its save did not finish"
+            )
         return
     try:
         checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
@@ -82,8 +86,9 @@ def resume_path(ckpt_path: str | None, directory: Path) -> str | None:
         return ckpt_path
     for partial in sorted(directory.glob(f"*{PARTIAL}")):
         log.warning(f"ignoring {partial}: a checkpoint whose save was interrupted")
-    candidates = sorted(directory.glob("*.ckpt"), key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime),
-                        reverse=True)
+    candidates = sorted(
+        directory.glob("*.ckpt"), key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime), reverse=True
+    )
     for candidate in candidates:
         try:
             check_readable(candidate)
@@ -91,7 +96,9 @@ def resume_path(ckpt_path: str | None, directory: Path) -> str | None:
         except CorruptCheckpointError as error:
             log.warning(f"skipping {error}")
     if candidates:
-        raise CorruptCheckpointError(f"ckpt_path=last: none of the {len(candidates)} checkpoints in {directory} "
-                                     f"is readable ({', '.join(p.name for p in candidates)})")
+        raise CorruptCheckpointError(
+            f"ckpt_path=last: none of the {len(candidates)} checkpoints in {directory} "
+            f"is readable ({', '.join(p.name for p in candidates)})"
+        )
     log.warning(f"ckpt_path=last: no checkpoint in {directory} yet; starting from the beginning")
     return None

@@ -41,8 +41,15 @@ class StdlibDataModule(L.LightningDataModule):
     in a checkpoint (samples consumed) makes a resume read exactly what the interrupted run would have.
     """
 
-    def __init__(self, seq_len: int = 256, batch_size: int = 8, max_bytes: int = 8_000_000,
-                 val_fraction: float = 0.02, num_workers: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        seq_len: int = 256,
+        batch_size: int = 8,
+        max_bytes: int = 8_000_000,
+        val_fraction: float = 0.02,
+        num_workers: int = 0,
+        seed: int = 0,
+    ):
         super().__init__()
         self.save_hyperparameters()
         self.tokenizer = ByteTokenizer()
@@ -67,15 +74,25 @@ class StdlibDataModule(L.LightningDataModule):
         tokens = np.concatenate(parts)
         split = int(len(tokens) * (1 - self.hparams.val_fraction))
         if split <= self.hparams.seq_len:
-            raise ValueError(f"data.max_bytes={self.hparams.max_bytes} gives {split} training tokens, fewer than "
-                             f"one window of data.seq_len={self.hparams.seq_len}")
+            raise ValueError(
+                f"data.max_bytes={self.hparams.max_bytes} gives {split} training tokens, fewer than "
+                f"one window of data.seq_len={self.hparams.seq_len}"
+            )
         self.train_tokens = tokens[:split]
         self.val_set = TokenWindows(tokens[split:], self.hparams.seq_len)
 
     def train_dataloader(self) -> DataLoader:
         rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)
-        dataset = MixtureWindows({"code": self.train_tokens}, {"code": 1.0}, self.hparams.seq_len, self.hparams.seed,
-                                 self.start_sample, rank, world, batch_size=self.hparams.batch_size)
+        dataset = MixtureWindows(
+            {"code": self.train_tokens},
+            {"code": 1.0},
+            self.hparams.seq_len,
+            self.hparams.seed,
+            self.start_sample,
+            rank,
+            world,
+            batch_size=self.hparams.batch_size,
+        )
         return DataLoader(dataset, batch_size=None, num_workers=self.hparams.num_workers)
 
     def val_dataloader(self) -> DataLoader:

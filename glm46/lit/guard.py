@@ -19,13 +19,22 @@ class TrainingDiverged(RuntimeError):
 
 
 class StepGuard:
-    def __init__(self, spike_factor: float = 3.0, warmup_steps: int = 20, ema_decay: float = 0.95,
-                 max_bad_steps: int = 3, on_repeated: str = "rollback", max_rollbacks: int = 3):
+    def __init__(
+        self,
+        spike_factor: float = 3.0,
+        warmup_steps: int = 20,
+        ema_decay: float = 0.95,
+        max_bad_steps: int = 3,
+        on_repeated: str = "rollback",
+        max_rollbacks: int = 3,
+    ):
         if on_repeated not in ("rollback", "stop"):
             raise ValueError(f"guard.on_repeated={on_repeated!r}: expected 'rollback' or 'stop'")
         if spike_factor <= 1 or not 0 <= ema_decay < 1 or max_bad_steps < 1:
-            raise ValueError(f"guard: spike_factor={spike_factor} must be > 1, ema_decay={ema_decay} in [0, 1), "
-                             f"max_bad_steps={max_bad_steps} >= 1")
+            raise ValueError(
+                f"guard: spike_factor={spike_factor} must be > 1, ema_decay={ema_decay} in [0, 1), "
+                f"max_bad_steps={max_bad_steps} >= 1"
+            )
         self.spike_factor, self.warmup_steps, self.ema_decay = spike_factor, warmup_steps, ema_decay
         self.max_bad_steps, self.on_repeated, self.max_rollbacks = max_bad_steps, on_repeated, max_rollbacks
         self.running_loss: float | None = None  # exponential average of good steps' losses
@@ -43,8 +52,11 @@ class StepGuard:
         elif self.good_steps >= self.warmup_steps and loss > self.spike_factor * self.running_loss:
             reason = f"loss spike {loss:.4g} > {self.spike_factor} x running average {self.running_loss:.4g}"
         else:
-            self.running_loss = loss if self.running_loss is None else (
-                self.ema_decay * self.running_loss + (1 - self.ema_decay) * loss)
+            self.running_loss = (
+                loss
+                if self.running_loss is None
+                else (self.ema_decay * self.running_loss + (1 - self.ema_decay) * loss)
+            )
             self.good_steps += 1
             self.bad_in_a_row = 0
             return None
@@ -62,8 +74,9 @@ class StepGuard:
         self.rollbacks += 1
 
     def state_dict(self) -> dict:
-        return {key: getattr(self, key) for key in ("running_loss", "good_steps", "bad_in_a_row", "skipped",
-                                                    "rollbacks")}
+        return {
+            key: getattr(self, key) for key in ("running_loss", "good_steps", "bad_in_a_row", "skipped", "rollbacks")
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for key, value in state.items():

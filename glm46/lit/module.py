@@ -120,10 +120,12 @@ class GLM46LitModule(L.LightningModule):
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """Lightning's step, with the guard's verdict taken right after the last backward of the step,
         before the callbacks (the balancer) and the optimizer act on it."""
+
         def closure():
             result = optimizer_closure()
             self._judge_step(optimizer)
             return result
+
         optimizer.step(closure=closure if self.guard is not None else optimizer_closure)
 
     def _judge_step(self, optimizer) -> None:
@@ -134,8 +136,7 @@ class GLM46LitModule(L.LightningModule):
         self.skipping_step = reason is not None
         if self.skipping_step:
             optimizer.zero_grad(set_to_none=True)  # optimizers skip parameters without a gradient
-            log.warning(f"step {self.trainer.global_step}: skipped, {reason} "
-                        f"({self.guard.bad_in_a_row} bad in a row)")
+            log.warning(f"step {self.trainer.global_step}: skipped, {reason} ({self.guard.bad_in_a_row} bad in a row)")
         self.log("guard/skipped_steps", float(self.guard.skipped))
 
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
@@ -149,15 +150,22 @@ class GLM46LitModule(L.LightningModule):
         path = resume_path("last", Path(directory)) if directory else None
         why = f"step {step}: {guard.bad_in_a_row} bad steps in a row"
         if guard.on_repeated == "stop" or path is None or guard.rollbacks >= guard.max_rollbacks:
-            reason = ("guard.on_repeated=stop" if guard.on_repeated == "stop" else "no checkpoint to roll back to"
-                      if path is None else f"already rolled back guard.max_rollbacks={guard.max_rollbacks} times")
+            reason = (
+                "guard.on_repeated=stop"
+                if guard.on_repeated == "stop"
+                else "no checkpoint to roll back to"
+                if path is None
+                else f"already rolled back guard.max_rollbacks={guard.max_rollbacks} times"
+            )
             raise TrainingDiverged(f"{why} ({reason}); the run stops. Newest checkpoint: {path}")
         checkpoint = self.trainer.strategy.load_checkpoint(path)
         self.trainer.strategy.load_model_state_dict(checkpoint)
         self.trainer.strategy.load_optimizer_state_dict(checkpoint)
         guard.rolled_back()
-        log.warning(f"{why}: rolled back to the weights and optimizer state of {path} (step "
-                    f"{checkpoint['global_step']}); training goes on with the batches after the bad ones")
+        log.warning(
+            f"{why}: rolled back to the weights and optimizer state of {path} (step "
+            f"{checkpoint['global_step']}); training goes on with the batches after the bad ones"
+        )
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes."""
@@ -184,10 +192,12 @@ class GLM46LitModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
         name, keys, position, has_gauss, gauss = np.random.get_state()  # as tensors and numbers: weights_only loads
-        checkpoint["rng_states"] = {"python": random.getstate(),
-                                    "numpy": (name, torch.from_numpy(keys.copy()), position, has_gauss, gauss),
-                                    "torch": torch.get_rng_state(),
-                                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+        checkpoint["rng_states"] = {
+            "python": random.getstate(),
+            "numpy": (name, torch.from_numpy(keys.copy()), position, has_gauss, gauss),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
         if self.guard is not None:
             checkpoint["guard"] = self.guard.state_dict()
 

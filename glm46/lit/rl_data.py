@@ -48,8 +48,18 @@ class Prompts(MixtureWindows):
 class PromptDataModule(ShardDataModule):
     """seq_len is the longest prompt served: documents with longer prompts (or no assistant turn) are left out."""
 
-    def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 64, phase: str = "rl", num_workers: int = 0):
+    def __init__(
+        self,
+        path: str,
+        seq_len: int,
+        batch_size: int,
+        mixture: dict[str, float],
+        seed: int = 0,
+        val_fraction: float = 0.02,
+        val_windows: int = 64,
+        phase: str = "rl",
+        num_workers: int = 0,
+    ):
         super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, "pad", num_workers)
         self.tokenizer = GLMTokenizer.from_file(self.root / "tokenizer.json")
         self.dataset = partial(Prompts, tokenizer=self.tokenizer)
@@ -67,8 +77,10 @@ class PromptDataModule(ShardDataModule):
         super().setup(stage)
         for domain, bins in self.bins.items():
             if not bins:
-                raise ValueError(f"domain {domain!r} has no chat document with a prompt of at most "
-                                 f"seq_len={self.seq_len} tokens ending in <|assistant|>")
+                raise ValueError(
+                    f"domain {domain!r} has no chat document with a prompt of at most "
+                    f"seq_len={self.seq_len} tokens ending in <|assistant|>"
+                )
 
     def samples_consumed(self) -> int:
         if not self.trainer:

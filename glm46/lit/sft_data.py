@@ -42,14 +42,27 @@ class ConversationTargets:
 
 
 class SFTDataModule(ShardDataModule):
-    def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "sft", packing: str = "best_fit",
-                 num_workers: int = 0):
+    def __init__(
+        self,
+        path: str,
+        seq_len: int,
+        batch_size: int,
+        mixture: dict[str, float],
+        seed: int = 0,
+        val_fraction: float = 0.02,
+        val_windows: int = 16,
+        phase: str = "sft",
+        packing: str = "best_fit",
+        num_workers: int = 0,
+    ):
         if packing == "truncate":
-            raise ValueError("data.packing=truncate would cut conversations at random: SFT packs whole "
-                             "conversations (best_fit) or pads one per row (pad)")
-        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing,
-                         num_workers)
+            raise ValueError(
+                "data.packing=truncate would cut conversations at random: SFT packs whole "
+                "conversations (best_fit) or pads one per row (pad)"
+            )
+        super().__init__(
+            path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing, num_workers
+        )
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
 
     def targets(self, tokens: np.ndarray, offsets: np.ndarray) -> ConversationTargets:

@@ -76,8 +76,13 @@ def best_fit_bins(offsets: np.ndarray, capacity: int) -> list[list[tuple[int, in
     return bins
 
 
-def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_id: int,
-           targets: Callable[[np.ndarray, list[tuple[int, int]]], np.ndarray] | None = None) -> dict[str, np.ndarray]:
+def packed(
+    tokens: np.ndarray,
+    pieces: list[tuple[int, int]],
+    seq_len: int,
+    pad_id: int,
+    targets: Callable[[np.ndarray, list[tuple[int, int]]], np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """Documents end to end with restarting position ids; no loss across a boundary or on padding, and
     with `targets` (the row's ids and pieces -> 1 where a token is a training target), only on the tokens
     it marks. Labels are IGNORE_INDEX wherever loss_mask is 0."""
@@ -92,24 +97,35 @@ def packed(tokens: np.ndarray, pieces: list[tuple[int, int]], seq_len: int, pad_
         used += length
     positions[used:] = np.arange(seq_len + 1 - used)
     mask = inside[:-1] if targets is None else inside[:-1] * targets(ids, pieces)[1:]
-    return {"input_ids": ids[:-1], "labels": np.where(mask == 1, ids[1:], IGNORE_INDEX),
-            "position_ids": positions[:-1], "loss_mask": mask}
+    return {
+        "input_ids": ids[:-1],
+        "labels": np.where(mask == 1, ids[1:], IGNORE_INDEX),
+        "position_ids": positions[:-1],
+        "loss_mask": mask,
+    }
 
 
 def window(tokens: np.ndarray, start: int, seq_len: int) -> dict[str, np.ndarray]:
     """The training sample of seq_len tokens at `start` (and the next token for the last label), as arrays
     (DataLoader's collation makes them tensors)."""
     chunk = np.asarray(tokens[start : start + seq_len + 1], dtype=np.int64)
-    return {"input_ids": chunk[:-1], "labels": chunk[1:], "position_ids": np.arange(seq_len),
-            "loss_mask": np.ones(seq_len, dtype=np.int64)}
+    return {
+        "input_ids": chunk[:-1],
+        "labels": chunk[1:],
+        "position_ids": np.arange(seq_len),
+        "loss_mask": np.ones(seq_len, dtype=np.int64),
+    }
 
 
 def uniforms(seed: int, indices: np.ndarray, draws: int = 2) -> np.ndarray:
     """[len(indices), draws] floats in [0, 1), a pure function of (seed, index, draw): SplitMix64 over a
     counter, vectorised, so a batch of samples costs a few array operations instead of a generator each."""
     with np.errstate(over="ignore"):
-        counter = (np.asarray(indices, dtype=np.uint64)[:, None] * np.uint64(draws)
-                   + np.arange(draws, dtype=np.uint64)[None, :] + np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
+        counter = (
+            np.asarray(indices, dtype=np.uint64)[:, None] * np.uint64(draws)
+            + np.arange(draws, dtype=np.uint64)[None, :]
+            + np.uint64(seed) * np.uint64(0xD1B54A32D192ED03)
+        )
         z = counter * np.uint64(0x9E3779B97F4A7C15)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -125,17 +141,29 @@ class MixtureWindows(IterableDataset):
     b * batch_size ... (b + 1) * batch_size - 1, so the stream is the same for any number of DataLoader
     workers (worker w builds batches w, w + workers, ...; the DataLoader returns them in order)."""
 
-    def __init__(self, streams: dict[str, np.ndarray], weights: dict[str, float], seq_len: int, seed: int,
-                 start: int, rank: int, world_size: int, bins: dict[str, list] | None = None, pad_id: int = 0,
-                 targets: dict[str, Callable | None] | None = None, batch_size: int = 1):
+    def __init__(
+        self,
+        streams: dict[str, np.ndarray],
+        weights: dict[str, float],
+        seq_len: int,
+        seed: int,
+        start: int,
+        rank: int,
+        world_size: int,
+        bins: dict[str, list] | None = None,
+        pad_id: int = 0,
+        targets: dict[str, Callable | None] | None = None,
+        batch_size: int = 1,
+    ):
         self.domains = [d for d in weights if weights[d] > 0]
         self.streams = [streams[d] for d in self.domains]
         self.bins = [bins[d] for d in self.domains] if bins is not None else None
         self.targets = [targets[d] for d in self.domains] if targets is not None else [None] * len(self.domains)
         total = sum(weights[d] for d in self.domains)
         self.cumulative = np.cumsum([weights[d] / total for d in self.domains])
-        self.choices = np.array([len(b) for b in self.bins] if self.bins is not None else
-                                [len(s) - seq_len for s in self.streams])
+        self.choices = np.array(
+            [len(b) for b in self.bins] if self.bins is not None else [len(s) - seq_len for s in self.streams]
+        )
         self.seq_len, self.seed, self.start, self.rank, self.world_size = seq_len, seed, start, rank, world_size
         self.pad_id, self.batch_size = pad_id, batch_size
 
@@ -172,9 +200,19 @@ class ShardDataModule(L.LightningDataModule):
 
     dataset = MixtureWindows
 
-    def __init__(self, path: str, seq_len: int, batch_size: int, mixture: dict[str, float], seed: int = 0,
-                 val_fraction: float = 0.02, val_windows: int = 16, phase: str = "pretrain",
-                 packing: str = "truncate", num_workers: int = 0):
+    def __init__(
+        self,
+        path: str,
+        seq_len: int,
+        batch_size: int,
+        mixture: dict[str, float],
+        seed: int = 0,
+        val_fraction: float = 0.02,
+        val_windows: int = 16,
+        phase: str = "pretrain",
+        packing: str = "truncate",
+        num_workers: int = 0,
+    ):
         super().__init__()
         self.root = Path(path)
         self.path = self.root / "tokens"
@@ -184,8 +222,10 @@ class ShardDataModule(L.LightningDataModule):
         self.index = read_index(self.path)
         unknown = sorted(set(mixture) - set(self.index["domains"]))
         if unknown:
-            raise ValueError(f"data.mixture names domains {unknown} that {self.path} does not have "
-                             f"(it has {sorted(self.index['domains'])})")
+            raise ValueError(
+                f"data.mixture names domains {unknown} that {self.path} does not have "
+                f"(it has {sorted(self.index['domains'])})"
+            )
         if packing not in PACKINGS:
             raise ValueError(f"data.packing={packing!r}: expected one of {list(PACKINGS)}")
         self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
@@ -231,8 +271,10 @@ class ShardDataModule(L.LightningDataModule):
                 tokens, offsets = load_shard(self.path, domain)
                 self.streams[domain] = stream = DomainStream(tokens, offsets, self.val_fraction)
                 if len(stream.train) <= self.seq_len:
-                    raise ValueError(f"domain {domain!r} has {len(stream.train)} training tokens, "
-                                     f"fewer than one window of seq_len={self.seq_len}")
+                    raise ValueError(
+                        f"domain {domain!r} has {len(stream.train)} training tokens, "
+                        f"fewer than one window of seq_len={self.seq_len}"
+                    )
                 if self.packing != "truncate":
                     self.bins[domain] = self.document_bins(stream.train, stream.train_offsets)
                     self.val_bins[domain] = self.document_bins(stream.val, stream.val_offsets)[: self.val_windows]
@@ -240,12 +282,22 @@ class ShardDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)  # TP ranks share data
         packed_rows = self.packing != "truncate"
-        dataset = self.dataset({d: s.train for d, s in self.streams.items()}, self.mixture, self.seq_len,
-                               self.seed, self.start_sample, rank, world, bins=self.bins if packed_rows else None,
-                               pad_id=self.pad_id, batch_size=self.batch_size,
-                               targets={d: self.targets(s.train, s.train_offsets) for d, s in self.streams.items()})
-        return DataLoader(dataset, batch_size=None, num_workers=self.num_workers,
-                          persistent_workers=self.num_workers > 0)
+        dataset = self.dataset(
+            {d: s.train for d, s in self.streams.items()},
+            self.mixture,
+            self.seq_len,
+            self.seed,
+            self.start_sample,
+            rank,
+            world,
+            bins=self.bins if packed_rows else None,
+            pad_id=self.pad_id,
+            batch_size=self.batch_size,
+            targets={d: self.targets(s.train, s.train_offsets) for d, s in self.streams.items()},
+        )
+        return DataLoader(
+            dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+        )
 
     def val_dataloader(self) -> DataLoader:
         """The first val_windows windows (or packed rows) of each domain's held-out documents, the domains
@@ -256,22 +308,36 @@ class ShardDataModule(L.LightningDataModule):
                 starts = range(0, max(0, len(stream.val) - self.seq_len - 1), self.seq_len)
                 per_domain.append([window(stream.val, s, self.seq_len) for s in list(starts)[: self.val_windows]])
             else:
-                dataset = self.dataset({domain: stream.val}, {domain: 1.0}, self.seq_len, self.seed, 0, 0, 1,
-                                       bins={domain: self.val_bins[domain]}, pad_id=self.pad_id,
-                                       targets={domain: self.targets(stream.val, stream.val_offsets)})
+                dataset = self.dataset(
+                    {domain: stream.val},
+                    {domain: 1.0},
+                    self.seq_len,
+                    self.seed,
+                    0,
+                    0,
+                    1,
+                    bins={domain: self.val_bins[domain]},
+                    pad_id=self.pad_id,
+                    targets={domain: self.targets(stream.val, stream.val_offsets)},
+                )
                 per_domain.append([dataset.sample(0, item) for item in range(len(self.val_bins[domain]))])
         samples = [s for row in itertools.zip_longest(*per_domain) for s in row if s is not None]
         return DataLoader(samples, batch_size=self.batch_size)
 
     def state_dict(self) -> dict:
-        return {"phase": self.phase, "seed": self.seed, "fingerprint": self.fingerprint,
-                "samples": self.samples_consumed()}
+        return {
+            "phase": self.phase,
+            "seed": self.seed,
+            "fingerprint": self.fingerprint,
+            "samples": self.samples_consumed(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["fingerprint"] != self.fingerprint:
             raise DataMismatchError(
                 f"the checkpoint was trained on data with fingerprint {state['fingerprint']}, but {self.path} has "
-                f"{self.fingerprint}: resume on the same prepared dataset, or start a new phase with init_from")
+                f"{self.fingerprint}: resume on the same prepared dataset, or start a new phase with init_from"
+            )
         if state["seed"] != self.seed:
             raise DataMismatchError(f"the checkpoint's data seed is {state['seed']}, the config's {self.seed}")
         self.start_sample = state["samples"]

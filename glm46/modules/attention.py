@@ -28,7 +28,11 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
         document_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x [B, T, hidden] -> [B, T, hidden]; with a cache, x holds the tokens after the cached ones.
@@ -50,7 +54,12 @@ class Attention(nn.Module):
         if past > 0 and T > 1:  # a chunk after cached tokens: query i sees keys up to past + i
             mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None and past == 0 and T > 1, scale=self.head_dim**-0.5,
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            is_causal=mask is None and past == 0 and T > 1,
+            scale=self.head_dim**-0.5,
             enable_gqa=True,
         )
         return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))

@@ -63,9 +63,19 @@ class GLM46Config:
                 problems.append(message)
 
         for key in (
-            "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-            "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-            "max_position_embeddings", "n_routed_experts", "num_experts_per_tok", "n_group", "topk_group",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "moe_intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+            "n_routed_experts",
+            "num_experts_per_tok",
+            "n_group",
+            "topk_group",
         ):
             value = getattr(self, key)
             check(value >= 1, f"{key}={value} must be >= 1")

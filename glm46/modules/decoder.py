@@ -21,7 +21,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None = None,
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None = None,
         document_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RoutingStats | None]:
         """x [B, T, hidden] -> x [B, T, hidden], and an MoE layer's routing statistics."""

@@ -39,8 +39,9 @@ def _normal_(tensor: torch.Tensor, std: float) -> None:
 
 
 @torch.no_grad()
-def initialize(modules: Iterable[nn.Module], std: float,
-               normal_: Callable[[torch.Tensor, float], None] = _normal_) -> None:
+def initialize(
+    modules: Iterable[nn.Module], std: float, normal_: Callable[[torch.Tensor, float], None] = _normal_
+) -> None:
     """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms.
     `normal_(tensor, std)` draws in place (glm46.parallel.materialize passes one that draws sharded weights)."""
     for module in modules:
@@ -65,8 +66,9 @@ def document_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
         return None
     document = (position_ids == 0).cumsum(dim=-1)  # [B, T]
     same = document[:, :, None] == document[:, None, :]
-    causal = torch.ones(position_ids.shape[1], position_ids.shape[1], dtype=torch.bool,
-                        device=position_ids.device).tril()
+    causal = torch.ones(
+        position_ids.shape[1], position_ids.shape[1], dtype=torch.bool, device=position_ids.device
+    ).tril()
     return (same & causal).unsqueeze(1)
 
 
@@ -88,7 +90,10 @@ class GLM46Model(nn.Module):
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, cache: KVCache | None = None,
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        cache: KVCache | None = None,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer.

@@ -26,7 +26,11 @@ class MTPLayer(nn.Module):
         self.norm = RMSNorm(hidden, eps=eps)  # `shared_head.norm` in checkpoints
 
     def forward(
-        self, hidden: torch.Tensor, embeds: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+        self,
+        hidden: torch.Tensor,
+        embeds: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
         document_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, RoutingStats]:
         """hidden, embeds [B, T, hidden] -> normed hidden [B, T, hidden] (fed to lm_head and the next depth)."""

@@ -54,8 +54,17 @@ class Muon(torch.optim.Optimizer):
         if isinstance(ns_dtype, torch.dtype):  # kept as a name: checkpoints (DCP too) take plain values
             ns_dtype = str(ns_dtype).removeprefix("torch.")
         defaults = dict(
-            lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov, ns_steps=ns_steps,
-            ns_dtype=ns_dtype, update_rms=update_rms, betas=tuple(betas), eps=eps, use_muon=False, row_chunks=1,
+            lr=lr,
+            weight_decay=weight_decay,
+            momentum=momentum,
+            nesterov=nesterov,
+            ns_steps=ns_steps,
+            ns_dtype=ns_dtype,
+            update_rms=update_rms,
+            betas=tuple(betas),
+            eps=eps,
+            use_muon=False,
+            row_chunks=1,
         )
         super().__init__(params, defaults)
         for group in self.param_groups:
@@ -113,8 +122,9 @@ class Muon(torch.optim.Optimizer):
         whole = _whole_matrix_placements(update)
         gathered = update if whole == list(update.placements) else update.redistribute(update.device_mesh, whole)
         local = self._orthogonalize(gathered.to_local(), group)
-        orthogonal = DTensor.from_local(local, update.device_mesh, whole, run_check=False, shape=update.shape,
-                                        stride=update.stride())
+        orthogonal = DTensor.from_local(
+            local, update.device_mesh, whole, run_check=False, shape=update.shape, stride=update.stride()
+        )
         return orthogonal.redistribute(update.device_mesh, update.placements)  # back to the slice: no communication
 
     def _adamw_update(self, p: torch.Tensor, group: dict) -> None:

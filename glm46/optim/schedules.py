@@ -56,8 +56,9 @@ class Piecewise:
 
     def __post_init__(self):
         if len(self.values) != len(self.boundaries) + 1:
-            raise ValueError(f"Piecewise needs one more value than boundaries: values={self.values}, "
-                             f"boundaries={self.boundaries}")
+            raise ValueError(
+                f"Piecewise needs one more value than boundaries: values={self.values}, boundaries={self.boundaries}"
+            )
         if list(self.boundaries) != sorted(self.boundaries):
             raise ValueError(f"Piecewise boundaries must be increasing: {self.boundaries}")
 

@@ -11,6 +11,12 @@ from .strategies import (
 )
 
 __all__ = [
-    "DeepSpeedStrategy", "Layout", "MeshParallelStrategy", "data_parallel_group", "data_parallel_rank_and_size",
-    "data_parallel_size", "layout_from_config", "validate_layout",
+    "DeepSpeedStrategy",
+    "Layout",
+    "MeshParallelStrategy",
+    "data_parallel_group",
+    "data_parallel_rank_and_size",
+    "data_parallel_size",
+    "layout_from_config",
+    "validate_layout",
 ]

@@ -33,8 +33,9 @@ def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[in
     return wait_tensor(all_to_all_single_autograd(x.contiguous(), output_splits, input_splits, group))
 
 
-def expert_parallel_swiglu(x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                           group: dist.ProcessGroup) -> torch.Tensor:
+def expert_parallel_swiglu(
+    x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, group: dist.ProcessGroup
+) -> torch.Tensor:
     """The experts of an ep group on the rows of this rank: x [M, hidden] sorted by global expert,
     counts [E] rows per global expert; gate_up, down hold this rank's E / ep experts -> [M, hidden]."""
     ep = dist.get_world_size(group)
@@ -63,8 +64,9 @@ class ExpertDispatch:
     def __init__(self, group: dist.ProcessGroup, grad_scale: float):
         self.group, self.grad_scale = group, grad_scale
 
-    def __call__(self, x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor,
-                 down: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
+    ) -> torch.Tensor:
         if self.grad_scale != 1.0:
             gate_up, down = _ScaleGrad.apply(gate_up, self.grad_scale), _ScaleGrad.apply(down, self.grad_scale)
         return expert_parallel_swiglu(x, counts, gate_up, down, self.group)

@@ -28,7 +28,7 @@ def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
         key = (g.device_mesh, tuple(g.placements)) if isinstance(g, DTensor) else None
         groups.setdefault(key, []).append(g)
     squares = []
-    for key, members in groups.items():
+    for members in groups.values():
         norm = torch.nn.utils.get_total_norm(members)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()

@@ -86,8 +86,12 @@ def layout_from_config(parallelism: Mapping[str, Any], world_size: int) -> Layou
     return Layout(world_size, tp, ep, dp if shard == -1 else shard)
 
 
-def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping[str, Any], world_size: int,
-                    optimizer: Mapping[str, Any] | None = None) -> None:
+def validate_layout(
+    parallelism: Mapping[str, Any],
+    model: GLM46Config | Mapping[str, Any],
+    world_size: int,
+    optimizer: Mapping[str, Any] | None = None,
+) -> None:
     """Raise ConfigError, naming the keys and their values, when the layout cannot run this model on
     `world_size` processes (cluster.num_nodes x cluster.devices). `optimizer` (the `optim.optimizer`
     node, optional) is checked against the engine: ZeRO-3 hands the optimizer flat partitions."""
@@ -110,73 +114,107 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
     check(engine in ENGINES, f"parallelism.engine={engine!r} is not one of {list(ENGINES)}")
     for key, value in (("tensor_parallel", tp), ("expert_parallel", ep), ("pipeline_parallel", pp)):
         check(isinstance(value, int) and value >= 1, f"parallelism.{key}={value!r} must be an integer >= 1")
-    check(isinstance(shard, int) and (shard >= 1 or shard == -1),
-          f"parallelism.data_parallel_shard={shard!r} must be an integer >= 1, or -1 for all data-parallel ranks")
+    check(
+        isinstance(shard, int) and (shard >= 1 or shard == -1),
+        f"parallelism.data_parallel_shard={shard!r} must be an integer >= 1, or -1 for all data-parallel ranks",
+    )
     check(isinstance(world_size, int) and world_size >= 1, f"world size {world_size!r} must be an integer >= 1")
     fail()
-    check(pp == 1, f"parallelism.pipeline_parallel={pp}: Lightning offers no pipeline parallelism (no strategy "
-                   f"splits layers into stages), so only 1 runs; spread the model with tensor_parallel, "
-                   f"expert_parallel and data_parallel_shard (FSDP2) instead")
+    check(
+        pp == 1,
+        f"parallelism.pipeline_parallel={pp}: Lightning offers no pipeline parallelism (no strategy "
+        f"splits layers into stages), so only 1 runs; spread the model with tensor_parallel, "
+        f"expert_parallel and data_parallel_shard (FSDP2) instead",
+    )
     if engine != "mesh":
-        check(tp == 1 and ep == 1, f"parallelism.engine={engine} cannot split tensors or experts: tensor_parallel="
-                                   f"{tp}, expert_parallel={ep} need engine=mesh (parallelism=tp, ep, fsdp2_ep)")
-        check(shard in (1, -1) or engine == "deepspeed",
-              f"parallelism.engine={engine} has no data_parallel_shard={shard} (use engine=mesh for HSDP)")
-    check(not _get(parallelism, "activation_checkpointing", False) or engine == "mesh",
-          f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}")
+        check(
+            tp == 1 and ep == 1,
+            f"parallelism.engine={engine} cannot split tensors or experts: tensor_parallel="
+            f"{tp}, expert_parallel={ep} need engine=mesh (parallelism=tp, ep, fsdp2_ep)",
+        )
+        check(
+            shard in (1, -1) or engine == "deepspeed",
+            f"parallelism.engine={engine} has no data_parallel_shard={shard} (use engine=mesh for HSDP)",
+        )
+    check(
+        not _get(parallelism, "activation_checkpointing", False) or engine == "mesh",
+        f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
+    )
     if engine == "single":
-        check(world_size == 1, f"parallelism=single runs one process, but the cluster has world size {world_size} "
-                               f"(cluster.num_nodes x cluster.devices): choose ddp, fsdp2, ... or devices=1")
+        check(
+            world_size == 1,
+            f"parallelism=single runs one process, but the cluster has world size {world_size} "
+            f"(cluster.num_nodes x cluster.devices): choose ddp, fsdp2, ... or devices=1",
+        )
     fail()
 
-    check(world_size % tp == 0,
-          f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
-          f"parallelism.tensor_parallel={tp}")
+    check(
+        world_size % tp == 0,
+        f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
+        f"parallelism.tensor_parallel={tp}",
+    )
     fail()
     dp = world_size // tp
-    check(dp % ep == 0,
-          f"world size {world_size} must be divisible by tensor_parallel x expert_parallel = {tp} x {ep} = {tp * ep} "
-          f"(experts are split over ep of the {dp} data-parallel ranks)")
+    check(
+        dp % ep == 0,
+        f"world size {world_size} must be divisible by tensor_parallel x expert_parallel = {tp} x {ep} = {tp * ep} "
+        f"(experts are split over ep of the {dp} data-parallel ranks)",
+    )
     if engine == "mesh":
         resolved = dp if shard == -1 else shard
-        check(dp % resolved == 0,
-              f"parallelism.data_parallel_shard={shard} must divide the data-parallel size world size / "
-              f"tensor_parallel = {world_size} / {tp} = {dp}")
+        check(
+            dp % resolved == 0,
+            f"parallelism.data_parallel_shard={shard} must divide the data-parallel size world size / "
+            f"tensor_parallel = {world_size} / {tp} = {dp}",
+        )
         if dp % resolved == 0 and dp % ep == 0:
-            check(resolved % ep == 0 or ep % resolved == 0,
-                  f"parallelism.expert_parallel={ep} and data_parallel_shard={resolved} must divide one another "
-                  f"(ep groups lie inside a shard group, or span whole shard groups)")
+            check(
+                resolved % ep == 0 or ep % resolved == 0,
+                f"parallelism.expert_parallel={ep} and data_parallel_shard={resolved} must divide one another "
+                f"(ep groups lie inside a shard group, or span whole shard groups)",
+            )
 
     mixed = _get(parallelism, "mixed_precision", None)
     if mixed and any(_get(mixed, key, None) for key in ("param_dtype", "reduce_dtype")):
         for key in ("param_dtype", "reduce_dtype"):
             value = _get(mixed, key, None)
             check(value in (None, *DTYPES), f"parallelism.mixed_precision.{key}={value!r} is not one of {list(DTYPES)}")
-        check(engine == "mesh", f"parallelism.mixed_precision is FSDP2's policy (engine=mesh); engine={engine} "
-                                f"takes trainer.precision")
+        check(
+            engine == "mesh",
+            f"parallelism.mixed_precision is FSDP2's policy (engine=mesh); engine={engine} takes trainer.precision",
+        )
     if engine == "deepspeed":
         stage = _get(parallelism, "stage", 3)
         check(stage in (1, 2, 3), f"parallelism.stage={stage!r} must be a ZeRO stage 1, 2 or 3")
         target = str(_get(optimizer or {}, "_target_", ""))
-        check(not _is_muon(target),
-              f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
-              f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
-              f"with DeepSpeed, or parallelism=fsdp2 (Muon gathers each matrix there)")
+        check(
+            not _is_muon(target),
+            f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
+            f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
+            f"with DeepSpeed, or parallelism=fsdp2 (Muon gathers each matrix there)",
+        )
     fail()
 
     config = model if isinstance(model, GLM46Config) else None
     get = (lambda k: getattr(config, k)) if config is not None else (lambda k: model[k])
     heads, kv_heads = get("num_attention_heads"), get("num_key_value_heads")
     check(heads % tp == 0, f"model.num_attention_heads={heads} must be divisible by parallelism.tensor_parallel={tp}")
-    check(kv_heads % tp == 0,
-          f"model.num_key_value_heads={kv_heads} must be divisible by parallelism.tensor_parallel={tp}")
+    check(
+        kv_heads % tp == 0,
+        f"model.num_key_value_heads={kv_heads} must be divisible by parallelism.tensor_parallel={tp}",
+    )
     intermediate = get("intermediate_size")
     shared = get("moe_intermediate_size") * get("n_shared_experts")
     if get("first_k_dense_replace") > 0:
-        check(intermediate % tp == 0,
-              f"model.intermediate_size={intermediate} must be divisible by parallelism.tensor_parallel={tp}")
-    check(shared % tp == 0, f"the shared experts' width model.moe_intermediate_size x n_shared_experts = {shared} "
-                            f"must be divisible by parallelism.tensor_parallel={tp}")
+        check(
+            intermediate % tp == 0,
+            f"model.intermediate_size={intermediate} must be divisible by parallelism.tensor_parallel={tp}",
+        )
+    check(
+        shared % tp == 0,
+        f"the shared experts' width model.moe_intermediate_size x n_shared_experts = {shared} "
+        f"must be divisible by parallelism.tensor_parallel={tp}",
+    )
     experts = get("n_routed_experts")
     check(experts % ep == 0, f"model.n_routed_experts={experts} must be divisible by parallelism.expert_parallel={ep}")
     has_moe = get("first_k_dense_replace") < get("num_hidden_layers") or get("num_nextn_predict_layers") > 0
@@ -184,11 +222,11 @@ def validate_layout(parallelism: Mapping[str, Any], model: GLM46Config | Mapping
     fail()
 
 
-
 # ---------------------------------------------------------------- what each parameter is split by
 
 _COLUMN_PARALLEL = re.compile(
-    r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$")
+    r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$"
+)
 _ROW_PARALLEL = re.compile(r"\.(self_attn\.o_proj|mlp\.(shared_experts\.)?down_proj)\.weight$")
 
 

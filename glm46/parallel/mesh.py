@@ -6,7 +6,7 @@ outer to inner; the groups are flattened views of it:
 | name | dims | what runs over it |
 |---|---|---|
 | `dp` | all but tp | data loading (rank and size), the balancer's count all-reduce |
-| `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP of the non-expert weights |
+| `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP, non-expert weights |
 | `ep` | (ep_replicate, ep_shard) | the routed experts' all-to-all; experts sharded on dim 0 |
 | `edp_replicate`, `edp_shard` | themselves | FSDP2/HSDP of the expert weights (ranks holding the same experts) |
 | `tp` | tp | tensor parallelism |

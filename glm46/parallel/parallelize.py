@@ -70,10 +70,16 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
     mlp_plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
     for layer in decoder_layers(model):
         attention = layer.self_attn
-        parallelize_module(attention, tp_mesh, {
-            "q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),
-            "o_proj": RowwiseParallel(),
-        })
+        parallelize_module(
+            attention,
+            tp_mesh,
+            {
+                "q_proj": ColwiseParallel(),
+                "k_proj": ColwiseParallel(),
+                "v_proj": ColwiseParallel(),
+                "o_proj": RowwiseParallel(),
+            },
+        )
         attention.num_heads //= tp  # the heads of this rank: q/k/v outputs are local column slices
         attention.num_kv_heads //= tp
         if attention.use_qk_norm:
@@ -125,8 +131,13 @@ def mixed_precision_policy(settings) -> torch.distributed.fsdp.MixedPrecisionPol
     return MixedPrecisionPolicy(param_dtype=dtype["param_dtype"], reduce_dtype=dtype["reduce_dtype"])
 
 
-def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool, mixed_precision=None,
-               reshard_after_forward: bool = True) -> None:
+def apply_fsdp(
+    model: GLM46ForCausalLM,
+    mesh: DeviceMesh,
+    expert_parallel: bool,
+    mixed_precision=None,
+    reshard_after_forward: bool = True,
+) -> None:
     """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head).
     With expert parallelism the experts get their own fully_shard first, over the ranks holding the
     same experts (`edp_*`, split as layout.expert_split_dim says), so the layer's group over `dp_*`
@@ -149,8 +160,14 @@ def apply_fsdp(model: GLM46ForCausalLM, mesh: DeviceMesh, expert_parallel: bool,
     fully_shard(model, mesh=dense_mesh, mp_policy=kwargs["mp_policy"], reshard_after_forward=False)
 
 
-def parallelize(model: GLM46ForCausalLM, layout: Layout, mesh: DeviceMesh, activation_checkpointing: bool = False,
-                mixed_precision=None, reshard_after_forward: bool = True) -> GLM46ForCausalLM:
+def parallelize(
+    model: GLM46ForCausalLM,
+    layout: Layout,
+    mesh: DeviceMesh,
+    activation_checkpointing: bool = False,
+    mixed_precision=None,
+    reshard_after_forward: bool = True,
+) -> GLM46ForCausalLM:
     """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place."""
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"])

@@ -103,13 +103,15 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     own = model.state_dict(keep_vars=True)
     if own.keys() != state.keys():
         missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-        raise RuntimeError(f"{path}: the weights do not fit the model: missing {missing[:10]}, "
-                           f"unexpected {unexpected[:10]}")
+        raise RuntimeError(
+            f"{path}: the weights do not fit the model: missing {missing[:10]}, unexpected {unexpected[:10]}"
+        )
     with torch.no_grad():
         for name, tensor in own.items():
             if state[name].shape != tensor.shape:
-                raise RuntimeError(f"{path}: {name} has shape {tuple(state[name].shape)}, the model "
-                                   f"{tuple(tensor.shape)}")
+                raise RuntimeError(
+                    f"{path}: {name} has shape {tuple(state[name].shape)}, the model {tuple(tensor.shape)}"
+                )
             local_tensor(tensor).copy_(state[name][local_box(tensor)])  # a memory-mapped source reads only this
 
 

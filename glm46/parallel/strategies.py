@@ -55,12 +55,20 @@ class MeshParallelStrategy(ModelParallelStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
     ) -> None:
-        super().__init__(data_parallel_size="auto", tensor_parallel_size=tensor_parallel,
-                         save_distributed_checkpoint=save_distributed_checkpoint,
-                         process_group_backend=process_group_backend, timeout=timeout)
+        super().__init__(
+            data_parallel_size="auto",
+            tensor_parallel_size=tensor_parallel,
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
         self.parallelism = {
-            "name": "mesh", "engine": "mesh", "data_parallel_shard": data_parallel_shard,
-            "tensor_parallel": tensor_parallel, "expert_parallel": expert_parallel, "pipeline_parallel": 1,
+            "name": "mesh",
+            "engine": "mesh",
+            "data_parallel_shard": data_parallel_shard,
+            "tensor_parallel": tensor_parallel,
+            "expert_parallel": expert_parallel,
+            "pipeline_parallel": 1,
             "mixed_precision": dict(mixed_precision) if mixed_precision else None,
         }
         self.activation_checkpointing = activation_checkpointing
@@ -87,8 +95,14 @@ class MeshParallelStrategy(ModelParallelStrategy):
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
         """Apply the layout to a plain GLM46ForCausalLM, in place (called from `configure_model`)."""
-        return parallelize(model, self.layout, self.device_mesh, self.activation_checkpointing,
-                           self.parallelism["mixed_precision"], self.reshard_after_forward)
+        return parallelize(
+            model,
+            self.layout,
+            self.device_mesh,
+            self.activation_checkpointing,
+            self.parallelism["mixed_precision"],
+            self.reshard_after_forward,
+        )
 
 
 class DeepSpeedStrategy(DeepSpeedInitializeHook, _LightningDeepSpeedStrategy):

@@ -59,13 +59,28 @@ class QueuedSlurmLauncher(SlurmLauncher):
 
         executor = self.executor()
         Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        arguments = [(list(overrides), "hydra.sweep.dir", initial_job_idx + i, f"job_id_for_{initial_job_idx + i}",
-                      Singleton.get_state()) for i, overrides in enumerate(job_overrides)]
+        arguments = [
+            (
+                list(overrides),
+                "hydra.sweep.dir",
+                initial_job_idx + i,
+                f"job_id_for_{initial_job_idx + i}",
+                Singleton.get_state(),
+            )
+            for i, overrides in enumerate(job_overrides)
+        ]
         jobs = self.submit(executor, arguments)
         print(submission_report(jobs, job_overrides, str(self.config.hydra.sweep.dir)))
-        return [JobReturn(overrides=list(overrides), cfg=config, working_dir=str(self.config.hydra.sweep.dir),
-                          status=JobStatus.COMPLETED, _return_value=job.job_id)
-                for job, overrides, config in zip(jobs, job_overrides, configs)]
+        return [
+            JobReturn(
+                overrides=list(overrides),
+                cfg=config,
+                working_dir=str(self.config.hydra.sweep.dir),
+                status=JobStatus.COMPLETED,
+                _return_value=job.job_id,
+            )
+            for job, overrides, config in zip(jobs, job_overrides, configs)
+        ]
 
     def submit(self, executor, arguments: list) -> list:
         """executor.map_array, with a refused sbatch turned into one line. submitit echoes sbatch's stderr before
@@ -79,8 +94,10 @@ class QueuedSlurmLauncher(SlurmLauncher):
         except FailedJobError as error:
             held = io.StringIO(held.getvalue().replace(f"{error}\n", "", 1))
             answer = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
-            raise SlurmRefusedError(f"Slurm refused the job: {answer}; asked: {asked_flags(executor, len(arguments))} "
-                                    f"(from cluster={self.config.hydra.runtime.choices.get('cluster')})") from None
+            raise SlurmRefusedError(
+                f"Slurm refused the job: {answer}; asked: {asked_flags(executor, len(arguments))} "
+                f"(from cluster={self.config.hydra.runtime.choices.get('cluster')})"
+            ) from None
         finally:
             sys.stderr.write(held.getvalue())
 
@@ -88,18 +105,30 @@ class QueuedSlurmLauncher(SlurmLauncher):
         """The submitit executor of these parameters (what the parent launcher builds inline)."""
         import submitit
 
-        executor = submitit.AutoExecutor(folder=self.params["submitit_folder"], cluster="slurm",
-                                         slurm_max_num_timeout=self.params.get("max_num_timeout", 0))
+        executor = submitit.AutoExecutor(
+            folder=self.params["submitit_folder"],
+            cluster="slurm",
+            slurm_max_num_timeout=self.params.get("max_num_timeout", 0),
+        )
         shared = set(OmegaConf.structured(BaseQueueConf).keys())
-        executor.update_parameters(**{
-            key if key in shared else f"slurm_{key}": value for key, value in self.params.items()
-            if key not in ("submitit_folder", "max_num_timeout")})
+        executor.update_parameters(
+            **{
+                key if key in shared else f"slurm_{key}": value
+                for key, value in self.params.items()
+                if key not in ("submitit_folder", "max_num_timeout")
+            }
+        )
         return executor
 
     def run_here(self, config) -> JobReturn:
         """Tasks that only look at the composition (plan, estimate, dryrun) run on the submitting machine."""
-        return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=config,
-                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        return run_job(
+            hydra_context=self.hydra_context,
+            task_function=self.task_function,
+            config=config,
+            job_dir_key="hydra.sweep.dir",
+            job_subdir_key="hydra.sweep.subdir",
+        )
 
 
 def submission_report(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: str) -> str:

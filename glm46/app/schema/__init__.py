@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 from glm46.app.resolvers import register_resolvers
 from glm46.modules import GLM46Config
 
-from .data import PromptData, RLPhase, ShardData, SourceData, StdlibData, Phase
+from .data import Phase, PromptData, RLPhase, ShardData, SourceData, StdlibData
 from .launch import DeepSpeedParallelism, ParallelismConfig
 from .root import RunConfig, Task
 from .training import CALLBACKS, LOGGERS, AdamWOptim, MuonOptim, WarmupCosine, WarmupStableDecay
@@ -21,8 +21,12 @@ GROUP_SCHEMAS = {
     "model": {"schema": GLM46Config},
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
     "schedule/schema": {"warmup_cosine": WarmupCosine, "warmup_stable_decay": WarmupStableDecay},
-    "data": {"source_schema": SourceData, "shards_schema": ShardData, "prompts_schema": PromptData,
-             "stdlib_schema": StdlibData},
+    "data": {
+        "source_schema": SourceData,
+        "shards_schema": ShardData,
+        "prompts_schema": PromptData,
+        "stdlib_schema": StdlibData,
+    },
     "phase": {"schema": Phase, "rl_schema": RLPhase},
     "parallelism": {"schema": ParallelismConfig, "deepspeed_schema": DeepSpeedParallelism},
     "callbacks/schema": CALLBACKS,

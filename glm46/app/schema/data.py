@@ -43,7 +43,9 @@ class ShardData:
 
     _target_: str = "glm46.lit.shard_data.ShardDataModule"
     path: str = MISSING
-    mixture: Any = MISSING  # domain -> weight (`${phase.mixture}`); Any: Hydra cannot replace a typed dict's interpolation
+    mixture: Any = (
+        MISSING  # domain -> weight (`${phase.mixture}`); Any: Hydra cannot replace a typed dict's interpolation
+    )
     seq_len: int = MISSING
     batch_size: int = MISSING
     seed: int = MISSING

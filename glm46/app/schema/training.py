@@ -203,7 +203,12 @@ class WandbLoggerConfig:
     offline: bool = MISSING
 
 
-CALLBACKS = {"model_checkpoint": ModelCheckpointCallback, "expert_balancer": ExpertBalancerCallback,
-             "throughput": ThroughputCallback, "progress_bar": ProgressBarCallback,
-             "preemption": PreemptionCallback, "batch_size_warmup": BatchSizeWarmupCallback}
+CALLBACKS = {
+    "model_checkpoint": ModelCheckpointCallback,
+    "expert_balancer": ExpertBalancerCallback,
+    "throughput": ThroughputCallback,
+    "progress_bar": ProgressBarCallback,
+    "preemption": PreemptionCallback,
+    "batch_size_warmup": BatchSizeWarmupCallback,
+}
 LOGGERS = {"csv": CSVLoggerConfig, "tensorboard": TensorBoardLoggerConfig, "wandb": WandbLoggerConfig}

@@ -26,8 +26,13 @@ def max_violation(counts: torch.Tensor) -> torch.Tensor:
 
 
 class ExpertBalancer(L.Callback):
-    def __init__(self, rate: Callable[[int], float], rule: str = "sign", history_every: int = 10,
-                 history_file: str | None = "expert_load.npz"):
+    def __init__(
+        self,
+        rate: Callable[[int], float],
+        rule: str = "sign",
+        history_every: int = 10,
+        history_file: str | None = "expert_load.npz",
+    ):
         if rule not in ("sign", "proportional"):
             raise ValueError(f"rule={rule!r}: expected 'sign' or 'proportional'")
         self.rate, self.rule = rate, rule

@@ -76,5 +76,7 @@ class Preemption(L.Callback):
     @staticmethod
     def checkpoint_path(trainer: L.Trainer) -> Path:
         """`last.ckpt` beside the periodic checkpoints, which `ckpt_path=last` resumes from."""
-        directory = getattr(trainer.checkpoint_callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
+        directory = (
+            getattr(trainer.checkpoint_callback, "dirpath", None) or Path(trainer.default_root_dir) / "checkpoints"
+        )
         return Path(directory) / "last.ckpt"

@@ -35,7 +35,8 @@ class Throughput(L.Callback):
         if self.peak_flops is None:
             dtype = torch.bfloat16 if "bf16" in str(trainer.precision) else torch.float32
             self.peak_flops = get_available_flops(pl_module.device, dtype) or measured_matmul_flops(
-                pl_module.device, dtype)
+                pl_module.device, dtype
+            )
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         now, step = time.perf_counter(), trainer.global_step
