@@ -105,3 +105,17 @@ class SignalDuringSave(L.Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
         os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class LinearModule(L.LightningModule):
+    """The smallest LightningModule that trains: one Linear layer, SGD (checkpoint and hook tests)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)

@@ -14,6 +14,8 @@ import torch
 from glm46.lit.callbacks import ModelCheckpoint
 from glm46.lit.checkpoints import AtomicCheckpointIO, CorruptCheckpointError, resume_path
 
+from .helpers import LinearModule
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,18 +87,6 @@ def test_a_first_run_with_ckpt_path_last_starts_fresh(tmp_path):
     assert resume_path(None, tmp_path) is None
 
 
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def test_last_ckpt_holds_the_final_step_when_it_is_not_a_multiple_of_the_interval(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_last=True)
     trainer = L.Trainer(
@@ -107,6 +97,6 @@ def test_last_ckpt_holds_the_final_step_when_it_is_not_a_multiple_of_the_interva
         enable_model_summary=False,
         plugins=[AtomicCheckpointIO()],
     )
-    trainer.fit(Tiny(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
+    trainer.fit(LinearModule(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
     assert torch.load(tmp_path / "last.ckpt", weights_only=False)["global_step"] == 6
     assert not list(tmp_path.glob("*.partial"))

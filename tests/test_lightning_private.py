@@ -26,6 +26,8 @@ from glm46.lightning_private import (
 from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.parallel.strategies import DeepSpeedStrategy as GLMDeepSpeedStrategy
 
+from .helpers import LinearModule
+
 
 @pytest.mark.parametrize(
     "owner, name, parameters",
@@ -94,25 +96,13 @@ def test_init_deepspeed_distributed_starts_the_process_group_and_the_hook_builds
     assert type(engine).__name__ == "DeepSpeedEngine" and "zero_force_ds_cpu_optimizer" in strategy.config
 
 
-class Tiny(L.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(2, 1)
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch).pow(2).mean()
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def test_model_checkpoint_records_its_saved_step_and_saves_last_on_demand(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_last=True)
     assert last_saved_step(checkpoint) == 0
     trainer = L.Trainer(
         max_steps=6, callbacks=[checkpoint], logger=False, enable_progress_bar=False, enable_model_summary=False
     )
-    trainer.fit(Tiny(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
+    trainer.fit(LinearModule(), train_dataloaders=torch.utils.data.DataLoader(torch.randn(64, 2), batch_size=2))
     assert last_saved_step(checkpoint) == 4
     last = tmp_path / "last.ckpt"
     assert torch.load(last, weights_only=False)["global_step"] == 4, (

@@ -38,38 +38,35 @@ class SourceData:
 
 
 @dataclass
-class ShardData:
-    """glm46.lit.shard_data.ShardDataModule and glm46.lit.sft_data.SFTDataModule: a prepared dataset."""
+class WindowData:
+    """What every DataModule over a prepared dataset takes (glm46.lit.shard_data.ShardDataModule and subclasses)."""
 
-    _target_: str = "glm46.lit.shard_data.ShardDataModule"
+    _target_: str = MISSING
     path: str = MISSING
-    mixture: Any = (
-        MISSING  # domain -> weight (`${phase.mixture}`); Any: Hydra cannot replace a typed dict's interpolation
-    )
+    # domain -> weight, `${phase.mixture}`; Any: Hydra cannot override a typed dict holding an interpolation
+    mixture: Any = MISSING
     seq_len: int = MISSING
     batch_size: int = MISSING
     seed: int = MISSING
     val_fraction: float = MISSING
     val_windows: int = MISSING
     phase: str = MISSING
-    packing: str = MISSING
     num_workers: int = MISSING
 
 
 @dataclass
-class PromptData:
-    """glm46.lit.rl_data.PromptDataModule: prompts with a verifiable answer."""
+class ShardData(WindowData):
+    """glm46.lit.shard_data.ShardDataModule and glm46.lit.sft_data.SFTDataModule: a prepared dataset."""
+
+    _target_: str = "glm46.lit.shard_data.ShardDataModule"
+    packing: str = MISSING
+
+
+@dataclass
+class PromptData(WindowData):
+    """glm46.lit.rl_data.PromptDataModule: prompts with a verifiable answer (always padded, one per row)."""
 
     _target_: str = "glm46.lit.rl_data.PromptDataModule"
-    path: str = MISSING
-    mixture: Any = MISSING  # domain -> weight, as ShardData's
-    seq_len: int = MISSING
-    batch_size: int = MISSING
-    seed: int = MISSING
-    val_fraction: float = MISSING
-    val_windows: int = MISSING
-    phase: str = MISSING
-    num_workers: int = MISSING
 
 
 @dataclass
