@@ -132,13 +132,15 @@ def model_config(cfg: DictConfig) -> GLM46Config:
         raise ConfigError(f"model: {error}") from None
 
 
-def check_values(cfg: DictConfig, keys: tuple[str, ...] = AT_LEAST_ONE) -> None:
-    """Ranges and choices of single keys."""
+def check_at_least_one(cfg: DictConfig, keys: tuple[str, ...] = AT_LEAST_ONE) -> None:
     for key in keys:
         value = _get(cfg, key)
         if value is not None and value < 1:
             raise ConfigError(f"{key}={value!r} must be an integer >= 1")
-    for key, (choices, message) in CHOICES.items() if keys == AT_LEAST_ONE else ():
+
+
+def check_choices(cfg: DictConfig) -> None:
+    for key, (choices, message) in CHOICES.items():
         value = _get(cfg, key)
         if value is not None and str(value) not in choices:
             raise ConfigError(message.format(key=key, value=value, choices=list(choices)))
@@ -248,7 +250,7 @@ def validate(cfg: DictConfig) -> GLM46Config:
         return config
     check_data(cfg, config)
     cluster = cfg.cluster
-    check_values(cfg, ("cluster.num_nodes", "cluster.devices"))
+    check_at_least_one(cfg, ("cluster.num_nodes", "cluster.devices"))
     if cluster.scheduler == "slurm" and not cluster.partition:
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
     validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
@@ -259,7 +261,8 @@ def validate(cfg: DictConfig) -> GLM46Config:
         )
     if cfg.task == "train":
         check_budget(cfg)
-    check_values(cfg)
+    check_at_least_one(cfg)
+    check_choices(cfg)
     if cfg.task == "train":
         resolve(cfg, RESOLVED_BEFORE_TRAINING)
         check_training(cfg)

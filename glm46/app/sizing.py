@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from hydra.utils import get_class
 from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
-from glm46.optim import Muon
-from glm46.parallel.layout import Layout, layout_from_config
+from glm46.parallel.layout import Layout, is_muon, layout_from_config
 from glm46.plan import Hardware, plan
 
 
@@ -28,7 +26,7 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
     """glm46.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
-    optimizer = "muon" if issubclass(get_class(cfg.optim.optimizer._target_), Muon) else "adamw"
+    optimizer = "muon" if is_muon(cfg.optim.optimizer._target_) else "adamw"
     result = plan(
         config,
         layout,

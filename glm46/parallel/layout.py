@@ -65,7 +65,7 @@ def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def _is_muon(target: str) -> bool:
+def is_muon(target: str) -> bool:
     """Whether the optimizer `_target_` names glm46's Muon (or a subclass); False when it cannot be imported."""
     from glm46.optim import Muon
 
@@ -188,7 +188,7 @@ def validate_layout(
         check(stage in (1, 2, 3), f"parallelism.stage={stage!r} must be a ZeRO stage 1, 2 or 3")
         target = str(_get(optimizer or {}, "_target_", ""))
         check(
-            not _is_muon(target),
+            not is_muon(target),
             f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
             f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
             f"with DeepSpeed, or parallelism=fsdp2 (Muon gathers each matrix there)",
