@@ -27,7 +27,7 @@ from glm46.app.resolvers import fsdp_policy
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
-from glm46.optim.muon import splits_matrices
+from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import parallelize

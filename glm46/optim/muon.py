@@ -8,12 +8,10 @@ gate/up projection is a gate and an up matrix). Other groups get AdamW with the 
 One optimizer object keeps Lightning's automatic optimisation, schedulers and checkpoints simple.
 
 Under sharding (FSDP2, tensor or expert parallelism) parameters, gradients and the momentum are
-DTensors holding a slice. Momentum and weight decay are elementwise and stay on the slice; the
-Newton-Schulz step needs whole matrices, so the update is gathered over the mesh dims that split
-matrix rows or columns (not those that split a stack of experts), orthogonalised, and each rank
-keeps its own slice (Moonlight's distributed Muon): the result equals single-process Muon. A
-slice made of whole matrices (experts sharded on the expert dim only) is orthogonalised in
-place, without communication.
+DTensors holding a slice. Momentum and weight decay are elementwise and stay on the slice; Newton-Schulz
+needs whole matrices: glm46.optim.distributed_muon orthogonalises slices made of whole matrices where they
+are and gives every split matrix one owner rank, so the work is divided, not repeated; the result
+equals single-process Muon.
 """
 
 from __future__ import annotations
@@ -21,20 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
-from .newton_schulz import orthogonalize
-
-
-def splits_matrices(placement, ndim: int) -> bool:
-    """Whether a placement of a tensor [..., rows, cols] cuts its matrices (Shard, _StridedShard: `.dim`)."""
-    dim = getattr(placement, "dim", None)
-    return dim is not None and dim % ndim >= ndim - 2
-
-
-def _whole_matrix_placements(p: DTensor) -> list:
-    """p's placements with every split of rows or columns undone: each rank then holds whole matrices."""
-    return [Replicate() if splits_matrices(placement, p.ndim) else placement for placement in p.placements]
+from .distributed_muon import orthogonalize_updates
+from .newton_schulz import NewtonSchulz
 
 
 class Muon(torch.optim.Optimizer):
@@ -79,53 +67,38 @@ class Muon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        muon = []  # (parameter, group, momentum update): orthogonalised together, collectively
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if group["use_muon"]:
-                    self._muon_update(p, group)
+                    muon.append((p, group, self._momentum_update(p, group)))
                 else:
                     self._adamw_update(p, group)
+        specs = [self._newton_schulz(group) for _, group, _ in muon]
+        orthogonal = orthogonalize_updates([update for _, _, update in muon], specs)
+        for (p, group, _), o in zip(muon, orthogonal):
+            rows, cols = p.shape[-2] // group["row_chunks"], p.shape[-1]
+            weights = p.to_local() if isinstance(p, DTensor) else p  # a view: writes the parameter's slice
+            weights.mul_(1 - group["lr"] * group["weight_decay"])
+            weights.add_(o.to(p.dtype), alpha=-group["lr"] * group["update_rms"] * math.sqrt(max(rows, cols)))
         return loss
 
-    def _muon_update(self, p: torch.Tensor, group: dict) -> None:
+    def _momentum_update(self, p: torch.Tensor, group: dict) -> torch.Tensor:
+        """Momentum (Nesterov by default) of p's gradient, on p's slice."""
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p.grad)
         buf = state["momentum_buffer"]
         buf.lerp_(p.grad, 1 - group["momentum"])
-        update = p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
-
-        chunks = group["row_chunks"]
-        rows, cols = p.shape[-2] // chunks, p.shape[-1]
-        scale = group["update_rms"] * math.sqrt(max(rows, cols))
-        if isinstance(update, DTensor):
-            orthogonal = self._orthogonalize_sharded(update, group)
-        else:
-            orthogonal = self._orthogonalize(update, group)
-
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        p.add_(orthogonal.to(p.dtype), alpha=-group["lr"] * scale)
+        return p.grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
 
     @staticmethod
-    def _orthogonalize(update: torch.Tensor, group: dict) -> torch.Tensor:
-        """Newton-Schulz per matrix of update [..., rows, cols], each split into `row_chunks` row blocks."""
-        chunks = group["row_chunks"]
-        rows, cols = update.shape[-2] // chunks, update.shape[-1]
-        matrices = update.reshape(-1, chunks, rows, cols)  # [matrices, chunks, rows, cols]
+    def _newton_schulz(group: dict) -> NewtonSchulz:
         dtype = group["ns_dtype"]
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-        return orthogonalize(matrices, group["ns_steps"], dtype).reshape(update.shape)
-
-    def _orthogonalize_sharded(self, update: DTensor, group: dict) -> DTensor:
-        whole = _whole_matrix_placements(update)
-        gathered = update if whole == list(update.placements) else update.redistribute(update.device_mesh, whole)
-        local = self._orthogonalize(gathered.to_local(), group)
-        orthogonal = DTensor.from_local(
-            local, update.device_mesh, whole, run_check=False, shape=update.shape, stride=update.stride()
-        )
-        return orthogonal.redistribute(update.device_mesh, update.placements)  # back to the slice: no communication
+        return NewtonSchulz(group["row_chunks"], group["ns_steps"], dtype)
 
     def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
         """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments)."""

@@ -1,5 +1,9 @@
 """Quintic Newton-Schulz orthogonalisation (Keller Jordan's Muon), batched over leading dimensions."""
 
+from __future__ import annotations
+
+from dataclasses import dataclass
+
 import torch
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
@@ -24,3 +28,43 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
     if tall:
         x = x.mT
     return x.reshape(g.shape)
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
+    """FLOPs of `orthogonalize` on one [rows, cols] matrix: per step, with m = min and n = max of the two,
+    the gram X X^T (2 m^2 n), A @ A (2 m^3) and the product with X (2 m^2 n)."""
+    m, n = min(rows, cols), max(rows, cols)
+    return steps * (4 * m * m * n + 2 * m**3)
+
+
+@dataclass(frozen=True)
+class NewtonSchulz:
+    """How one parameter's update is orthogonalised: a tensor [..., rows, cols] is a stack of matrices, each
+    cut into `row_chunks` row blocks that are orthogonalised separately (the fused expert gate/up)."""
+
+    row_chunks: int = 1
+    steps: int = 5
+    dtype: torch.dtype = torch.bfloat16
+
+    def matrix_shape(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        return shape[-2] // self.row_chunks, shape[-1]
+
+    def flops(self, shape: tuple[int, ...]) -> int:
+        rows, cols = self.matrix_shape(shape)
+        count = self.row_chunks * (int(torch.Size(shape[:-2]).numel()) if len(shape) > 2 else 1)
+        return count * newton_schulz_flops(rows, cols, self.steps)
+
+
+def orthogonalize_batched(updates: list[torch.Tensor], specs: list[NewtonSchulz]) -> list[torch.Tensor]:
+    """Each update orthogonalised per its spec, in the update's dtype. Matrices of the same shape and spec
+    (the q_proj of every layer, every expert stack) go through one batched call."""
+    batches: dict[tuple, list[int]] = {}
+    for i, (update, spec) in enumerate(zip(updates, specs)):
+        batches.setdefault((spec, spec.matrix_shape(update.shape)), []).append(i)
+    results: list[torch.Tensor | None] = [None] * len(updates)
+    for (spec, (rows, cols)), indices in batches.items():
+        stacks = [updates[i].reshape(-1, rows, cols) for i in indices]  # [matrices, rows, cols] each
+        orthogonal = orthogonalize(torch.cat(stacks), spec.steps, spec.dtype)
+        for i, piece in zip(indices, orthogonal.split([len(s) for s in stacks])):
+            results[i] = piece.reshape(updates[i].shape).to(updates[i].dtype)
+    return results
