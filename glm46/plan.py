@@ -8,7 +8,8 @@ Conventions:
   moments) of the shard each parameter leaves that rank (glm46.parallel.layout.parameter_splits: TP,
   then EP, then FSDP2, with torch.chunk's ceil sizes, so uneven splits count as they fall); FSDP2's
   gathered units (the root with the embedding and lm_head stays gathered through the step);
-  activations are those this implementation saves for backward, per micro-batch, in bf16.
+  activations are those this implementation saves for backward, per micro-batch, in bf16 (and the int64
+  document ids of packed rows).
   `task=dryrun` checks the shards against the real sharded model.
 """
 
@@ -167,11 +168,14 @@ def memory_per_gpu(
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
         full = layers * act["layer_input"] + max(act["moe_layer"], act["dense_layer"])
     logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 softmax + grad
+    # What is left of the document mask of packed rows: one int64 document number per token (Documents.ids),
+    # kept through the step; per-document attention needs no [T, T] mask (glm46.modules.attention).
+    documents = 8 * micro_batch_tokens
     memory = {
         f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
         for kind in ("weights", "gradients", "optimizer")
     }
-    memory["activations"] = full * micro_batch_tokens + logits
+    memory["activations"] = full * micro_batch_tokens + logits + documents
     memory.update(gathered_bytes(fsdp_units(config, layout)))
     memory["total"] = sum(memory.values())
     return memory

@@ -3,6 +3,7 @@
 import logging
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 from transformers.modeling_layers import MtpModel
@@ -130,3 +131,53 @@ def test_mtp_loss_is_cross_entropy_of_mtp_logits_against_shifted_labels():
     torch.testing.assert_close(out.loss, expected_main)
     torch.testing.assert_close(out.mtp_loss, torch.stack(expected_mtp).mean())
     assert out.logits is None
+
+
+def packed_pair(config, lengths=(7, 9)):
+    """Two documents in one row as glm46.lit.shard_data packs them: positions restart, no label at a document's
+    last token. -> documents [1, L], row [1, T], position_ids [1, T], labels [1, T]."""
+    generator = torch.Generator().manual_seed(11)
+    documents = [torch.randint(0, config.vocab_size, (1, n), generator=generator) for n in lengths]
+    x = torch.cat(documents, dim=1)
+    positions = torch.cat([torch.arange(n) for n in lengths])[None]
+    labels = x.roll(-1, dims=1).masked_fill(positions.roll(-1, dims=1) == 0, IGNORE_INDEX)
+    return documents, x, positions, labels
+
+
+def test_packed_mtp_loss_leaves_out_targets_in_the_next_document():
+    """Depth k at position i targets token i+k+1: where that token is in the next document (the last k + 1
+    positions of the first document) there is no target, as the main loss has none across the boundary."""
+    config = tiny_config(num_nextn_predict_layers=2)
+    model = random_model(config)
+    _, x, positions, labels = packed_pair(config)
+    document = torch.tensor([0] * 7 + [1] * 9)
+    T = x.shape[1]
+    with torch.no_grad():
+        out = model(x, labels=labels, position_ids=positions)
+        mtp_logits = model(x, position_ids=positions).mtp_logits
+    expected = []
+    for k in (1, 2):
+        kept = [i for i in range(T - k - 1) if document[i] == document[i + k + 1]]
+        assert len(kept) == T - k - 1 - (k + 1)
+        logits = mtp_logits[k - 1][0, kept]
+        expected.append(F.cross_entropy(logits, x[0, [i + k + 1 for i in kept]]))
+    torch.testing.assert_close(out.mtp_loss, torch.stack(expected).mean())
+
+
+def test_packed_mtp_loss_is_that_of_each_document_alone():
+    """Each depth's loss over the packed row is the count-weighted mean of the documents' losses run alone: the
+    first document's terms do not see the second's tokens (which its last positions' MTP inputs embed)."""
+    config = tiny_config(num_nextn_predict_layers=2)
+    model = random_model(config)
+    documents, x, positions, labels = packed_pair(config)
+    with torch.no_grad():
+        packed = model(x, labels=labels, position_ids=positions).mtp_loss
+        alone = [model(doc).mtp_logits for doc in documents]
+    per_depth = []
+    for k in (1, 2):
+        sums = [
+            F.cross_entropy(logits[k - 1][0, : doc.shape[1] - k - 1], doc[0, k + 1 :], reduction="sum")
+            for doc, logits in zip(documents, alone)
+        ]
+        per_depth.append(sum(sums) / sum(doc.shape[1] - k - 1 for doc in documents))
+    torch.testing.assert_close(packed, torch.stack(per_depth).mean())

@@ -3,7 +3,7 @@
 import torch
 from torch import nn
 
-from .attention import Attention
+from .attention import Attention, Documents
 from .config import GLM46Config
 from .kv_cache import KVCache
 from .mlp import MLP
@@ -26,10 +26,10 @@ class DecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         cache: KVCache | None = None,
-        document_mask: torch.Tensor | None = None,
+        documents: Documents | None = None,
     ) -> tuple[torch.Tensor, RoutingStats | None]:
         """x [B, T, hidden] -> x [B, T, hidden], and an MoE layer's routing statistics."""
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, document_mask)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, documents)
         h = self.post_attention_layernorm(x)
         if self.is_moe:
             h, stats = self.mlp(h)

@@ -35,8 +35,17 @@ def chunked_cross_entropy(
     return total / count
 
 
-def shift_labels(labels: torch.Tensor, k: int) -> torch.Tensor:
-    """Targets for MTP depth k at position i: labels[i + k]; the last k positions have none. labels [B, T]."""
+def shift_labels(labels: torch.Tensor, k: int, document_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Targets for MTP depth k at position i: labels[i + k] (token i+k+1); the last k positions have none, nor,
+    given the document of each token of packed rows (document_ids [B, T], non-decreasing), the positions whose
+    token i+k+1 is in a later document: MTP, like the main loss, never predicts across a document boundary.
+    labels [B, T]."""
+    T = labels.shape[1]
     shifted = labels.roll(-k, dims=1)
-    shifted[:, labels.shape[1] - k :] = IGNORE_INDEX
+    shifted[:, T - k :] = IGNORE_INDEX
+    if document_ids is not None:
+        # Token i+k+1's document; for i+k+1 = T (past the row) token i+k's, and labels[T-1] says the rest.
+        target = torch.arange(k + 1, T + k + 1, device=labels.device).clamp(max=T - 1)
+        later = document_ids.gather(1, target.expand_as(document_ids)) != document_ids
+        shifted = shifted.masked_fill(later, IGNORE_INDEX)
     return shifted

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .attention import Documents
 from .config import GLM46Config
 from .decoder import DecoderLayer
 from .experts import GroupedExperts
@@ -59,19 +60,6 @@ def initialize(
             module.reset_parameters()
 
 
-def document_mask(position_ids: torch.Tensor) -> torch.Tensor | None:
-    """For packed documents (position ids restarting at 0 inside a row): a [B, 1, T, T] mask letting each
-    token see earlier tokens of its own document only; None when every row is one document."""
-    if not bool((position_ids[:, 1:] == 0).any()):
-        return None
-    document = (position_ids == 0).cumsum(dim=-1)  # [B, T]
-    same = document[:, :, None] == document[:, None, :]
-    causal = torch.ones(
-        position_ids.shape[1], position_ids.shape[1], dtype=torch.bool, device=position_ids.device
-    ).tril()
-    return (same & causal).unsqueeze(1)
-
-
 def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Tensor:
     """Position ids [B, T] of input_ids placed after the tokens already in the cache."""
     start = cache.length if cache is not None else 0
@@ -94,15 +82,15 @@ class GLM46Model(nn.Module):
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
         cache: KVCache | None = None,
-        mask: torch.Tensor | None = None,
+        documents: Documents | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer.
-        mask: `document_mask(position_ids)` for rows of packed documents, else None."""
+        documents: `Documents.from_positions(position_ids)` for rows of packed documents, else None."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
         stats = []
         for layer in self.layers:
-            h, layer_stats = layer(h, cos, sin, cache, mask)
+            h, layer_stats = layer(h, cos, sin, cache, documents)
             if layer_stats is not None:
                 stats.append(layer_stats)
         if cache is not None:
@@ -138,20 +126,24 @@ class GLM46ForCausalLM(nn.Module):
     ) -> CausalLMOutput:
         """input_ids [B, T]; labels [B, T] are next-token targets aligned with the inputs (labels[:, i] is
         token i+1; -100 for none). With labels, returns losses and no logits; otherwise full logits.
-        MTP runs when there is no cache (training, scoring), not during generation."""
+        MTP runs when there is no cache (training, scoring), not during generation. In rows of packed documents
+        (position ids restarting at 0) attention stays within a document, and so do the MTP targets: depth k has
+        none at position i when token i+k+1 is in a later document (its mtp_logits there predict nothing)."""
+        packed = position_ids is not None and cache is None  # rows may hold several documents
         if position_ids is None:
             position_ids = positions_after(cache, input_ids)
-        mask = document_mask(position_ids) if cache is None else None
-        hidden, stats = self.model(input_ids, position_ids, cache, mask)
+        documents = Documents.from_positions(position_ids) if packed else None
+        hidden, stats = self.model(input_ids, position_ids, cache, documents)
 
         mtp_hidden = []
         if cache is None:
             h = hidden
             for k, mtp in enumerate(self.mtp_layers, start=1):
-                # Token i+k at position i; the last k positions wrap around and have no target.
+                # Token i+k at position i; the last k positions wrap around and have no target, nor (packed rows) the
+                # positions whose token i+k+1 is in the next document: shift_labels drops both.
                 embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
                 cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
-                h, mtp_stats = mtp(h, embeds, cos, sin, mask)
+                h, mtp_stats = mtp(h, embeds, cos, sin, documents)
                 mtp_hidden.append(h)
                 stats.append(mtp_stats)
 
@@ -166,8 +158,9 @@ class GLM46ForCausalLM(nn.Module):
         weight = self.lm_head.weight
         out.loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size)
         if mtp_hidden:
+            ids = documents.ids if documents is not None else None
             mtp_losses = [
-                chunked_cross_entropy(h, weight, shift_labels(labels, k), self.loss_chunk_size)
+                chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size)
                 for k, h in enumerate(mtp_hidden, start=1)
             ]
             out.mtp_loss = torch.stack(mtp_losses).mean()

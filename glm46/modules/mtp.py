@@ -8,6 +8,7 @@ RoPE position i+k, and normalises; the shared lm_head then predicts token i+k+1.
 import torch
 from torch import nn
 
+from .attention import Documents
 from .config import GLM46Config
 from .decoder import DecoderLayer
 from .moe import RoutingStats
@@ -31,9 +32,9 @@ class MTPLayer(nn.Module):
         embeds: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        document_mask: torch.Tensor | None = None,
+        documents: Documents | None = None,
     ) -> tuple[torch.Tensor, RoutingStats]:
         """hidden, embeds [B, T, hidden] -> normed hidden [B, T, hidden] (fed to lm_head and the next depth)."""
         x = self.eh_proj(torch.cat([self.enorm(embeds), self.hnorm(hidden)], dim=-1))  # embedding first
-        x, stats = self.block(x, cos, sin, document_mask=document_mask)
+        x, stats = self.block(x, cos, sin, documents=documents)
         return self.norm(x), stats
