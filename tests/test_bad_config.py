@@ -111,6 +111,8 @@ TABLE = [
      [r"model\.n_routed_experts=16 must be divisible by parallelism\.expert_parallel=3"]),
     ("world-not-dividing-tp-x-ep", EP6, ["parallelism.expert_parallel=4"], VALIDATE,
      [r"world size 6 must be divisible by tensor_parallel x expert_parallel = 1 x 4 = 4"]),
+    ("timeout-zero", [*TINY, "parallelism=ddp", "cluster.devices=2"], ["parallelism.timeout_s=0"], VALIDATE,
+     [r"parallelism\.timeout_s=0 must be a number of seconds > 0"]),
     ("pipeline-parallel", TINY, ["parallelism.pipeline_parallel=2"], VALIDATE,
      [r"parallelism\.pipeline_parallel=2: Lightning offers no pipeline parallelism"]),
     ("muon-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw"], ["optim=muon"], VALIDATE,

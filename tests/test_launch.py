@@ -65,6 +65,8 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
     ]:
         assert line in script.splitlines(), line
     assert "USR2" not in script  # submitit's own signal is replaced: the Preemption callback owns requeue
+    (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert "--kill-on-bad-exit=1" in srun.split()  # one task exiting non-zero ends the others: no hang
     # 64M tokens per step over 1024 data-parallel ranks (TP 8) of 1 x 4096 tokens: 16 micro-batches.
     assert cfg.trainer.accumulate_grad_batches == 16
     assert cfg.trainer.max_steps == -(-15_000_000_000_000 // 67_108_864)

@@ -1,16 +1,23 @@
 """The local Slurm of scripts/local_slurm.sh runs what the project submits: sbatch jobs and arrays,
-accounting (sacct), and submitit jobs, including ones that fail or die (which must not hang)."""
+accounting (sacct), and submitit jobs, including ones that fail or die (which must not hang); a glm46 job whose
+rank dies ends at once and its requeue finishes the run."""
 
 import os
+import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import submitit
+import torch
 from submitit.core.utils import FailedJobError, UncompletedJobError
 
+from . import test_dead_rank as dead_rank
 from .slurm import SlurmCluster, require_slurm, sacct_states, wait_for_job
+
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slurm
 
@@ -91,3 +98,55 @@ def test_submitit_dead_job_raises_promptly(cluster, tmp_path):
         wait_for_job(job, timeout=60).result()
     assert time.monotonic() - start < 60
     assert sacct_states(job.job_id) == {job.job_id: "FAILED"}
+
+
+def submit_run(tmp_path, *overrides: str) -> str:
+    """`python run.py cluster=local_slurm ...` (it returns once queued): the job id it printed."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), "cluster=local_slurm", f"paths.sweep_dir={tmp_path}", *overrides],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return re.findall(r"^  (\d+): ", result.stdout, flags=re.M)[0]
+
+
+def job_log(tmp_path, job: str) -> str:
+    return (tmp_path / "train" / ".submitit" / job / f"{job}_0_log.out").read_text()
+
+
+@pytest.mark.slow
+def test_a_run_that_raises_fails_its_slurm_job(cluster, tmp_path):
+    """An exception in the run (here a callback that does not import) makes the task exit non-zero: sacct says
+    FAILED, not COMPLETED, and the traceback is in the log (Hydra's run_job alone would swallow both)."""
+    job = submit_run(tmp_path, "experiment=tiny_bytes", "+callbacks.broken._target_=tests.nope.Missing")
+    assert sacct_states(job, timeout=120) == {job: "FAILED"}
+    assert "No module named 'tests.nope'" in job_log(tmp_path, job)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_killed_rank_ends_the_job_at_once_and_its_requeue_resumes_to_the_same_weights(cluster, tmp_path):
+    """2 tasks (DDP on gloo), rank 1 SIGKILLed during step 4: srun's --kill-on-bad-exit ends rank 0 and the job
+    is FAILED within seconds, the log naming the task that died; `scontrol requeue` runs it again in the same run
+    directory with ckpt_path=last, from step 2's checkpoint to the weights of a run never interrupted."""
+    marker = tmp_path / "killed"
+    job = submit_run(tmp_path, *dead_rank.RUN, "logger=csv", *dead_rank.kill(1, str(marker)))
+    assert sacct_states(job, timeout=180) == {job: "FAILED"}
+    took = time.time() - dead_rank.killed_at(marker)
+    print(f"rank 1 killed: Slurm reported the job FAILED {took:.1f} s later")
+    assert took < dead_rank.ENDS_WITHIN_S
+    log = job_log(tmp_path, job)
+    assert "srun: error: localhost: task 1: Killed" in log and f"Terminating StepId={job}.0" in log, log[-3000:]
+    run_dir = tmp_path / "train" / job
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == dead_rank.RESUMED_FROM and not (run_dir / "hf").exists()
+
+    subprocess.run(["scontrol", "requeue", job], check=True, timeout=30)
+    straight, _ = dead_rank.run(tmp_path / "straight")  # meanwhile, the same run on 2 local processes
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert sacct_states(job, timeout=180) == {job: "COMPLETED"}
+    dead_rank.assert_same_weights(run_dir, tmp_path / "straight")

@@ -254,6 +254,11 @@ def validate(cfg: DictConfig) -> GLM46Config:
     if cluster.scheduler == "slurm" and not cluster.partition:
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
     validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
+    if not cfg.parallelism.timeout_s > 0:
+        raise ConfigError(
+            f"parallelism.timeout_s={cfg.parallelism.timeout_s!r} must be a number of seconds > 0 (how long a rank "
+            f"waits for the others in a collective)"
+        )
     if cfg.parallelism.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(
             f"parallelism={cfg.parallelism.name} needs DeepSpeed, which is not installed: "

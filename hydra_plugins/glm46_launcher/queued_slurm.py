@@ -82,6 +82,15 @@ class QueuedSlurmLauncher(SlurmLauncher):
             for job, overrides, config in zip(jobs, job_overrides, configs)
         ]
 
+    def __call__(self, *args, **kwargs) -> JobReturn:
+        """Run the job inside its Slurm task. Hydra's run_job keeps the task's exception in the JobReturn, and the
+        task would exit 0 with nothing logged: raised here, the traceback is in the log and the task exits non-zero,
+        so `--kill-on-bad-exit` ends the other ranks at once and sacct says FAILED."""
+        result = super().__call__(*args, **kwargs)
+        if result.status == JobStatus.FAILED:
+            raise result._return_value
+        return result
+
     def submit(self, executor, arguments: list) -> list:
         """executor.map_array, with a refused sbatch turned into one line. submitit echoes sbatch's stderr before
         it raises, which would repeat Slurm's answer: stderr is held during the call and passed on without it."""

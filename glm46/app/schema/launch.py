@@ -31,6 +31,12 @@ class ParallelismConfig:
     # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.app.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
     reshard_after_forward: bool = True  # free the gathered layer after forward (ZeRO-3-like); false: ZeRO-2-like
+    # How long a rank waits in a collective (and at start-up, for the others to join) before it fails: the
+    # process-group timeout of every multi-process strategy. 600 s (torch's NCCL default; Lightning passes 30 min)
+    # is above the longest wait a healthy run has (every rank writing its checkpoint or hf/ files, DeepSpeed's
+    # first extension build, about 2 min) and frees a job whose rank hangs 20 min sooner. A rank that exits
+    # ends the job at once (Lightning's launcher, Slurm's --kill-on-bad-exit); this bounds a rank that hangs.
+    timeout_s: int = 600
 
 
 @dataclass
