@@ -46,22 +46,10 @@ def _muon(model):
     return Muon(muon_param_groups(model), lr=0.02, weight_decay=0.1, ns_dtype=torch.float32)
 
 
-def _newton_schulz_flops(monkeypatch_target) -> list[int]:
-    """Wrap `orthogonalize_batched` where distributed_muon calls it; the returned list sums this rank's FLOPs."""
-    counted = [0]
-    original = monkeypatch_target.orthogonalize_batched
-
-    def counting(updates, specs):
-        counted[0] += sum(spec.flops(tuple(u.shape)) for u, spec in zip(updates, specs))
-        return original(updates, specs)
-
-    monkeypatch_target.orthogonalize_batched = counting
-    return counted
-
-
 def _worker(rank: int, world: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    from bench.muon_sharded import counting  # the bench's FLOP counter
     from glm46.hf import save_hf
     from glm46.optim import distributed_muon
     from glm46.parallel.layout import Layout
@@ -70,7 +58,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    flops = _newton_schulz_flops(distributed_muon)
+    flops = counting(distributed_muon)
     try:
         for name, (tp, ep, shard, overrides) in LAYOUTS[world].items():
             reference = random_model(tiny_config(**overrides), seed=0).train()

@@ -191,7 +191,7 @@ def validate_layout(
             not is_muon(target),
             f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
             f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
-            f"with DeepSpeed, or parallelism=fsdp2 (Muon gathers each matrix there)",
+            f"with DeepSpeed, or parallelism=fsdp2 (Muon divides its Newton-Schulz work over the shards there)",
         )
     fail()
 
