@@ -19,6 +19,7 @@ from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
 from glm46.modules import GLM46Config
+from glm46.parallel.reshard import LayoutRecord, check_resume
 
 log = rank_zero_logger(__name__)
 
@@ -41,6 +42,7 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
 
 def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
+    callbacks.append(LayoutRecord(cfg.parallelism.name, cfg.global_batch_tokens))  # what a resume checks against
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
     plugins = []
     if SLURMEnvironment.detect():  # the Preemption callback owns checkpoint-and-requeue, not Lightning
@@ -62,11 +64,14 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
         )
     module = build_module(cfg, config)
     trainer = build_trainer(cfg, output_dir)
+    checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
+    ckpt_path = resume_path(cfg.ckpt_path, checkpoint_dir)
+    if ckpt_path:  # another layout or world size may continue it; what none can is refused here, before training
+        check_resume(ckpt_path, cfg)
     hyperparameters = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # the composition, as run
     for logger in trainer.loggers:  # wandb's config, TensorBoard's hparams, hparams.yaml beside metrics.csv
         logger.log_hyperparams(hyperparameters)
-    checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
-    trainer.fit(module, datamodule=datamodule, ckpt_path=resume_path(cfg.ckpt_path, checkpoint_dir))
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
     if interrupted:
         log.info(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")

@@ -5,17 +5,22 @@ A process killed while writing leaves `<name>.partial`, which nothing loads (Lig
 below look only at `*.ckpt`); the previous checkpoint is untouched because the rename is the last step.
 Sharded layouts save folders (DCP, DeepSpeed): one counts as complete when its completion marker is
 there (`.metadata`, written by DCP after every shard; `latest`, written by DeepSpeed at the end).
+One process and DDP also resume from a DCP folder, read whole (a run that continues on fewer devices;
+glm46.parallel.reshard), and their next `last.ckpt` file replaces the folder of that name.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from glm46.parallel.reshard import checkpoint_format, consolidate
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +40,9 @@ def _unreadable(path, error: Exception) -> CorruptCheckpointError:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save to `<path>.partial`, fsync, then rename onto `path` (atomic on one filesystem)."""
+    """torch.save to `<path>.partial`, fsync, then rename onto `path` (atomic on one filesystem). A DCP folder at
+    `path` (a mesh layout's last.ckpt, before a resume on one process or DDP) is moved aside to `<path>.old.partial`
+    first and removed after the rename; a kill in between leaves the periodic checkpoints."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options: Any | None = None) -> None:
         path = Path(path)
@@ -45,9 +52,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             torch.save(checkpoint, f)
             f.flush()
             os.fsync(f.fileno())
+        replaced = path.with_name(path.name + ".old" + PARTIAL)
+        if path.is_dir():
+            shutil.rmtree(replaced, ignore_errors=True)
+            os.replace(path, replaced)
         os.replace(partial, path)
+        shutil.rmtree(replaced, ignore_errors=True)
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        if checkpoint_format(Path(path)) == "dcp":
+            return consolidate(Path(path))
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError:

@@ -4,7 +4,8 @@ loss = CE + lambda_mtp(tokens) * MTP + alpha * sequence-wise balance loss, over 
 Schedules (LR, MTP weight) read `tokens_seen`, which is counted over all data-parallel ranks and
 saved in the checkpoint, so a resume or a change of batch size keeps them where they were.
 The checkpoint also holds the RNG states and the step guard's state (glm46.lit.guard): a resume continues
-bit for bit.
+bit for bit. Optimizer states in checkpoint files are keyed by parameter name, so that a resume under another
+layout (glm46.parallel.reshard) finds each parameter's Muon/AdamW state.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
@@ -200,8 +202,29 @@ class GLM46LitModule(L.LightningModule):
         }
         if self.guard is not None:
             checkpoint["guard"] = self.guard.state_dict()
+        self._key_optimizer_states_by_name(checkpoint)
+
+    def _key_optimizer_states_by_name(self, checkpoint: dict) -> None:
+        """Full optimizer states come keyed by position: in the optimizer's order (torch), or, under the mesh
+        strategy, in the module's parameter order (Lightning). Neither order survives a change of engine (Muon's
+        groups list matrices first; Lightning's mesh loader assumes the module's order), so both become parameter
+        names, each group listing its names in the optimizer's order: torch's `Optimizer.load_state_dict` matches
+        them by position within the groups, Lightning's mesh loader by name. Sharded (DCP) states are keyed by name
+        already."""
+        names = {p: name for name, p in self.named_parameters()}
+        for optimizer, state in zip(self.trainer.optimizers, checkpoint.get("optimizer_states", [])):
+            if not state.get("state") or not all(isinstance(key, int) for key in state["state"]):
+                continue
+            if isinstance(self.trainer.strategy, ModelParallelStrategy):
+                order = list(self.parameters())
+            else:
+                order = [p for group in optimizer.param_groups for p in group["params"]]
+            state["state"] = {names[order[key]]: value for key, value in state["state"].items()}
+            for saved, group in zip(state["param_groups"], optimizer.param_groups):
+                saved["params"] = [names[p] for p in group["params"]]
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._align_accumulation(checkpoint)
         self.tokens_seen = checkpoint["tokens_seen"]
         if "rng_states" in checkpoint:
             rng = checkpoint["rng_states"]
@@ -213,3 +236,14 @@ class GLM46LitModule(L.LightningModule):
                 torch.cuda.set_rng_state_all(rng["cuda"])
         if self.guard is not None and "guard" in checkpoint:
             self.guard.load_state_dict(checkpoint["guard"])
+
+    def _align_accumulation(self, checkpoint: dict) -> None:
+        """A resume with another gradient accumulation (the same global batch on another number of data-parallel
+        ranks): Lightning steps when (batches this epoch) % accumulate_grad_batches == 0, so the epoch's batch
+        counters move up to the next multiple of the new accumulation, and the first step after the resume sums a
+        whole cycle. Data positions count samples, not these counters (glm46.lit.shard_data)."""
+        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+        shift = -progress["current"]["ready"] % self.trainer.accumulate_grad_batches
+        for counters in (progress["current"], progress["total"]):
+            for key in counters:
+                counters[key] += shift
