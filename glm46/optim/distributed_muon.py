@@ -27,11 +27,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
+from glm46.parallel.shards import Box, shift
+
 from .newton_schulz import NewtonSchulz, orthogonalize_batched
 
 ROUND_BYTES = 1 << 30
-
-Box = tuple[slice, ...]
 
 
 def splits_matrices(placement, ndim: int) -> bool:
@@ -83,18 +83,23 @@ class ShardedJob:
         return _numel(self.whole) * self.update.element_size()
 
 
+_BOXES: dict[tuple, list[Box]] = {}
+
+
 def _boxes(update: DTensor, members: list[int]) -> list[Box]:
+    """Each member's box of `update` (fixed for a parameter's shape and placements: computed once)."""
     mesh = update.device_mesh
-    boxes = []
-    for rank in members:
-        coordinate = (mesh.mesh == rank).nonzero()[0].tolist()
-        shape, offset = _compute_local_shape_and_global_offset(update.shape, mesh.shape, coordinate, update.placements)
-        boxes.append(tuple(slice(o, o + n) for o, n in zip(offset, shape)))
-    return boxes
-
-
-def _shift(box: Box, origin: Box) -> Box:
-    return tuple(slice(s.start - o.start, s.stop - o.start) for s, o in zip(box, origin))
+    key = (tuple(update.shape), tuple(update.placements), tuple(mesh.mesh.flatten().tolist()), tuple(members))
+    if key not in _BOXES:
+        boxes = []
+        for rank in members:
+            coordinate = (mesh.mesh == rank).nonzero()[0].tolist()
+            shape, offset = _compute_local_shape_and_global_offset(
+                update.shape, mesh.shape, coordinate, update.placements
+            )
+            boxes.append(tuple(slice(o, o + n) for o, n in zip(offset, shape)))
+        _BOXES[key] = boxes
+    return _BOXES[key]
 
 
 def _shape(box: Box) -> tuple[int, ...]:
@@ -141,9 +146,9 @@ def _exchange_round(jobs: list[ShardedJob], owners: list[int], group, me: int, s
     wholes = [received.new_empty(_shape(job.whole)) for job in mine]
     pieces = [(job, whole, job.boxes[s]) for s in range(size) for job, whole in zip(mine, wholes)]
     for (job, whole, box), piece in zip(pieces, received.split([_numel(box) for _, _, box in pieces])):
-        whole[_shift(box, job.whole)] = piece.view(_shape(box))
+        whole[shift(box, job.whole)] = piece.view(_shape(box))
     orthogonal = orthogonalize_batched(wholes, [job.spec for job in mine])
-    replies = [o[_shift(job.boxes[s], job.whole)].reshape(-1) for s in range(size) for job, o in zip(mine, orthogonal)]
+    replies = [o[shift(job.boxes[s], job.whole)].reshape(-1) for s in range(size) for job, o in zip(mine, orthogonal)]
 
     replies = torch.cat([sent.new_empty(0), *replies])
     returned = sent.new_empty(sent.numel())
