@@ -51,18 +51,13 @@ def local(update: torch.Tensor) -> torch.Tensor:
     return update.to_local() if isinstance(update, DTensor) else update
 
 
-_GROUPS: dict[tuple, dist.ProcessGroup] = {}
-
-
 def matrix_group(mesh: DeviceMesh, dims: tuple[int, ...]) -> dist.ProcessGroup:
-    """The process group along mesh dims `dims` through this rank (one group per dim set, made once)."""
+    """The process group along mesh dims `dims` through this rank (a multi-dim group is a flattened mesh, which
+    torch creates once and keeps on the root mesh)."""
     if len(dims) == 1:
         return mesh.get_group(dims[0])
     names = tuple(mesh.mesh_dim_names[d] for d in dims)
-    key = (names, tuple(mesh.mesh.flatten().tolist()))
-    if key not in _GROUPS:
-        _GROUPS[key] = mesh[names]._flatten("muon_" + "_".join(names)).get_group()
-    return _GROUPS[key]
+    return mesh[names]._flatten("muon_" + "_".join(names)).get_group()
 
 
 @dataclass
