@@ -90,7 +90,7 @@ def gather_all(updates, specs):
             placements = [Replicate() if dm.splits_matrices(p, u.ndim) else p for p in u.placements]
             wholes.append(u.redistribute(u.device_mesh, placements).to_local())
         else:
-            wholes.append(dm.local(u))
+            wholes.append(dm.local_tensor(u))
     return dm.orthogonalize_batched(wholes, specs)
 
 

@@ -131,3 +131,21 @@ def test_state_dict_round_trip_continues_identically():
 def test_muon_refuses_a_vector_in_a_muon_group():
     with pytest.raises(ValueError, match=r"\(10,\)"):
         Muon([{"params": [torch.nn.Parameter(torch.zeros(10))], "use_muon": True}])
+
+
+def test_batched_newton_schulz_is_bounded_in_bytes_and_equals_one_update_at_a_time(monkeypatch):
+    """Same-shape updates share batched calls of at most max_bytes (here two 8x8 fp32 matrices, 512 bytes); each
+    result is that of its update orthogonalised alone, whatever batch it landed in."""
+    from glm46.optim import newton_schulz
+    from glm46.optim.newton_schulz import NewtonSchulz, orthogonalize, orthogonalize_batched
+
+    generator = torch.Generator().manual_seed(0)
+    updates = [torch.randn(shape, generator=generator) for shape in [(8, 8), (8, 8), (2, 8, 8), (8, 8), (4, 8)]]
+    spec = NewtonSchulz(steps=5, dtype=torch.float32)
+    calls = []
+    record = lambda g, *args: calls.append(tuple(g.shape)) or orthogonalize(g, *args)  # noqa: E731
+    monkeypatch.setattr(newton_schulz, "orthogonalize", record)
+    results = orthogonalize_batched(updates, [spec] * len(updates), max_bytes=512)
+    assert calls == [(2, 8, 8), (2, 8, 8), (1, 8, 8), (1, 4, 8)]  # 8x8: [0, 1], [2], [3]; then the 4x8
+    for update, result in zip(updates, results):
+        torch.testing.assert_close(result, orthogonalize(update, 5, torch.float32))

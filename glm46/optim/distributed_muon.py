@@ -27,11 +27,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-from glm46.parallel.shards import Box, shift
+from glm46.parallel.shards import Box, local_tensor, shift
 
-from .newton_schulz import NewtonSchulz, orthogonalize_batched
-
-ROUND_BYTES = 1 << 30
+from .newton_schulz import BATCH_BYTES, NewtonSchulz, consecutive_within, orthogonalize_batched
 
 
 def splits_matrices(placement, ndim: int) -> bool:
@@ -45,10 +43,6 @@ def matrix_dims(update: torch.Tensor) -> tuple[int, ...]:
     if not isinstance(update, DTensor):
         return ()
     return tuple(i for i, p in enumerate(update.placements) if splits_matrices(p, update.ndim))
-
-
-def local(update: torch.Tensor) -> torch.Tensor:
-    return update.to_local() if isinstance(update, DTensor) else update
 
 
 def matrix_group(mesh: DeviceMesh, dims: tuple[int, ...]) -> dist.ProcessGroup:
@@ -116,25 +110,13 @@ def assign_owners(costs: list[int], ranks: int, load: list[int] | None = None) -
     return owners
 
 
-def _rounds(jobs: list[ShardedJob], budget: int) -> list[list[int]]:
-    """Consecutive jobs, cut where a round's whole matrices would exceed `budget` bytes (at least one job)."""
-    rounds, current, size = [], [], 0
-    for i, job in enumerate(jobs):
-        if current and size + job.nbytes > budget:
-            rounds.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += job.nbytes
-    return rounds + [current] if current else rounds
-
-
 def _exchange_round(jobs: list[ShardedJob], owners: list[int], group, me: int, size: int) -> list[torch.Tensor]:
     """Slices to owners, whole-matrix Newton-Schulz on the owners, slices back: this rank's slices of the result."""
     order = sorted(range(len(jobs)), key=lambda j: (owners[j], j))  # what this rank sends, grouped by owner
     mine = [jobs[j] for j in order if owners[j] == me]
     sent_splits = [sum(_numel(jobs[j].boxes[me]) for j in order if owners[j] == d) for d in range(size)]
     received_splits = [sum(_numel(job.boxes[s]) for job in mine) for s in range(size)]
-    sent = torch.cat([local(jobs[j].update).reshape(-1) for j in order])
+    sent = torch.cat([local_tensor(jobs[j].update).reshape(-1) for j in order])
     received = sent.new_empty(sum(received_splits))
     dist.all_to_all_single(received, sent, received_splits, sent_splits, group=group)
 
@@ -151,7 +133,7 @@ def _exchange_round(jobs: list[ShardedJob], owners: list[int], group, me: int, s
     slices = returned.split([_numel(jobs[j].boxes[me]) for j in order])
     results: list[torch.Tensor | None] = [None] * len(jobs)
     for j, piece in zip(order, slices):
-        results[j] = piece.view(local(jobs[j].update).shape)
+        results[j] = piece.view(local_tensor(jobs[j].update).shape)
     return results
 
 
@@ -167,7 +149,7 @@ def _orthogonalize_group(
         whole = tuple(slice(min(b[d].start for b in boxes), max(b[d].stop for b in boxes)) for d in range(update.ndim))
         jobs.append(ShardedJob(update, spec, boxes, whole))
     load, results = [0] * size, []
-    for indices in _rounds(jobs, round_bytes * size):
+    for indices in consecutive_within([job.nbytes for job in jobs], round_bytes * size):
         round_jobs = [jobs[i] for i in indices]
         owners = assign_owners([job.flops for job in round_jobs], size, load)
         results += _exchange_round(round_jobs, owners, group, me, size)
@@ -175,7 +157,7 @@ def _orthogonalize_group(
 
 
 def orthogonalize_updates(
-    updates: list[torch.Tensor], specs: list[NewtonSchulz], round_bytes: int = ROUND_BYTES
+    updates: list[torch.Tensor], specs: list[NewtonSchulz], round_bytes: int = BATCH_BYTES
 ) -> list[torch.Tensor]:
     """Newton-Schulz of every update (plain tensors or DTensors) -> this rank's local slice of each result,
     in the update's dtype. Collective over the DTensors' meshes."""
@@ -192,7 +174,7 @@ def orthogonalize_updates(
         orthogonal = _orthogonalize_group([updates[i] for i in indices], [specs[i] for i in indices], dims, round_bytes)
         for i, o in zip(indices, orthogonal):
             results[i] = o
-    orthogonal = orthogonalize_batched([local(updates[i]) for i in in_place], [specs[i] for i in in_place])
+    orthogonal = orthogonalize_batched([local_tensor(updates[i]) for i in in_place], [specs[i] for i in in_place])
     for i, o in zip(in_place, orthogonal):
         results[i] = o
     return results

@@ -19,7 +19,8 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.distributed.tensor import DTensor
+
+from glm46.parallel.shards import local_tensor
 
 from .distributed_muon import orthogonalize_updates
 from .newton_schulz import NewtonSchulz
@@ -80,7 +81,7 @@ class Muon(torch.optim.Optimizer):
         orthogonal = orthogonalize_updates([update for _, _, update in muon], specs)
         for (p, group, _), o in zip(muon, orthogonal):
             rows, cols = p.shape[-2] // group["row_chunks"], p.shape[-1]
-            weights = p.to_local() if isinstance(p, DTensor) else p  # a view: writes the parameter's slice
+            weights = local_tensor(p)  # a view: writes the parameter's slice
             weights.mul_(1 - group["lr"] * group["weight_decay"])
             weights.add_(o.to(p.dtype), alpha=-group["lr"] * group["update_rms"] * math.sqrt(max(rows, cols)))
         return loss

@@ -8,6 +8,7 @@ import torch
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 EPS = 1e-7
+BATCH_BYTES = 1 << 30  # the most update bytes one batched call takes: its workspace stays a few GiB
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -55,16 +56,32 @@ class NewtonSchulz:
         return count * newton_schulz_flops(rows, cols, self.steps)
 
 
-def orthogonalize_batched(updates: list[torch.Tensor], specs: list[NewtonSchulz]) -> list[torch.Tensor]:
+def consecutive_within(sizes: list[int], budget: int) -> list[list[int]]:
+    """Indices of `sizes` in runs of consecutive items summing to at most `budget` (an item over it alone)."""
+    runs, current, total = [], [], 0
+    for i, size in enumerate(sizes):
+        if current and total + size > budget:
+            runs.append(current)
+            current, total = [], 0
+        current.append(i)
+        total += size
+    return runs + [current] if current else runs
+
+
+def orthogonalize_batched(
+    updates: list[torch.Tensor], specs: list[NewtonSchulz], max_bytes: int = BATCH_BYTES
+) -> list[torch.Tensor]:
     """Each update orthogonalised per its spec, in the update's dtype. Matrices of the same shape and spec
-    (the q_proj of every layer, every expert stack) go through one batched call."""
+    (the q_proj of every layer, every expert stack) go through batched calls of at most `max_bytes` of updates."""
     batches: dict[tuple, list[int]] = {}
     for i, (update, spec) in enumerate(zip(updates, specs)):
         batches.setdefault((spec, spec.matrix_shape(update.shape)), []).append(i)
     results: list[torch.Tensor | None] = [None] * len(updates)
-    for (spec, (rows, cols)), indices in batches.items():
-        stacks = [updates[i].reshape(-1, rows, cols) for i in indices]  # [matrices, rows, cols] each
-        orthogonal = orthogonalize(torch.cat(stacks), spec.steps, spec.dtype)
-        for i, piece in zip(indices, orthogonal.split([len(s) for s in stacks])):
-            results[i] = piece.reshape(updates[i].shape).to(updates[i].dtype)
+    for (spec, (rows, cols)), same in batches.items():
+        for run in consecutive_within([updates[i].nbytes for i in same], max_bytes):
+            indices = [same[r] for r in run]
+            stacks = [updates[i].reshape(-1, rows, cols) for i in indices]  # [matrices, rows, cols] each
+            orthogonal = orthogonalize(torch.cat(stacks), spec.steps, spec.dtype)
+            for i, piece in zip(indices, orthogonal.split([len(s) for s in stacks])):
+                results[i] = piece.reshape(updates[i].shape).to(updates[i].dtype)
     return results
