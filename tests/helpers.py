@@ -26,6 +26,15 @@ TINY = dict(
 )
 
 
+def launcher_env() -> dict[str, str]:
+    """The environment for a multi-process run started from a test: none of torch.distributed's rendezvous variables
+    a launcher above may have set (the run's own launcher sets them), one thread per process."""
+    rendezvous = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
 def tiny_config(**overrides) -> GLM46Config:
     return GLM46Config(**{**TINY, **overrides})
 

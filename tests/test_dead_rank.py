@@ -19,6 +19,8 @@ import torch
 from hydra.utils import instantiate
 from safetensors.torch import load_file
 
+from .helpers import launcher_env
+
 ROOT = Path(__file__).resolve().parents[1]
 # 2 ranks x 2 sequences per step, 6 steps, a checkpoint every 2 steps.
 RUN = [
@@ -36,7 +38,6 @@ RUN = [
     "callbacks.model_checkpoint.every_n_train_steps=2",
 ]
 KILLED_AT, RESUMED_FROM = 3, 2  # the kill comes during step 4; the newest checkpoint is step 2's
-DISTRIBUTED_ENV = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 ENDS_WITHIN_S = 60  # Lightning's launcher polls its children every 5 s; a hang would last parallelism.timeout_s
 
 
@@ -95,8 +96,7 @@ def group_alive(group: int) -> list[int]:
 def run(run_dir: Path, *overrides: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, float]:
     """`python run.py` in a session of its own; returns when every process of that session has ended, with the
     time it did. Lightning's launcher starts the other rank as a child, in the same process group."""
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = launcher_env()
     process = subprocess.Popen(
         [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,

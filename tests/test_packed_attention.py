@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import glm46.modules.attention as attention
-from glm46.modules import GLM46Config, GLM46ForCausalLM
+from glm46.modules import GLM46ForCausalLM
 from glm46.modules.attention import Documents, packed_attention
 from glm46.modules.loss import IGNORE_INDEX
 
@@ -104,17 +104,8 @@ def test_a_32k_packed_row_trains_without_a_t_squared_mask():
     would take 1 GiB (bool) plus 4 GiB for the float bias SDPA turns it into; the model's own fp32 activations
     here are ~300 MiB (8 MiB per [T, 64] tensor), and the per-document attention adds O(T) to them."""
     T = 32768
-    config = GLM46Config(
-        vocab_size=160,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=32,
-        first_k_dense_replace=1,
-        num_nextn_predict_layers=0,
-        max_position_embeddings=T,
+    config = tiny_config(
+        num_hidden_layers=1, num_attention_heads=2, num_nextn_predict_layers=0, max_position_embeddings=T
     )
     torch.manual_seed(0)
     model = GLM46ForCausalLM(config)

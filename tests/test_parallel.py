@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -202,12 +201,9 @@ def run_layout(tmp_path: Path, layout: str, devices: int = 1, *, init_from: str,
     out = tmp_path / f"{layout}-{devices}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"layout": layout, "devices": devices, "out": str(out), "init_from": init_from, **spec}
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
-    }
-    env.setdefault("OMP_NUM_THREADS", "1")
+    from tests.helpers import launcher_env
+
+    env = launcher_env()
     result = subprocess.run(
         [sys.executable, "-m", "tests.test_parallel", json.dumps(spec)],
         check=False,

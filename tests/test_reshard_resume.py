@@ -11,7 +11,6 @@ training, naming both layouts and init_from; so is a resume with another global 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+
+from .helpers import launcher_env
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, TOLERANCE = 6, 1e-5
@@ -34,7 +35,6 @@ RUN = [
     "callbacks.model_checkpoint.every_n_train_steps=1000",  # last.ckpt only, written on the signal
     "optim.optimizer.eps=1e-5",  # see tests/test_parallel.py: EPS
 ]
-DISTRIBUTED_ENV = ("MASTER_PORT", "MASTER_ADDR", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK")
 
 
 class RecordSteps(L.Callback):
@@ -62,8 +62,7 @@ class RecordSteps(L.Callback):
 
 
 def run(run_dir: Path, record: Path, *overrides: str, init_from: Path, fails: bool = False):
-    env = {k: v for k, v in os.environ.items() if k not in DISTRIBUTED_ENV}
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env = launcher_env()
     callback = [f"+callbacks.record._target_={__name__}.RecordSteps", f"+callbacks.record.path={record}"]
     result = subprocess.run(
         [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", f"init_from={init_from}", *callback, *overrides],
