@@ -88,7 +88,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
         so `--kill-on-bad-exit` ends the other ranks at once and sacct says FAILED."""
         result = super().__call__(*args, **kwargs)
         if result.status == JobStatus.FAILED:
-            raise result._return_value
+            result.return_value  # noqa: B018 (Hydra's accessor: it raises the job's exception, naming the overrides)
         return result
 
     def submit(self, executor, arguments: list) -> list:
