@@ -32,6 +32,8 @@ TP4 = [*TINY, "parallelism=tp", "cluster.devices=4"]  # tensor parallel 2 x data
 TP16 = [*TINY, "parallelism=tp", "cluster.devices=16"]
 EP6 = [*TINY, "parallelism=ep", "cluster.devices=6"]  # expert parallel 2 over 6 ranks
 DATASET = [*TOY, "data.path={dataset}"]  # a prepared dataset with the toy_pretrain1 domains only
+SFT = [*TOY, "phase=toy_sft", "data=embedded_sft", "data.path={dataset}"]  # the default run's SFT stage
+RL = [*TOY, "phase=toy_rl", "data=embedded_rl", "data.path={dataset}"]  # the default run's GRPO stage
 COMPOSE, VALIDATE = "compose", "validate"
 
 # One row per line reads as a table:
@@ -66,7 +68,7 @@ TABLE = [
      [r"Value 'high' of type 'str' could not be converted to Float", r"full_key: cluster\.mfu"]),
     # -- the task, missing values and the data's sizes
     ("unknown-task", [], ["task=nope"], COMPOSE,
-     [r"Invalid value 'nope', expected one of \[train, prepare, estimate, plan, dryrun\]", r"full_key: task"]),
+     [r"Invalid value 'nope', expected one of \[train, prepare, estimate, plan, dryrun, eval\]", r"full_key: task"]),
     ("mandatory-value-missing", PHASE1, ["data.path=???"], VALIDATE,
      [r"^data\.path: no value \(\?\?\?\) for task=train; set data\.path=\.\.\.$"]),
     ("mandatory-values-missing-for-prepare", [], ["task=prepare", "data=jsonl"], VALIDATE,
@@ -132,7 +134,7 @@ TABLE = [
     # -- packing and mixture
     ("unknown-packing", TOY, ["phase.packing=zigzag"], VALIDATE,
      [r"data\.packing='zigzag' \(phase\.packing\) is not one of \['truncate', 'best_fit', 'pad'\]"]),
-    ("sft-truncates", [], ["phase.packing=truncate"], VALIDATE,
+    ("sft-truncates", SFT, ["phase.packing=truncate"], VALIDATE,
      [r"data\.packing='truncate' with SFT data \(data=sft, embedded_sft\) would cut conversations"]),
     ("mixture-weight-negative", TOY, ["phase.mixture.code=-1"], VALIDATE,
      [r"data\.mixture\.code=-1\.0 \(phase\.mixture\) must be a number >= 0"]),
@@ -140,7 +142,7 @@ TABLE = [
      [r"data\.mixture=\{'code': 0\.0, .*'reasoning': 0\.0\} \(phase\.mixture\) gives no domain a positive weight"]),
     ("mixture-domain-not-in-dataset", DATASET, ["phase=toy_midtrain"], VALIDATE,
      [r"names domains \['repo_code'\] that data\.path=\S+ does not have \(it has \['code', 'docs', 'license', "
-      r"'math', 'reasoning'\]\)"]),
+      r"'math', 'reasoning', 'rl', 'sft'\]\)"]),
     # -- trainer and optimizer
     ("max-steps-zero", TINY, ["trainer.max_steps=0"], VALIDATE, [r"trainer\.max_steps=0 must be an integer >= 1"]),
     ("accumulation-zero", TINY, ["trainer.accumulate_grad_batches=0"], VALIDATE,
@@ -162,6 +164,20 @@ TABLE = [
     ("guard-action-unknown", TINY, ["guard.on_repeated=retry"], VALIDATE,
      [r"guard\.on_repeated='retry': expected 'rollback' or 'stop'"]),
     ("guard-spike-factor-below-1", TINY, ["guard.spike_factor=0.5"], VALIDATE, [r"spike_factor=0\.5 must be > 1"]),
+    # -- RL: prompts and an RL phase together, on one process, whole prompt groups per update
+    ("rl-phase-on-language-modelling-data", DATASET, ["phase=toy_rl"], VALIDATE,
+     [r"data=glm46\.lit\.shard_data\.ShardDataModule with phase=toy_rl: RL needs both the prompts",
+      r"phase=rl, toy_rl"]),
+    ("rl-on-several-processes", RL, ["parallelism=ddp", "cluster.devices=2"], VALIDATE,
+     [r"parallelism=ddp: RL samples its rollouts with the training model's own generate, on one process"]),
+    ("rl-with-accumulation", RL, ["trainer.accumulate_grad_batches=2"], VALIDATE,
+     [r"trainer\.accumulate_grad_batches=2: an RL step is one rollout batch"]),
+    ("rl-updates-split-a-group", RL, ["phase.updates_per_rollout=3"], VALIDATE,
+     [r"phase\.updates_per_rollout=3 must be >= 1 and divide the prompts of a step \(data\.batch_size=8\)"]),
+    ("rl-unknown-loss-aggregation", RL, ["phase.loss_aggregation=sum"], VALIDATE,
+     [r"phase\.loss_aggregation='sum': expected token_mean or seq_mean"]),
+    ("rl-kl-without-reference-model", RL, ["phase.kl_coef=0.1"], VALIDATE,
+     [r"phase\.kl_coef=0\.1: the KL term needs a reference model"]),
 ]
 # fmt: on
 
@@ -184,9 +200,10 @@ def extra(tmp_path):
 
 @pytest.fixture
 def dataset(tmp_path):
-    """A prepared dataset's index as validation reads it: tokens/shards.json with the toy_pretrain1 domains."""
+    """A prepared dataset's index as validation reads it: tokens/shards.json with the toy_pretrain1 domains and
+    the SFT conversations and RL prompts."""
     (tmp_path / "tokens").mkdir()
-    index = {"domains": {d: {"documents": 1, "tokens": 1} for d in TOY_PRETRAIN1_DOMAINS}}
+    index = {"domains": {d: {"documents": 1, "tokens": 1} for d in [*TOY_PRETRAIN1_DOMAINS, "rl", "sft"]}}
     (tmp_path / "tokens" / "shards.json").write_text(json.dumps(index))
     return tmp_path
 

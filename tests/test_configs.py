@@ -94,8 +94,8 @@ def test_every_experiment_composes_and_validates(compose_config, experiment):
         validate(compose_config(f"experiment={experiment}"))
         return
     cfg = compose_config(f"experiment={experiment}", "cluster=h800_1024n", "data.path=/data", "init_from=/ckpt")
-    if experiment == "rl":  # composes; `train` has no RL step yet and says so
-        with pytest.raises(ConfigError, match="serves prompts for an RL loop"):
+    if experiment == "rl":  # composes; `train` samples rollouts on one process only, and says so
+        with pytest.raises(ConfigError, match="RL samples its rollouts with the training model's own generate"):
             validate(cfg)
     elif experiment == "sft":  # 128K sequences need context or pipeline parallelism: refused, with why
         with pytest.raises(ConfigError, match="needs pipeline \\(or context\\) parallelism"):
@@ -161,7 +161,7 @@ def test_inconsistent_composition_is_rejected_before_the_task(compose_config):
         validate(cfg)
     with pytest.raises(ConfigCompositionException) as error:
         compose_config("task=nope")  # the schema's Task enum
-    assert "Invalid value 'nope', expected one of [train, prepare, estimate, plan, dryrun]" in str(
+    assert "Invalid value 'nope', expected one of [train, prepare, estimate, plan, dryrun, eval]" in str(
         error.value.__cause__
     )
 

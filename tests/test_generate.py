@@ -1,4 +1,5 @@
-"""KV-cache generation equals recomputing the whole sequence at every step."""
+"""KV-cache generation equals recomputing the whole sequence at every step, and a left-padded batch of prompts
+equals each prompt alone."""
 
 import pytest
 import torch
@@ -63,3 +64,125 @@ def test_cache_overflow_is_refused(model):
     cache = KVCache(model.config, batch_size=1, max_len=4, dtype=torch.float32, device=torch.device("cpu"))
     with pytest.raises(ValueError, match="max_len=4"):
         model(torch.zeros(1, 5, dtype=torch.long), cache=cache)
+
+
+LENGTHS = (3, 7, 5, 9)
+
+
+def left_pad(prompts: list[torch.Tensor], pad: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts [n_i] -> input_ids, attention_mask [B, max n_i], each prompt at the right of its row."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = p, 1
+    return ids, mask
+
+
+def random_prompts(seed: int) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 96, (n,), generator=generator) for n in LENGTHS]
+
+
+def test_left_padded_greedy_generation_equals_each_prompt_alone(model):
+    prompts = random_prompts(4)
+    ids, mask = left_pad(prompts)
+    width = ids.shape[1]
+    seen = []  # the position ids of every forward, through the rotary embedding
+    hook = model.model.rotary_emb.register_forward_pre_hook(lambda _, args: seen.append(args[0].clone()))
+    try:
+        got = model.generate(ids, 10, attention_mask=mask)
+    finally:
+        hook.remove()
+    alone = [model.generate(p[None], 10)[0] for p in prompts]
+    for row, p, single in zip(got, prompts, alone):
+        assert torch.equal(row[width:], single[len(p) :])
+    # Positions count from each row's first real token (pads at 0) and grow by one per generated token.
+    assert torch.equal(seen[0], torch.tensor([[0] * (width - n) + list(range(n)) for n in LENGTHS]))
+    for step, positions in enumerate(seen[1:]):
+        assert torch.equal(positions, torch.tensor(LENGTHS)[:, None] + step)
+    unmasked = model.generate(ids, 10)
+    padded_rows = [row for row, n in enumerate(LENGTHS) if n < width]
+    assert not torch.equal(unmasked[padded_rows], got[padded_rows]), "without the mask pads should change the output"
+
+    eos = int(got[0, width + 2])  # the token row 0 emits third
+    stopped = model.generate(ids, 10, eos_token_id=eos, attention_mask=mask)
+    for row, p in zip(stopped, prompts):
+        single = model.generate(p[None], 10, eos_token_id=eos)[0, len(p) :]
+        assert torch.equal(row[width : width + len(single)], single)
+        assert (row[width + len(single) :] == eos).all()  # a row that stopped is padded with EOS
+    finished_early = (stopped[:, width:-1] == eos).any(dim=1)
+    assert finished_early[0] and not finished_early.all(), "the test needs rows that stop early and rows that run on"
+
+
+def padded_logits(model, ids, mask, continuation, mark_padding=True) -> torch.Tensor:
+    """Logits [B, T + C, V] of left-padded prompts ids [B, T] then continuation [B, C], fed through the KV cache as
+    the prompt, a chunk of 3 tokens and then one token at a time (decoding)."""
+    from glm46.modules.model import left_padded_positions
+
+    cache = KVCache(model.config, ids.shape[0], ids.shape[1] + continuation.shape[1], torch.float32, ids.device)
+    if mark_padding:
+        cache.mark_padding(mask)
+    positions = left_padded_positions(mask)
+    logits = [model(ids, position_ids=positions, cache=cache).logits]
+    after = positions[:, -1:] + 1  # [B, 1] each row's next position
+    for a, b in [(0, 3), *((i, i + 1) for i in range(3, continuation.shape[1]))]:
+        logits.append(model(continuation[:, a:b], position_ids=after + torch.arange(a, b), cache=cache).logits)
+    return torch.cat(logits, dim=1)
+
+
+def test_left_padded_cached_logits_equal_each_sequence_alone(model):
+    prompts = random_prompts(5)
+    ids, mask = left_pad(prompts)
+    continuation = torch.randint(0, 96, (len(prompts), 6), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        batched = padded_logits(model, ids, mask, continuation)
+        unmasked = padded_logits(model, ids, mask, continuation, mark_padding=False)
+        for row, p in enumerate(prompts):
+            alone = model(torch.cat([p, continuation[row]])[None]).logits[0]  # no cache: the full-sequence path
+            start = ids.shape[1] - len(p)
+            torch.testing.assert_close(batched[row, start:], alone, rtol=1e-5, atol=1e-5)
+            if start > 0:  # attending to the pads changes the logits of a padded row
+                assert (unmasked[row, start:] - alone).abs().max() > 1e-2
+    assert batched.isfinite().all(), "pad queries must not produce NaN"
+
+
+def test_padded_causal_mask_skips_pad_keys_and_lets_a_pad_query_see_itself():
+    from glm46.modules.attention import padded_causal_mask
+
+    valid = torch.tensor([[False, False, True, True, True], [True, True, True, True, True]])
+    mask = padded_causal_mask(valid, past=2)  # [B, 1, 3, 5]: 3 queries after 2 cached keys
+    causal = torch.ones(3, 5, dtype=torch.bool).tril(diagonal=2)
+    assert torch.equal(mask[1, 0], causal)
+    assert torch.equal(mask[0, 0], causal & valid[0])
+    pad_query = padded_causal_mask(valid[:, :2], past=0)[0, 0]  # [2, 2]: the first row's two pads
+    assert torch.equal(pad_query, torch.eye(2, dtype=torch.bool)), "no query row may be all masked (NaN in SDPA)"
+
+
+def test_padded_sampling_equals_unpadded_sampling(model):
+    x = torch.randint(0, 96, (3, 6), generator=torch.Generator().manual_seed(8))
+    padded = torch.cat([torch.full((3, 4), 1), x], dim=1)
+    mask = torch.cat([torch.zeros(3, 4, dtype=torch.long), torch.ones(3, 6, dtype=torch.long)], dim=1)
+
+    def sample(ids, attention_mask=None):
+        generator = torch.Generator().manual_seed(7)
+        return model.generate(ids, 10, 1.3, 20, 0.9, generator=generator, attention_mask=attention_mask)
+
+    expected = sample(x)
+    assert torch.equal(sample(x, torch.ones_like(x)), expected)
+    assert torch.equal(sample(padded, mask)[:, 10:], expected[:, 6:])
+    assert not torch.equal(sample(padded)[:, 10:], expected[:, 6:]), "without the mask pads should change the output"
+
+
+@pytest.mark.parametrize(
+    ("mask", "match"),
+    [
+        ([[1, 1, 0], [1, 1, 1]], "left padding"),
+        ([[0, 1, 0], [1, 1, 1]], "left padding"),
+        ([[0, 0, 0], [0, 1, 1]], "padding only"),
+        ([[1, 1], [1, 1]], r"attention_mask \(2, 2\) != input_ids \(2, 3\)"),
+    ],
+)
+def test_bad_attention_masks_are_refused(model, mask, match):
+    with pytest.raises(ValueError, match=match):
+        model.generate(torch.ones(2, 3, dtype=torch.long), 2, attention_mask=torch.tensor(mask))

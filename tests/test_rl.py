@@ -1,8 +1,6 @@
 """RL data: the verifiable-answer reward, the generated prompts, and the prompt DataModule."""
 
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -111,23 +109,3 @@ def test_held_out_prompts_are_disjoint_from_training_prompts(dataset):
         for ids, n in zip(batch["prompt_ids"], batch["prompt_length"])
     ]
     assert len(held_out) == 20 and not seen & set(held_out)
-
-
-def test_train_refuses_the_rl_data_module_naming_it(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "run.py",
-            "experiment=toy_stage",
-            "phase=toy_rl",
-            "data=embedded_rl",
-            f"data.path={tmp_path}",
-            f"hydra.run.dir={tmp_path / 'run'}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode != 0
-    assert "PromptDataModule serves prompts for an RL loop, and this version has no RL step" in result.stderr

@@ -64,11 +64,11 @@ def datamodule(path, **overrides):
 def test_two_turn_conversation_trains_only_the_assistant_tokens(tokenizer):
     ids, mask = format_chat(TWO_TURNS, tokenizer)
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
-    assert trained == "12 + 30 = 42.\nAnswer: 42<|user|><think>42 * 2 = 84</think>\nAnswer: 84<|endoftext|>"
+    # the reply starts with the newline after <|assistant|>: a prompt ends at <|assistant|>, so it is generated
+    assert trained == "\n12 + 30 = 42.\nAnswer: 42<|user|>\n<think>42 * 2 = 84</think>\nAnswer: 84<|endoftext|>"
     untrained = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
     assert untrained == (
-        "[gMASK]<sop><|system|>\nAnswer briefly.<|user|>\nWhat is 12 + 30?<|assistant|>\n"
-        "\nNow double it.<|assistant|>\n"
+        "[gMASK]<sop><|system|>\nAnswer briefly.<|user|>\nWhat is 12 + 30?<|assistant|>\nNow double it.<|assistant|>"
     )
     # the rendered text, tokenized as the shard writer does (plus its <|endoftext|>), is format_chat's ids,
     # and the mask is recovered from the ids alone

@@ -321,6 +321,8 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         "phase.seq_len=128",
         "trainer.log_every_n_steps=1",
         "trainer.limit_val_batches=2",
+        "eval.limit=20",
+        "eval.ppl_documents=4",
         f"hydra.run.dir={run_dir}",
     ]
     first = subprocess.run(
@@ -332,12 +334,13 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     assert manifest["documents_in"] == manifest["documents_out"] + sum(manifest["dropped"].values())
     assert {"code", "repo_code", "docs", "math", "reasoning", "sft", "rl"} <= set(manifest["domains"])
 
-    stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain"}
+    stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain", "sft": "toy_sft"}
     first_losses, previous = [], None
     for name, phase in stages.items():
         stage_dir = run_dir / "stages" / name
         checkpoint = torch.load(stage_dir / "checkpoints" / "last.ckpt", weights_only=False)
-        assert checkpoint["global_step"] == 4 and checkpoint["ShardDataModule"]["phase"] == phase
+        data_state = checkpoint["SFTDataModule" if name == "sft" else "ShardDataModule"]
+        assert checkpoint["global_step"] == 4 and data_state["phase"] == phase
         assert (stage_dir / "hf" / "config.json").is_file() and (stage_dir / ".hydra" / "config.yaml").is_file()
         assert f"phase={phase}" in (stage_dir / ".hydra" / "overrides.yaml").read_text()
         stage_config = yaml.safe_load((stage_dir / ".hydra" / "config.yaml").read_text())
@@ -346,12 +349,18 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         first_losses.append(column(metrics(stage_dir), "train/loss")[0])
     chain = json.loads((run_dir / "curriculum.json").read_text())
     assert [entry["init_from"] for entry in chain] == [None] + [str(run_dir / "stages" / n / "hf") for n in stages]
-    # the run directory is the last stage's (SFT), as any run directory
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
-    assert checkpoint["global_step"] == 4 and checkpoint["SFTDataModule"]["phase"] == "toy_sft"
-    assert (run_dir / "hf" / "config.json").is_file() and column(metrics(run_dir), "val/loss")
-    first_losses.append(column(metrics(run_dir), "train/loss")[0])
     assert all(loss < first_losses[0] for loss in first_losses[1:]), f"each stage starts from the last: {first_losses}"
+    # the run directory is the last stage's (GRPO), as any run directory
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == 4 and checkpoint["PromptDataModule"]["phase"] == "toy_rl"
+    assert checkpoint["rl"]["prompts_seen"] == 16  # 4 steps of data.batch_size=4 prompts
+    assert (run_dir / "hf" / "config.json").is_file() and len(column(metrics(run_dir), "rl/reward_mean")) == 4
+    # every stage is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
+    for stage_dir in [*(run_dir / "stages" / name for name in stages), run_dir]:
+        results = json.loads((stage_dir / "eval" / "results.json").read_text())
+        assert {"glm46_arithmetic", "glm46_arithmetic_mc", "glm46_ppl_code"} <= set(results["results"])
+        assert column(metrics(stage_dir), "eval/glm46_arithmetic/exact_match")
+    assert "skills per stage" in first.stdout + first.stderr and (run_dir / "curriculum.png").is_file()
 
     again = subprocess.run(
         [sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
@@ -362,5 +371,5 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert f"dataset: {dataset} (prepared" in again.stdout and "preparing" not in again.stdout
-    assert again.stdout.count("finished before, skipped") == 3
+    assert again.stdout.count("finished before, skipped") == 4
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6

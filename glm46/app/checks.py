@@ -235,11 +235,45 @@ def check_training(cfg: DictConfig) -> None:
             instantiate(cfg.guard)  # StepGuard checks its own settings
         except Exception as error:
             raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
-    if issubclass(get_class(cfg.data._target_), PromptDataModule):
+    check_rl(cfg)
+
+
+def check_rl(cfg: DictConfig) -> None:
+    """RL trains prompts (data=rl) under an RL phase, on one process with whole rollout batches."""
+    prompts = issubclass(get_class(cfg.data._target_), PromptDataModule)
+    rl_phase = "samples_per_prompt" in cfg.phase
+    if prompts != rl_phase:
         raise ConfigError(
-            f"data: {cfg.data._target_} serves prompts for an RL loop, and this version has no RL "
-            f"step (train trains the language-modelling objective); use it from your own loop"
+            f"data={cfg.data._target_} with phase={cfg.phase.name}: RL needs both the prompts (data=rl, "
+            f"data=embedded_rl) and an RL phase (phase=rl, toy_rl), and other training neither"
         )
+    if not prompts or cfg.task != "train":
+        return
+    phase = cfg.phase
+    if cfg.parallelism.name != "single":
+        raise ConfigError(
+            f"parallelism={cfg.parallelism.name}: RL samples its rollouts with the training model's own generate, "
+            f"on one process in this version (parallelism=single); at scale, rollouts need an inference engine"
+        )
+    if cfg.trainer.accumulate_grad_batches != 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches={cfg.trainer.accumulate_grad_batches}: an RL step is one rollout "
+            f"batch and its phase.updates_per_rollout updates; set it to 1"
+        )
+    if phase.updates_per_rollout < 1 or cfg.data.batch_size % phase.updates_per_rollout:
+        raise ConfigError(
+            f"phase.updates_per_rollout={phase.updates_per_rollout} must be >= 1 and divide the prompts of a "
+            f"step (data.batch_size={cfg.data.batch_size}): each update takes whole prompt groups"
+        )
+    if phase.loss_aggregation not in ("token_mean", "seq_mean"):
+        raise ConfigError(f"phase.loss_aggregation={phase.loss_aggregation!r}: expected token_mean or seq_mean")
+    if phase.kl_coef != 0:
+        raise ConfigError(
+            f"phase.kl_coef={phase.kl_coef}: the KL term needs a reference model, which this version does not keep "
+            f"(GLM-4.5 trains without it); set 0"
+        )
+    if phase.samples_per_prompt < 2 and phase.scale_rewards:
+        raise ConfigError("phase.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)")
 
 
 def validate(cfg: DictConfig) -> GLM46Config:

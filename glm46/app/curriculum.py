@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,7 +30,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glm46.app.checks import validate
 from glm46.app.logs import rank_zero_logger
+from glm46.app.plots import plot_curriculum
 from glm46.app.train import train
+from glm46.eval import summarize
 from glm46.modules import GLM46Config
 
 log = rank_zero_logger(__name__)
@@ -85,6 +88,56 @@ def _loss_summary(run_dir: Path) -> str:
     return ", ".join(parts) or "no losses"
 
 
+def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% Wilson score interval of an accuracy measured on n samples (sound near 0 and 1, unlike p +- z SE)."""
+    n = max(n, 1)
+    center = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    return center - half, center + half
+
+
+def skill_table(scores: dict[str, dict[str, float]]) -> str:
+    """Rows = stages; columns = held-out arithmetic exact match (greedy) with its 95% interval, the multiple-choice
+    accuracy and each domain's bits per byte (lower is better)."""
+    domains = sorted({k.split("/")[0].removeprefix("glm46_ppl_") for s in scores.values() for k in s if "_ppl_" in k})
+    header = ["stage", "arithmetic (95% CI)", "arith. MC acc", *(f"{d} bpb" for d in domains)]
+    rows = []
+    for stage, score in scores.items():
+        accuracy, n = score.get("glm46_arithmetic/exact_match"), int(score.get("glm46_arithmetic/n", 0))
+        low, high = interval(accuracy or 0.0, n)
+        arithmetic = "-" if accuracy is None else f"{accuracy:.3f} [{low:.3f}, {high:.3f}] n={n}"
+        mc = score.get("glm46_arithmetic_mc/acc")
+        ppl = [score.get(f"glm46_ppl_{d}/bits_per_byte") for d in domains]
+        rows.append(
+            [stage, arithmetic, "-" if mc is None else f"{mc:.3f}", *("-" if v is None else f"{v:.3f}" for v in ppl)]
+        )
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
+    return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
+
+
+def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
+    """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format) and
+    curriculum.png, when the stages were evaluated (eval.after_train)."""
+    scores = {
+        name: summarize(json.loads((where / "eval" / "results.json").read_text()))
+        for name, where in stages
+        if (where / "eval" / "results.json").is_file()
+    }
+    if not scores:
+        return
+    log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
+    accuracy = {
+        name: (
+            score["glm46_arithmetic/exact_match"],
+            interval(score["glm46_arithmetic/exact_match"], int(score["glm46_arithmetic/n"])),
+        )
+        for name, score in scores.items()
+        if "glm46_arithmetic/exact_match" in score
+    }
+    log.info(f"wrote {plot_curriculum(stages, accuracy, run_dir / 'curriculum.png')}")
+
+
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
     """Train cfg's earlier `stages` in order, then cfg itself, each from the previous one's last checkpoint."""
     stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items()}
@@ -121,6 +174,7 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         "curriculum:\n"
         + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _ in report)
     )
+    report_skills(run_dir, [(name, where) for name, _, where, _ in report])
     (run_dir / "curriculum.json").write_text(
         json.dumps(
             [

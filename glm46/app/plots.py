@@ -62,6 +62,48 @@ def plot_expert_load(history: Path, out: Path) -> Path:
     return out
 
 
+def plot_curriculum(
+    stages: list[tuple[str, Path]], accuracy: dict[str, tuple[float, tuple[float, float]]], out: Path
+) -> Path:
+    """The stages of a curriculum on one axis of tokens seen (each stage's train/loss, or its mean reward for RL),
+    boundaries marked; beside it the arithmetic accuracy after each stage with its 95% interval.
+    accuracy: stage -> (accuracy, (low, high) of its interval)."""
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    ax_reward, offset = None, 0.0
+    for name, run_dir in stages:
+        metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else {}
+        if "train/tokens_seen" not in metrics:
+            continue
+        steps, tokens = metrics["train/tokens_seen"]
+        if "rl/reward_mean" in metrics:  # RL: its policy loss says little; the reward is what it raises
+            ax_reward = ax_reward or ax_loss.twinx()
+            reward_steps, reward = metrics["rl/reward_mean"]
+            ax_reward.plot(offset + np.interp(reward_steps, steps, tokens), reward, color="tab:green", label=name)
+            ax_reward.set_ylabel("RL reward (mean over samples)", color="tab:green")
+        elif "train/loss" in metrics:
+            loss_steps, loss = metrics["train/loss"]
+            ax_loss.plot(offset + np.interp(loss_steps, steps, tokens), loss, label=name)
+        ax_loss.axvline(offset, color="grey", linestyle=":")
+        ax_loss.text(offset, 1.0, f" {name}", transform=ax_loss.get_xaxis_transform(), va="bottom", fontsize=8)
+        offset += float(tokens[-1])
+    ax_loss.set(xlabel="tokens seen (RL: prompt rows x max_prompt_len)", ylabel="train/loss (nats)")
+    ax_loss.legend(loc="upper right", fontsize=8)
+    names = list(accuracy)
+    values = [accuracy[n][0] for n in names]
+    errors = [
+        [v - accuracy[n][1][0] for n, v in zip(names, values)],
+        [accuracy[n][1][1] - v for n, v in zip(names, values)],
+    ]
+    ax_acc.errorbar(range(len(names)), values, yerr=errors, marker="o", capsize=4)
+    ax_acc.set_xticks(range(len(names)), names, rotation=30)
+    ax_acc.set(ylabel="held-out arithmetic exact match (greedy)", title="skill per stage (95% interval)")
+    ax_acc.set_ylim(0, max([0.1, *(accuracy[n][1][1] for n in names)]) * 1.1)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     written = []

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from glm46.app.checks import validate
@@ -12,7 +14,9 @@ from glm46.app.curriculum import train_stages
 from glm46.app.logs import rank_zero_logger
 from glm46.app.preparation import prepare_once, prepare_source
 from glm46.app.sizing import composed_plan
+from glm46.errors import ConfigError
 from glm46.estimate import count_parameters, format_counts
+from glm46.eval import evaluate, summarize
 from glm46.modules import GLM46Config
 from glm46.plan import format_plan
 
@@ -61,12 +65,25 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict:
     return train_stages(cfg, config)
 
 
+def eval_model(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
+    """lm-evaluation-harness on eval.model's weights, offline (glm46.eval): results in <run dir>/eval/, metrics in
+    the composition's loggers."""
+    if cfg.eval.model is None:
+        raise ConfigError("eval.model: no model to evaluate; set eval.model=<a run directory or an HF directory>")
+    loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
+    results = evaluate(cfg.eval, cfg.eval.model, Path(HydraConfig.get().runtime.output_dir), loggers)
+    for logger in loggers:
+        logger.finalize("success")
+    return summarize(results)
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "estimate": estimate,
     "plan": plan_job,
     "prepare": prepare_data,
     "train": train,
     "dryrun": dryrun_job,
+    "eval": eval_model,
 }
 
 

@@ -14,29 +14,58 @@ from omegaconf import DictConfig, OmegaConf
 from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_run
 from glm46.errors import ConfigError
+from glm46.eval import evaluate
 from glm46.hf import save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
+from glm46.lit.grpo import GRPOLitModule
 from glm46.modules import GLM46Config
 from glm46.parallel.reshard import LayoutRecord, check_resume
 
 log = rank_zero_logger(__name__)
 
 
+def is_rl(cfg: DictConfig) -> bool:
+    """An RL phase (conf/phase/rl.yaml): GRPOLitModule trains it."""
+    return "samples_per_prompt" in cfg.phase
+
+
 def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
     """Under the mesh layouts (FSDP2, HSDP, TP, EP) the model is built on the meta device and each rank
-    materialises only its shards (GLM46LitModule.configure_model); one process, DDP and DeepSpeed build it whole."""
-    return GLM46LitModule(
-        config,
+    materialises only its shards (GLM46LitModule.configure_model); one process, DDP and DeepSpeed build it whole.
+    An RL phase gets GRPOLitModule with the phase's GRPO settings."""
+    common = dict(
         optimizer=instantiate(cfg.optim.optimizer),
         lr_schedule=instantiate(cfg.schedule.lr),
         mtp_weight=instantiate(cfg.schedule.mtp_weight),
+        init_from=str(cfg.init_from) if cfg.init_from else None,
+    )
+    if is_rl(cfg):
+        phase = cfg.phase
+        return GRPOLitModule(
+            config,
+            **common,
+            tokenizer_path=str(Path(cfg.data.path) / "tokenizer.json"),
+            samples_per_prompt=phase.samples_per_prompt,
+            max_new_tokens=phase.max_new_tokens,
+            temperature=phase.temperature,
+            eps_clip=phase.eps_clip,
+            eps_clip_high=phase.eps_clip_high,
+            scale_rewards=phase.scale_rewards,
+            loss_aggregation=phase.loss_aggregation,
+            kl_coef=phase.kl_coef,
+            updates_per_rollout=phase.updates_per_rollout,
+            gradient_clip_val=cfg.trainer.gradient_clip_val,
+            seed=cfg.seed,
+        )
+    return GLM46LitModule(
+        config,
+        **common,
         balance_loss_alpha=cfg.schedule.balance_loss_alpha,
         # DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself.
         guard=instantiate(cfg.guard) if cfg.get("guard") and cfg.parallelism.engine != "deepspeed" else None,
         empty_init=cfg.parallelism.engine == "mesh",
-        init_from=str(cfg.init_from) if cfg.init_from else None,
     )
 
 
@@ -49,8 +78,10 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
         plugins.append(SLURMEnvironment(auto_requeue=False))
     if cfg.parallelism.engine != "deepspeed":  # DeepSpeed writes its own folders (with a `latest` marker)
         plugins.append(AtomicCheckpointIO())
+    # GRPOLitModule optimizes manually (rollouts and updates alternate) and clips gradients itself.
+    clip = {"gradient_clip_val": None} if is_rl(cfg) else {}
     return instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(output_dir)
+        cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(output_dir), **clip
     )
 
 
@@ -78,6 +109,8 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
         return {}
     save_hf(module.model, output_dir / "hf")  # every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes
     if trainer.is_global_zero:
+        if cfg.eval.after_train:
+            evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)
         for path in plot_run(output_dir):
             log.info(f"wrote {path}")
         log.info(f"run directory: {output_dir} (checkpoints/, hf/, metrics.csv, loss.png, expert_load.png)")

@@ -1,7 +1,8 @@
 """GLM's chat format for SFT: `[gMASK]<sop><|system|>\n...<|user|>\n...<|assistant|>\n...`, with a loss mask
-on what the model must produce: assistant contents and the token that ends each assistant turn (the next
-role token, or <|endoftext|> at the end; GLM-4.6 stops generating at <|user|>, <|observation|> or
-<|endoftext|>).
+on what the model must produce: everything after each `<|assistant|>` (the newline, the content) and the
+token that ends the turn (the next role token, or <|endoftext|> at the end; GLM-4.6 stops generating at
+<|user|>, <|observation|> or <|endoftext|>). A prompt ends at `<|assistant|>` (glm46.lit.rl_data, the eval
+tasks), so the newline is the first token the model generates: it is trained too.
 
 Chat documents are stored as their rendered text (`render_chat`), so deduplication, quality rules,
 tokenizer training and token shards see exactly what the model sees; the shards then hold
@@ -23,6 +24,7 @@ ROLE_TOKENS = {
 }
 PREFIX = ("[gMASK]", "<sop>")
 EOS = "<|endoftext|>"
+STOP_TOKENS = (EOS, ROLE_TOKENS["user"], ROLE_TOKENS["observation"])  # where GLM ends a reply
 
 
 def _check_role(number: int, role: str) -> str:
@@ -42,7 +44,7 @@ def format_chat(messages: list[dict[str, str]], tokenizer: GLMTokenizer) -> tupl
         mask.append(int(previous == "assistant"))  # the role token that closes an assistant turn is a target
         newline, content = tokenizer.encode("\n"), tokenizer.encode(message["content"])
         ids += newline + content
-        mask += [0] * len(newline) + [int(role == "assistant")] * len(content)
+        mask += [int(role == "assistant")] * (len(newline) + len(content))
         previous = role
     if previous == "assistant":
         ids.append(tokenizer.token_id(EOS))
@@ -74,7 +76,7 @@ class ChatTokens:
 
 def assistant_mask(ids: np.ndarray, chat: ChatTokens) -> np.ndarray:
     """`format_chat`'s loss mask, from ids alone (uint8, the length of `ids`): 1 on the tokens of an assistant
-    turn after its role token and newline, and on the role token or <|endoftext|> that closes it.
+    turn after its role token (the newline included), and on the role token or <|endoftext|> that closes it.
     `ids` may hold several conversations end to end; it should start at a conversation's start."""
     kind = chat.kind[np.asarray(ids)]
     boundary = kind > 0  # a role token, <|endoftext|> or [gMASK]: a turn starts or ends here
@@ -83,5 +85,4 @@ def assistant_mask(ids: np.ndarray, chat: ChatTokens) -> np.ndarray:
     previous[:1] = -1
     np.maximum.accumulate(np.where(boundary, index, -1)[:-1], out=previous[1:])
     in_reply = np.where(previous >= 0, kind[previous], 0) == ChatTokens.ASSISTANT
-    content = in_reply & ~boundary & (index != previous + 1)  # not the newline after <|assistant|>
-    return (content | (in_reply & boundary)).astype(np.uint8)
+    return in_reply.astype(np.uint8)  # boundaries in a reply close it: trained too

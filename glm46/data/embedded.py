@@ -140,9 +140,12 @@ FOLLOW_UPS = [
 
 
 def conversation(rng: random.Random) -> list[dict[str, str]]:
-    """An SFT conversation: an arithmetic or word problem, answered with its steps (inside <think> for word
-    problems, GLM's thinking mode, empty after `/nothink`) and a final `Answer:` line; a third of them
-    continue with a follow-up question on the previous answer."""
+    """An SFT conversation: an expression in the RL prompts' format (a third: SFT teaches the format and steps
+    that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or word problem, answered
+    with its steps (inside <think> for word problems, GLM's thinking mode, empty after `/nothink`) and a final
+    `Answer:` line; a third of the latter continue with a follow-up question on the previous answer."""
+    if rng.random() < 1 / 3:
+        return rl_prompt(rng)
     system = rng.choice(SYSTEM_PROMPTS)
     messages = [{"role": "system", "content": system}] if system else []
     if rng.random() < 0.5:
@@ -166,9 +169,10 @@ def conversation(rng: random.Random) -> list[dict[str, str]]:
 
 
 def expression_problem(rng: random.Random) -> tuple[str, str, int]:
-    """Two operations with precedence, e.g. 12 + 7 * 3: (expression, worked steps, integer answer)."""
+    """Two operations with precedence, e.g. 12 + 7 * 3: (expression, worked steps, integer answer). Small
+    operands (2-30, then one digit), so that the toy model learns the skill within the default run."""
     op1, op2 = rng.choice("+-*"), rng.choice("+-*")
-    a, b, c = rng.randint(2, 99), rng.randint(2, 9 if op1 == "*" else 99), rng.randint(2, 9)
+    a, b, c = rng.randint(2, 30), rng.randint(2, 9), rng.randint(2, 9)
     expression = f"{a} {op1} {b} {op2} {c}"
     apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
     if op2 == "*" and op1 != "*":  # multiplication first
@@ -240,7 +244,7 @@ def read_embedded(
     reasoning_problems: int = 10000,
     seed: int = 0,
     sft_conversations: int = 10000,
-    rl_prompts: int = 5000,
+    rl_prompts: int = 20000,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)

@@ -8,9 +8,8 @@ reference answer, the integer that glm46.data.rl.verify checks completions again
     reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
 
 Sampling, the rank split, the held-out prompts (validation) and the resumable position are
-ShardDataModule's; the position counts prompts (optimizer steps x accumulation x batch x ranks).
-There is no RL step in this version: an RL loop (e.g. GRPO with GLM46ForCausalLM.generate on each
-prompt repeated group-size times, which needs prompts of equal length) consumes these batches.
+ShardDataModule's; the position counts prompts over the data-parallel ranks, as glm46.lit.grpo.GRPOLitModule
+(the RL step that consumes these batches) counts them in `prompts_seen`.
 """
 
 from __future__ import annotations
@@ -83,7 +82,5 @@ class PromptDataModule(ShardDataModule):
                 )
 
     def samples_consumed(self) -> int:
-        if not self.trainer:
-            return 0
-        trainer = self.trainer
-        return trainer.global_step * trainer.accumulate_grad_batches * self.batch_size * trainer.world_size
+        """Prompts trained on over all data-parallel ranks (tensor-parallel ranks share theirs)."""
+        return getattr(self.trainer.lightning_module, "prompts_seen", 0) if self.trainer else 0

@@ -62,6 +62,15 @@ def packed_attention(
     return torch.cat(rows, dim=0)
 
 
+def padded_causal_mask(valid: torch.Tensor, past: int) -> torch.Tensor:
+    """valid [B, past + T]: which keys are real tokens -> bool attn_mask [B, 1, T, past + T]. Query i sees the real
+    keys up to past + i, and always itself: a left-pad query has no real key before it, and an all-masked row
+    gives NaN in some SDPA kernels (real tokens never see a pad's output)."""
+    keys = torch.arange(valid.shape[1], device=valid.device)  # [past + T]
+    queries = keys[past:, None]  # [T, 1]
+    return ((keys <= queries) & valid[:, None, None, :]) | (keys == queries)
+
+
 class Attention(nn.Module):
     def __init__(self, config: GLM46Config, layer_idx: int):
         super().__init__()
@@ -87,7 +96,8 @@ class Attention(nn.Module):
         cache: KVCache | None = None,
         documents: Documents | None = None,
     ) -> torch.Tensor:
-        """x [B, T, hidden] -> [B, T, hidden]; with a cache, x holds the tokens after the cached ones.
+        """x [B, T, hidden] -> [B, T, hidden]; with a cache, x holds the tokens after the cached ones (and pad keys
+        that the cache marks are skipped).
         documents (rows of packed documents, no cache): each token sees the earlier tokens of its document."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
@@ -106,7 +116,9 @@ class Attention(nn.Module):
             if cache is not None:
                 past = cache.length
                 k, v = cache.update(self.layer_idx, k, v)
-            if past > 0 and T > 1:  # a chunk after cached tokens: query i sees keys up to past + i
+                if cache.valid is not None:  # left-padded prompts: no query sees a pad key
+                    mask = padded_causal_mask(cache.valid[:, : past + T], past)
+            if mask is None and past > 0 and T > 1:  # a chunk after cached tokens: query i sees keys up to past + i
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             causal = mask is None and past == 0 and T > 1
             out = F.scaled_dot_product_attention(

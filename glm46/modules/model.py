@@ -67,6 +67,17 @@ def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Ten
     return positions.unsqueeze(0).expand(input_ids.shape[0], -1)
 
 
+def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
+    """attention_mask [B, T] (1 real, 0 left padding) -> position ids [B, T] counted from each row's first real token
+    (pads at 0), as transformers does: a padded prompt then continues exactly as it would alone."""
+    mask = attention_mask.long()
+    if bool((mask.diff(dim=-1) < 0).any()):
+        raise ValueError("generate expects left padding: attention_mask has a 0 after a 1 in a row")
+    if not bool(mask[:, -1].all()):
+        raise ValueError("generate needs a real token in every row: attention_mask has a row of padding only")
+    return (mask.cumsum(dim=-1) - 1).clamp(min=0)
+
+
 class GLM46Model(nn.Module):
     """Embedding, decoder layers and final norm."""
 
@@ -176,25 +187,39 @@ class GLM46ForCausalLM(nn.Module):
         top_p: float | None = None,
         eos_token_id: int | list[int] | None = None,
         generator: torch.Generator | None = None,
+        attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Continue prompts of equal length [B, T] by up to max_new_tokens with the KV cache -> [B, T + new].
+        """Continue prompts [B, T] by up to max_new_tokens with the KV cache -> [B, T + new].
 
-        temperature 0 is greedy. A row that emits an EOS token is padded with that token afterwards.
+        Prompts of different lengths are left-padded, with attention_mask [B, T] 1 for real tokens and 0 for padding
+        (as in transformers): positions count from each row's first real token and no token attends to a pad, so a
+        row continues exactly as its prompt alone would. Right padding or a row of padding only is a ValueError.
+        Without a mask (or with one of all ones) every token is real and attention takes the unmasked causal path.
+        temperature 0 is greedy. A row that emits an EOS token is padded with that token afterwards. MTP layers
+        are not used.
         """
         batch, prompt_len = input_ids.shape
         dtype = self.model.embed_tokens.weight.dtype
         cache = KVCache(self.config, batch, prompt_len + max_new_tokens, dtype, input_ids.device)
+        if attention_mask is None:
+            positions = positions_after(cache, input_ids)
+        elif attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        else:
+            positions = left_padded_positions(attention_mask)
+            if not bool(attention_mask.all()):
+                cache.mark_padding(attention_mask)
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
         finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
         tokens, step_input = [input_ids], input_ids
         for _ in range(max_new_tokens):
-            hidden, _ = self.model(step_input, positions_after(cache, step_input), cache)
+            hidden, _ = self.model(step_input, positions, cache)
             logits = self.lm_head(hidden[:, -1])
             next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
             next_token = torch.where(finished, tokens[-1][:, -1], next_token)
             finished |= torch.isin(next_token, eos)
-            step_input = next_token[:, None]
+            step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [B, 1] each
             tokens.append(step_input)
             if finished.all():
                 break

@@ -105,6 +105,11 @@ class RLPhase(Phase):
     max_new_tokens: int = MISSING
     samples_per_prompt: int = MISSING
     temperature: float = MISSING
+    updates_per_rollout: int = MISSING
+    eps_clip: float = MISSING
+    eps_clip_high: Optional[float] = None
+    scale_rewards: bool = MISSING
+    loss_aggregation: str = MISSING  # token_mean | seq_mean
     kl_coef: float = MISSING
 
 

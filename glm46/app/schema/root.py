@@ -24,11 +24,32 @@ class Task(StrEnum):
     estimate = "estimate"  # parameter counts
     plan = "plan"  # FLOPs, memory per GPU, tokens/s, days and cost of the composed job
     dryrun = "dryrun"  # one rank of the job at its real world size, on this CPU
+    eval = "eval"  # lm-evaluation-harness on a trained model's weights (glm46.eval), offline
 
 
 @dataclass
 class DryRun:
     rank: int = 0  # the global rank simulated at the cluster's world size
+
+
+@dataclass
+class EvalConfig:
+    """Settings of task=eval and of glm46.eval.evaluate (conf/eval/default.yaml explains each key)."""
+
+    model: Optional[str] = None  # required by task=eval
+    after_train: bool = False  # train evaluates its final weights (every stage of a curriculum)
+    tasks: List[str] = MISSING
+    include_path: Optional[str] = None
+    dataset: str = MISSING
+    tokenizer: Optional[str] = None
+    val_fraction: float = MISSING
+    limit: Optional[int] = None
+    batch_size: int = MISSING
+    max_gen_toks: int = MISSING
+    max_length: Optional[int] = None
+    ppl_documents: int = MISSING
+    ppl_chars: int = MISSING
+    seed: int = MISSING
 
 
 @dataclass
@@ -48,6 +69,7 @@ class RunConfig:
     data: Any = MISSING
     phase: Any = MISSING
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None

@@ -157,6 +157,7 @@ class ExpertBalancerCallback:
 class ThroughputCallback:
     _target_: str = "glm46.lit.callbacks.Throughput"
     peak_flops: Optional[float] = None
+    window_size: int = 10  # optimizer steps averaged, as Lightning's ThroughputMonitor
 
 
 @dataclass

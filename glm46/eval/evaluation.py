@@ -1,0 +1,176 @@
+"""Evaluate a model's weights with lm-evaluation-harness, offline: task=eval, and any code that evaluates a
+run (glm46.eval.evaluate).
+
+`evaluate` writes the dataset's tasks (glm46.eval.tasks) into <output dir>/eval/tasks/, refuses a task it
+cannot run (unknown, or reading its data from the Hub) before loading anything, runs `lm_eval.simple_evaluate`
+with the `glm46` model (glm46.eval.harness), then writes <output dir>/eval/results.json (lm-eval's results, as
+its CLI writes them) and samples_<task>.jsonl (every request and response), prints lm-eval's tables and logs
+`eval/<task>/<metric>` to the given Lightning loggers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from glm46.app.logs import rank_zero_logger
+from glm46.errors import ConfigError
+from glm46.eval.tasks import write_tasks
+
+log = rank_zero_logger(__name__)
+
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")  # the datasets library's readers of local files
+
+
+def remote_source(config: dict) -> str | None:
+    """Where a task config reads its data from when that is not this machine; None for local files (or a
+    Python task, whose own code loads its data)."""
+    path = config.get("dataset_path")
+    if path is None or config.get("custom_dataset") or Path(path).is_dir():
+        return None
+    if path not in LOCAL_BUILDERS:
+        return f"the Hugging Face Hub dataset {path}"
+    files = (config.get("dataset_kwargs") or {}).get("data_files") or []
+    files = files.values() if isinstance(files, dict) else [files]
+    remote = [f for entry in files for f in ([entry] if isinstance(entry, str) else entry) if "://" in f]
+    return remote[0] if remote else None
+
+
+def bundled_entry(name: str):
+    """lm-eval's bundled task, group or tag `name` (its index entry), or None. Only the bundled configs that
+    mention the name are read: indexing all ~14,000 of them takes 10-20 s."""
+    import lm_eval.tasks
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    index = {}
+    for path in sorted(Path(lm_eval.tasks.__file__).parent.glob("**/*.yaml")):
+        if name.encode() in path.read_bytes():
+            with contextlib.suppress(Exception):  # as TaskIndex.build, which skips a config that does not load
+                TaskIndex.process_cfg(load_yaml(path, resolve_func=False), path, index)
+    return index.get(name)
+
+
+def unreachable(spec: str | dict, index: dict) -> Iterator[tuple[str, str | None]]:
+    """(task, where it reads its data from) for each task that `spec` (a task, group or tag name, or a group's
+    inline member) stands for and that reads its data from elsewhere than this machine; (name, None) for a
+    name neither in `index` nor among lm-eval's bundled tasks."""
+    from lm_eval.tasks._index import Kind
+
+    if isinstance(spec, dict):  # a group's inline member: a task naming its data, a reference to one, or a group
+        if "dataset_path" in spec:
+            if source := remote_source(spec):
+                yield str(spec["task"]), source
+            return
+        for member in spec["task"] if isinstance(spec["task"], list) else [spec["task"]]:
+            yield from unreachable(member, index)
+        return
+    entry = index.get(spec)
+    if entry is None:
+        bundled = bundled_entry(spec)
+        hub = "the Hugging Face Hub (lm-eval bundles no data: its tasks download theirs)"
+        yield spec, None if bundled is None else (bundled.kind is Kind.TASK and remote_source(bundled.cfg)) or hub
+    elif entry.kind in (Kind.TAG, Kind.GROUP):
+        for member in sorted(entry.tags) if entry.kind is Kind.TAG else entry.cfg["task"]:
+            yield from unreachable(member, index)
+    elif source := remote_source(entry.cfg):
+        yield spec, source
+
+
+def check_tasks(names: Sequence[str], index: dict, ours: Sequence[str], include_path: str | None) -> None:
+    """Refuse, before anything loads, an unknown task or one whose data this offline evaluation cannot read."""
+    for name in names:
+        for task, source in unreachable(name, index):
+            if source is None:
+                raise ConfigError(
+                    f"eval.tasks: unknown task {task!r}: not a glm46 task ({', '.join(ours)}), nor in "
+                    f"eval.include_path={include_path}, nor one of lm-eval's bundled tasks"
+                )
+            raise ConfigError(
+                f"eval.tasks: task {task!r}{f' (in {name!r})' if task != name else ''} reads its data from "
+                f"{source}, and this evaluation runs offline: ship the data as local files (a task YAML with "
+                f"`dataset_path: json` and absolute `data_files`) in a folder given as eval.include_path"
+            )
+
+
+def summarize(results: dict) -> dict[str, float]:
+    """lm-eval's results as flat `<task>/<metric>` numbers (a filter other than lm-eval's default `none` as
+    `<metric>/<filter>`; no stderr), and `<task>/n`, the samples each task was evaluated on."""
+    summary = {}
+    for task, metrics in results["results"].items():
+        for key, value in metrics.items():
+            metric, _, kind = key.partition(",")
+            if kind and not metric.endswith("_stderr") and isinstance(value, int | float):
+                summary[f"{task}/{metric}" + ("" if kind == "none" else f"/{kind}")] = float(value)
+        if task in results.get("n-samples", {}):
+            summary[f"{task}/n"] = results["n-samples"][task]["effective"]
+    return summary
+
+
+def save(results: dict, folder: Path) -> None:
+    """results.json without the samples, and each task's samples as samples_<task>.jsonl, as lm-eval's CLI."""
+    from lm_eval.utils import handle_non_serializable
+
+    def dump(value, **options) -> str:
+        return json.dumps(value, default=handle_non_serializable, ensure_ascii=False, **options)
+
+    (folder / "results.json").write_text(dump({k: v for k, v in results.items() if k != "samples"}, indent=2))
+    for task, samples in results["samples"].items():
+        (folder / f"samples_{task}.jsonl").write_text("".join(dump(sample) + "\n" for sample in samples))
+
+
+def evaluate(
+    settings: DictConfig, model: str | Path, output_dir: Path, loggers: Sequence = (), step: int | None = None
+) -> dict:
+    """Evaluate the weights at `model` (an HF directory, or a run directory with hf/) on settings.tasks; return
+    lm-eval's results (with their `samples`). Writes <output_dir>/eval/: tasks/, results.json, samples_*.jsonl.
+    The loggers get `eval/<task>/<metric>` at `step` (a training run's last step)."""
+    for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # read when huggingface_hub and datasets load
+        os.environ.setdefault(switch, "1")
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+    from lm_eval.utils import make_table
+
+    import glm46.eval.harness  # noqa: F401 - registers the `glm46` model
+
+    start, folder = time.perf_counter(), Path(output_dir) / "eval"
+    ours = write_tasks(settings, folder / "tasks")
+    include = [str(folder / "tasks"), *([settings.include_path] if settings.include_path else [])]
+    manager = TaskManager(include_path=include, include_defaults=False)
+    check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path)
+    model_args = {
+        "pretrained": str(Path(model).absolute()),
+        "tokenizer": settings.tokenizer,
+        "max_length": settings.max_length,
+        "max_gen_toks": settings.max_gen_toks,
+    }
+    seed = settings.seed
+    results = simple_evaluate(
+        model="glm46",
+        model_args=model_args,
+        tasks=list(settings.tasks),
+        batch_size=settings.batch_size,
+        limit=settings.limit,
+        bootstrap_iters=0,
+        task_manager=manager,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
+    save(results, folder)
+    print(make_table(results))
+    if "groups" in results:
+        print(make_table(results, "groups"))
+    metrics = {f"eval/{key}": value for key, value in summarize(results).items()}
+    for logger in loggers:
+        logger.log_metrics(metrics, step=step)
+        logger.save()
+    log.info(f"evaluated {model} in {time.perf_counter() - start:.1f} s: {folder / 'results.json'}")
+    return results

@@ -1,0 +1,234 @@
+"""GRPOLitModule: reinforcement learning on verifiable answers with GRPO, as GLM-4.5 trained its reasoning RL.
+
+GLM-4.5 (arXiv:2508.06471, section 3.2) runs GRPO without the KL term on prompts whose answers are checked,
+in slime (github.com/THUDM/slime). One rollout batch per training step:
+1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` with the model's
+   KV-cache `generate` (prompts of different lengths left-padded in one batch); a completion ends at
+   GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
+2. Rewards come from glm46.data.rl.verify (1 for the right final integer, else 0); advantages are normalised
+   within each prompt's group (glm46.rl.grpo.group_advantages).
+3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
+   against the rollout policy's log-probs (glm46.rl.grpo.policy_loss), token mean over completion tokens.
+
+Rollouts and updates alternate within a step, so the module optimizes manually (Lightning's
+`automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
+router's correction bias stays frozen (balancer rate 0) and the sequence-aux loss is off during RL: the
+experiment sets both. The MTP layers are not trained here (slime trains them only with
+--enable-mtp-training). Sampling is seeded by (seed, rollout index), so a resumed run draws the same
+completions as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+from glm46.data.chat import STOP_TOKENS, ChatTokens
+from glm46.data.rl import verify
+from glm46.data.tokenizer import GLMTokenizer
+from glm46.lit.module import GLM46LitModule
+from glm46.modules.loss import IGNORE_INDEX
+from glm46.parallel.strategies import data_parallel_rank_and_size
+from glm46.rl.grpo import group_advantages, policy_loss, token_logprobs
+
+
+@dataclass
+class Rollout:
+    """Sampled completions laid out for training: row i is [prompt | completion | padding] at positions 0..T-1."""
+
+    input_ids: torch.Tensor  # [N, T]
+    targets: torch.Tensor  # [N, T] the next token at completion positions, IGNORE_INDEX elsewhere
+    mask: torch.Tensor  # [N, T] 1 where targets holds a completion token
+    advantages: torch.Tensor  # [N]
+    rewards: torch.Tensor  # [N]
+    old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (several updates per rollout)
+
+    def split(self, parts: int) -> list[Rollout]:
+        """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
+        rows = self.input_ids.shape[0] // parts
+        fields = ("input_ids", "targets", "mask", "advantages", "rewards", "old_logprobs")
+        return [
+            Rollout(
+                **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
+            )
+            for i in range(parts)
+        ]
+
+
+class GRPOLitModule(GLM46LitModule):
+    def __init__(
+        self,
+        *args,
+        tokenizer_path: str,
+        samples_per_prompt: int,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        eps_clip: float = 0.2,
+        eps_clip_high: float | None = None,
+        scale_rewards: bool = True,
+        loss_aggregation: str = "token_mean",
+        kl_coef: float = 0.0,
+        updates_per_rollout: int = 1,
+        gradient_clip_val: float | None = None,
+        seed: int = 0,
+        reward: Callable[[Mapping, str], float] = verify,
+        **kwargs,
+    ):
+        """The GLM46LitModule arguments, plus the GRPO settings of the `phase` (conf/phase/rl.yaml).
+        reward(record, completion text) scores a completion of a prompt record {"answer": int}."""
+        super().__init__(*args, **kwargs)
+        if kl_coef != 0:
+            raise ValueError(f"phase.kl_coef={kl_coef}: the KL term needs a reference model, which this version lacks")
+        self.automatic_optimization = False
+        self.tokenizer = GLMTokenizer.from_file(tokenizer_path)
+        self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]
+        self.pad_id = ChatTokens(self.tokenizer).eos
+        self.group_size, self.max_new_tokens, self.temperature = samples_per_prompt, max_new_tokens, temperature
+        self.eps_clip, self.eps_clip_high = eps_clip, eps_clip_high
+        self.scale_rewards, self.loss_aggregation = scale_rewards, loss_aggregation
+        self.updates_per_rollout, self.gradient_clip_val, self.seed = updates_per_rollout, gradient_clip_val, seed
+        self.reward = reward
+        self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.lit.rl_data)
+        self.rollouts = 0  # rollout batches so far: seeds the sampling
+        self.val_rewards: list[torch.Tensor] = []
+
+    # -- rollout
+    def left_padded(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Right-padded prompts [P, S] with their lengths -> left-padded ids and mask [P, longest]."""
+        lengths = batch["prompt_length"]
+        longest = int(lengths.max())
+        ids = torch.full((len(lengths), longest), self.pad_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros_like(ids)
+        for i, n in enumerate(lengths.tolist()):
+            ids[i, longest - n :] = batch["prompt_ids"][i, :n]
+            mask[i, longest - n :] = 1
+        return ids, mask
+
+    def completion_lengths(self, completions: torch.Tensor) -> torch.Tensor:
+        """Tokens of each completion up to and including its first stop token [N]."""
+        stops = torch.isin(completions, torch.tensor(self.stop_ids, device=completions.device))
+        first = torch.where(stops.any(1), stops.int().argmax(1) + 1, completions.shape[1])
+        return first
+
+    @torch.no_grad()
+    def sample(
+        self, batch: dict[str, torch.Tensor], samples: int, temperature: float, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Completions of every prompt `samples` times -> (prompt lengths [N], completions [N, M], lengths [N]),
+        rows group by group (prompt-major)."""
+        ids, mask = self.left_padded(batch)
+        ids, mask = ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0)
+        out = self.model.generate(
+            ids, self.max_new_tokens, temperature, eos_token_id=self.stop_ids, generator=generator, attention_mask=mask
+        )
+        completions = out[:, ids.shape[1] :]
+        return (
+            batch["prompt_length"].to(self.device).repeat_interleave(samples),
+            completions,
+            self.completion_lengths(completions),
+        )
+
+    def rewards(self, completions: torch.Tensor, lengths: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+        texts = [self.tokenizer.decode(c[:n].tolist()) for c, n in zip(completions, lengths.tolist())]
+        return torch.tensor(
+            [self.reward({"answer": a}, t) for a, t in zip(answers.tolist(), texts)], device=self.device
+        )
+
+    def layout(
+        self, batch: dict[str, torch.Tensor], prompt_lengths: torch.Tensor, completions: torch.Tensor, lengths
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[prompt | completion] rows right-padded (causal attention never lets a real token see the padding),
+        the targets of the positions before each completion token, and their mask."""
+        rows, width = len(completions), int((prompt_lengths + lengths).max())
+        input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long, device=self.device)
+        targets = torch.full_like(input_ids, IGNORE_INDEX)
+        samples = rows // len(batch["prompt_ids"])
+        prompts = batch["prompt_ids"].to(self.device).repeat_interleave(samples, 0)
+        for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
+            input_ids[i, :p] = prompts[i, :p]
+            input_ids[i, p : p + n] = completions[i, :n]
+            targets[i, p - 1 : p + n - 1] = completions[i, :n]  # position t predicts token t + 1
+        return input_ids, targets, (targets != IGNORE_INDEX).float()
+
+    def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
+        rank, _ = data_parallel_rank_and_size(self.trainer)
+        generator = torch.Generator(self.device).manual_seed(hash((self.seed, self.rollouts, rank)) % 2**63)
+        started = time.perf_counter()
+        prompt_lengths, completions, lengths = self.sample(batch, self.group_size, self.temperature, generator)
+        seconds = time.perf_counter() - started
+        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(self.group_size))
+        input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
+        advantages = group_advantages(rewards, self.group_size, self.scale_rewards)
+        self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
+        self.log("rl/accuracy", (rewards == 1).float().mean())
+        self.log("rl/completion_length", lengths.float().mean())
+        self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds)
+        rollout = Rollout(input_ids, targets, mask, advantages, rewards)
+        if self.updates_per_rollout > 1:  # later updates compare against the policy that sampled
+            with torch.no_grad():
+                rollout.old_logprobs = self.logprobs(input_ids, targets)[0]
+        return rollout
+
+    # -- update
+    def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        hidden, _ = self.model.model(input_ids, positions)
+        weight, chunk = self.model.lm_head.weight, self.model.loss_chunk_size
+        return token_logprobs(hidden, weight, targets, self.temperature, chunk, return_entropy=True)
+
+    def update(self, part: Rollout) -> dict[str, torch.Tensor]:
+        logprobs, entropy = self.logprobs(part.input_ids, part.targets)
+        old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
+        loss, stats = policy_loss(
+            logprobs, old, part.advantages, part.mask, self.eps_clip, self.eps_clip_high, self.loss_aggregation
+        )
+        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        self.manual_backward(loss)
+        if self.gradient_clip_val:
+            self.configure_gradient_clipping(optimizer, self.gradient_clip_val, "norm")
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
+        return {"loss": loss.detach(), "entropy": entropy, **stats}
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        _, ranks = data_parallel_rank_and_size(self.trainer)
+        rollout = self.rollout(batch)
+        started = time.perf_counter()
+        for part in rollout.split(self.updates_per_rollout):
+            stats = self.update(part)
+            # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
+            self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.updates_per_rollout
+        seconds = time.perf_counter() - started
+        self.rollouts += 1
+        self.prompts_seen += len(batch["prompt_ids"]) * ranks
+        self.log("train/loss", stats["loss"], prog_bar=True)
+        self.log("rl/clip_fraction", stats["clip_fraction"])
+        self.log("rl/entropy", stats["entropy"])
+        self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
+        self.log("train/tokens_seen", float(self.tokens_seen))
+        self.log("perf/train_tokens_per_sec", float(rollout.mask.sum() * self.updates_per_rollout) / seconds)
+
+    # -- held-out prompts: greedy accuracy
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        _, completions, lengths = self.sample(batch, 1, 0.0, None)
+        self.val_rewards.append(self.rewards(completions, lengths, batch["answer"]))
+
+    def on_validation_epoch_end(self) -> None:
+        rewards = torch.cat(self.val_rewards) if self.val_rewards else torch.zeros(0)
+        self.val_rewards = []
+        self.log("val/accuracy", rewards.float().mean() if len(rewards) else torch.tensor(0.0), prog_bar=True)
+
+    # -- checkpoint
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["rl"] = {"prompts_seen": self.prompts_seen, "rollouts": self.rollouts}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.prompts_seen, self.rollouts = checkpoint["rl"]["prompts_seen"], checkpoint["rl"]["rollouts"]

@@ -1,0 +1,178 @@
+"""The math of a GRPO step: group-normalised advantages, per-token log-probs, the clipped policy loss.
+
+GLM-4.5 trains its RL stages with GRPO without the KL term, in slime (arXiv:2508.06471 section 3.2; the loss of
+slime's ppo_utils.py `compute_policy_loss`), with DAPO's clip-higher (arXiv:2503.14476) as an option. TRL's
+GRPOTrainer (trl/trainer/grpo_trainer.py `_compute_loss`) computes the same loss: tests/test_grpo_loss.py checks
+that ours equals it, log-probs, loss and gradients.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from glm46.modules.loss import IGNORE_INDEX
+
+AGGREGATIONS = ("token_mean", "seq_mean")
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, scale_rewards: bool = True, eps: float = 1e-6
+) -> torch.Tensor:
+    """GRPO's advantage: each reward minus its group's mean, over the group's std when scale_rewards.
+
+    rewards [N] lie group by group (N = prompts x group_size, the samples of one prompt consecutive). The std is
+    Bessel-corrected, as slime's `_post_process_rewards` and TRL's `nanstd`; eps is slime's 1e-6 (TRL uses 1e-4),
+    and an all-equal group gets advantages 0, not NaN. scale_rewards=False is Dr. GRPO's unscaled advantage. A group
+    of one has no std: slime switches the division off there, and its advantage is 0 either way. Returns [N].
+    """
+    if rewards.dim() != 1:
+        raise ValueError(f"rewards must be 1-D [prompts x group_size], got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"group_size must be >= 1 and divide the {rewards.numel()} rewards, got {group_size}")
+    groups = rewards.float().view(-1, group_size)  # [prompts, group_size]
+    advantages = groups - groups.mean(dim=1, keepdim=True)
+    if scale_rewards and group_size > 1:
+        advantages = advantages / (groups.std(dim=1, keepdim=True) + eps)
+    return advantages.view(-1)
+
+
+def _chunk_logprobs(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Target log-probs [n] and entropies [n] (no grad: logging only) of one chunk; hidden [n, H], targets [n]."""
+    logits = F.linear(hidden, weight).float() / temperature  # [n, V]
+    logprobs = logits.log_softmax(dim=-1)
+    ignored = targets == IGNORE_INDEX
+    target = logprobs.gather(-1, targets.masked_fill(ignored, 0).unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
+    return target.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+
+
+def token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 4096,
+    return_entropy: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob [B, T] of each target under softmax(hidden @ weight.T / temperature), 0 where the target is
+    IGNORE_INDEX; with return_entropy also each position's entropy [B, T], detached (for logging).
+
+    hidden [B, T, H] (the final normed hidden states), weight [V, H] (lm_head), targets [B, T]. The logits are divided
+    by the sampling temperature, as TRL and slime do, so the log-probs match those of the rollout; log_softmax runs in
+    fp32 on logits of hidden's dtype, as in glm46.modules.loss. Like `chunked_cross_entropy`, chunks of chunk_size
+    tokens are checkpointed, so one chunk's [tokens, V] logits exist at a time, in the backward pass too.
+    """
+    if temperature <= 0 or chunk_size < 1:
+        raise ValueError(f"need temperature > 0 and chunk_size >= 1, got {temperature} and {chunk_size}")
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ in [B, T]")
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
+    flat_targets = targets.reshape(-1)  # [B*T]
+    if flat_hidden.shape[0] <= chunk_size:  # one chunk: recomputing its logits would save nothing
+        logprobs, entropy = _chunk_logprobs(flat_hidden, weight, flat_targets, temperature)
+    else:
+        chunks = [
+            checkpoint(_chunk_logprobs, h, weight, y, temperature, use_reentrant=False)
+            for h, y in zip(flat_hidden.split(chunk_size), flat_targets.split(chunk_size))
+        ]
+        logprobs, entropy = (torch.cat(parts) for parts in zip(*chunks))
+    if return_entropy:
+        return logprobs.view(targets.shape), entropy.view(targets.shape)
+    return logprobs.view(targets.shape)
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of values [B, T] over the tokens of mask [B, T] (float 0/1), detached: a logged statistic."""
+    return ((values * mask).sum() / mask.sum().clamp(min=1)).detach()
+
+
+def _aggregate(
+    per_token: torch.Tensor, mask: torch.Tensor, aggregation: str, num_tokens: torch.Tensor | float | None
+) -> torch.Tensor:
+    """The scalar loss of per_token [B, T] over mask [B, T]: DAPO's token mean (TRL's "dapo", divided by the
+    token count, or by num_tokens, e.g. the global count over data-parallel ranks / their number) or the mean of
+    each row's token mean (TRL's "grpo", slime's default)."""
+    if aggregation == "token_mean":
+        count = mask.sum() if num_tokens is None else torch.as_tensor(num_tokens, device=per_token.device)
+        return (per_token * mask).sum() / count.clamp(min=1)
+    return ((per_token * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean()
+
+
+def _check_policy_args(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float,
+    eps_high: float,
+    aggregation: str,
+    num_tokens: torch.Tensor | float | None,
+    kl_coef: float,
+    ref_logprobs: torch.Tensor | None,
+) -> None:
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
+    if num_tokens is not None and aggregation != "token_mean":
+        raise ValueError(f"num_tokens is the divisor of aggregation='token_mean' only, got {aggregation!r}")
+    if not 0 <= eps_low < 1 or eps_high < 0:
+        raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if kl_coef > 0 and ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs, the reference model's log-probs [B, T]")
+    if logprobs.dim() != 2:
+        raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
+    tensors = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
+    for name, tensor in tensors.items():
+        if tensor is not None and tensor.shape != logprobs.shape:
+            raise ValueError(f"{name} {tuple(tensor.shape)} differs from logprobs {tuple(logprobs.shape)}")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float | None = None,
+    aggregation: str = "token_mean",
+    num_tokens: torch.Tensor | float | None = None,
+    kl_coef: float = 0.0,
+    ref_logprobs: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO's clipped surrogate: -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) per token, aggregated.
+
+    logprobs [B, T] (with grad), old_logprobs [B, T] (the rollout policy's), advantages [B], mask [B, T] (1 on
+    the completion tokens that count). eps_high None is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds
+    TRL's beta term, the k3 estimate exp(ref - logp) - (ref - logp) - 1 of KL(policy || reference); GLM-4.5 trains
+    without it. Returns the loss and detached statistics: clip_fraction (the masked tokens whose clip is active,
+    TRL's `clip_ratio/region_mean` and slime's clipfrac), ratio_mean, and kl when ref_logprobs is given.
+    """
+    eps_high = eps_low if eps_high is None else eps_high
+    _check_policy_args(
+        logprobs, old_logprobs, advantages, mask, eps_low, eps_high, aggregation, num_tokens, kl_coef, ref_logprobs
+    )
+    valid = mask.bool()
+    weights = valid.to(logprobs.dtype)  # [B, T]
+    # Padding may hold anything (a sampler's -inf): ratio 1 there keeps exp and its gradient finite.
+    ratio = (logprobs - old_logprobs).masked_fill(~valid, 0.0).exp()  # [B, T]
+    advantages = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
+    clip_active = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
+    stats = {
+        "clip_fraction": _masked_mean(clip_active.to(weights.dtype), weights),
+        "ratio_mean": _masked_mean(ratio, weights),
+    }
+    if ref_logprobs is not None:
+        log_ref_ratio = (ref_logprobs - logprobs).masked_fill(~valid, 0.0)  # [B, T]
+        kl = log_ref_ratio.exp() - log_ref_ratio - 1
+        stats["kl"] = _masked_mean(kl, weights)
+        if kl_coef > 0:
+            per_token = per_token + kl_coef * kl
+    return _aggregate(per_token, weights, aggregation, num_tokens), stats

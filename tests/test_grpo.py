@@ -1,0 +1,148 @@
+"""The GRPO stage (glm46.lit.grpo.GRPOLitModule) on a tiny model: rollouts laid out right, the reward rises on an
+easy task, a resumed run equals an uninterrupted one, and the data position counts data-parallel ranks."""
+
+from functools import partial
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from glm46.lit.grpo import GRPOLitModule
+from glm46.lit.rl_data import PromptDataModule
+from glm46.modules.loss import IGNORE_INDEX
+
+from .helpers import tiny_config
+from .test_sft import make_chat_dataset
+
+LR = 3e-3
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_chat_dataset(tmp_path_factory.mktemp("grpo"))
+
+
+def starts_with_a_digit(record, completion: str) -> float:
+    """An easy reward a random policy earns now and then: the completion's first character is a digit."""
+    return float(completion[:1].isdigit())
+
+
+def module(dataset, **overrides) -> GRPOLitModule:
+    settings = dict(
+        tokenizer_path=str(dataset / "tokenizer.json"),
+        samples_per_prompt=8,
+        max_new_tokens=4,
+        temperature=1.0,
+        reward=starts_with_a_digit,
+        seed=0,
+    )
+    settings.update(overrides)
+    L.seed_everything(0)
+    return GRPOLitModule(
+        tiny_config(vocab_size=400),
+        optimizer=partial(torch.optim.AdamW, lr=LR),
+        lr_schedule=lambda tokens: LR,
+        mtp_weight=lambda tokens: 0.0,
+        **settings,
+    )
+
+
+def prompts(dataset, batch_size=4) -> PromptDataModule:
+    return PromptDataModule(
+        str(dataset), seq_len=128, batch_size=batch_size, mixture={"rl": 1.0}, seed=1, val_windows=8
+    )
+
+
+def fit(model, dataset, root, max_steps, ckpt_path=None, every=None) -> L.Trainer:
+    callbacks = (
+        [ModelCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=every, save_last=True)] if every else []
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        logger=L.pytorch.loggers.CSVLogger(root, name="", version=""),
+        callbacks=callbacks,
+        enable_checkpointing=bool(every),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        log_every_n_steps=1,
+        limit_val_batches=0,
+        default_root_dir=root,
+    )
+    trainer.fit(model, datamodule=prompts(dataset), ckpt_path=ckpt_path)
+    return trainer
+
+
+def rewards_logged(root) -> list[float]:
+    import csv
+
+    with open(root / "metrics.csv") as f:
+        return [float(row["rl/reward_mean"]) for row in csv.DictReader(f) if row.get("rl/reward_mean")]
+
+
+def test_rollout_rows_hold_prompt_then_completion_with_targets_on_the_completion_only(dataset):
+    model = module(dataset, max_new_tokens=6)
+    datamodule = prompts(dataset, batch_size=3)
+    datamodule.setup()
+    batch = next(iter(datamodule.train_dataloader()))
+    prompt_lengths, completions, lengths = model.sample(batch, 2, 1.0, torch.Generator().manual_seed(0))
+    input_ids, targets, mask = model.layout(batch, prompt_lengths, completions, lengths)
+    for i in range(6):
+        p, n = int(prompt_lengths[i]), int(lengths[i])
+        assert p == batch["prompt_length"][i // 2]  # rows group by group
+        assert torch.equal(input_ids[i, :p], batch["prompt_ids"][i // 2, :p])
+        assert torch.equal(input_ids[i, p : p + n], completions[i, :n])
+        assert torch.equal(targets[i, p - 1 : p + n - 1], completions[i, :n])  # position t predicts token t + 1
+        assert (targets[i, : p - 1] == IGNORE_INDEX).all() and (targets[i, p + n - 1 :] == IGNORE_INDEX).all()
+        assert mask[i].sum() == n
+        stops = torch.isin(completions[i, :n], torch.tensor(model.stop_ids))
+        assert not stops[:-1].any(), "a completion ends at its first stop token"
+
+
+def test_left_padded_rollouts_equal_each_prompt_sampled_alone(dataset):
+    """The batch's prompts have different lengths; greedy completions equal each prompt's own."""
+    model = module(dataset, max_new_tokens=5)
+    datamodule = prompts(dataset, batch_size=4)
+    datamodule.setup()
+    batch = next(iter(datamodule.train_dataloader()))
+    assert len(set(batch["prompt_length"].tolist())) > 1
+    _, together, _ = model.sample(batch, 1, 0.0, None)
+    for i in range(4):
+        alone = batch["prompt_ids"][i : i + 1, : batch["prompt_length"][i]]
+        expected = model.model.generate(alone, 5, eos_token_id=model.stop_ids)[0, alone.shape[1] :]
+        assert torch.equal(together[i, : len(expected)], expected)
+
+
+@pytest.mark.slow
+def test_the_reward_rises_on_an_easy_task(dataset, tmp_path):
+    fit(module(dataset), dataset, tmp_path, max_steps=30)
+    rewards = rewards_logged(tmp_path)
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    assert first < 0.5 and last > first + 0.3, rewards
+
+
+@pytest.mark.parametrize("updates_per_rollout", [1, 2])
+def test_a_resumed_run_equals_an_uninterrupted_one(dataset, tmp_path, updates_per_rollout):
+    straight = module(dataset, updates_per_rollout=updates_per_rollout)
+    fit(straight, dataset, tmp_path / "straight", max_steps=4 * updates_per_rollout)
+    first = module(dataset, updates_per_rollout=updates_per_rollout)
+    fit(first, dataset, tmp_path / "resumed", max_steps=2 * updates_per_rollout, every=2 * updates_per_rollout)
+    resumed = module(dataset, updates_per_rollout=updates_per_rollout)
+    last = tmp_path / "resumed" / "checkpoints" / "last.ckpt"
+    fit(resumed, dataset, tmp_path / "resumed", max_steps=4 * updates_per_rollout, ckpt_path=str(last))
+    assert resumed.prompts_seen == straight.prompts_seen == 16 and resumed.rollouts == 4
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    # the resumed run's rollouts are the uninterrupted run's (sampling is seeded by the rollout index)
+    assert rewards_logged(tmp_path / "resumed")[-1] == rewards_logged(tmp_path / "straight")[-1]
+
+
+def test_the_data_position_counts_prompts_over_data_parallel_ranks(dataset):
+    class Trainer:  # what samples_consumed reads: the module's count, not global_step x world_size
+        lightning_module = type("M", (), {"prompts_seen": 24})()
+        global_step, world_size, accumulate_grad_batches = 3, 4, 1
+
+    datamodule = prompts(dataset)
+    datamodule.trainer = Trainer()
+    assert datamodule.samples_consumed() == 24
