@@ -4,6 +4,7 @@ fingerprint), then the toy curriculum stage by stage."""
 
 import csv
 import json
+import math
 import random
 import subprocess
 import sys
@@ -373,3 +374,39 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     assert f"dataset: {dataset} (prepared" in again.stdout and "preparing" not in again.stdout
     assert again.stdout.count("finished before, skipped") == 4
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+
+
+def test_the_skill_table_reports_accuracy_with_its_wilson_interval():
+    from glm46.app.curriculum import interval, skill_table
+
+    low, high = interval(0.5, 100)  # the Wilson score interval, as statsmodels' proportion_confint(method="wilson")
+    assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
+    low, high = interval(0.0, 50)  # never below 0, and not empty at 0 successes
+    assert low == pytest.approx(0.0, abs=1e-12) and round(high, 4) == 0.0714
+    table = skill_table(
+        {
+            "pretrain1": {
+                "glm46_arithmetic/exact_match": 0.0,
+                "glm46_arithmetic/n": 50,
+                "glm46_ppl_code/bits_per_byte": 2.5,
+            },
+            "rl": {"glm46_arithmetic/exact_match": 0.5, "glm46_arithmetic/n": 100, "glm46_arithmetic_mc/acc": 0.3},
+        }
+    )
+    lines = table.splitlines()
+    assert [c.strip() for c in lines[0].split(" | ")] == ["stage", "arithmetic (95% CI)", "arith. MC acc", "code bpb"]
+    assert "0.500 [0.404, 0.596] n=100" in lines[3] and "0.300" in lines[3] and lines[3].rstrip().endswith("-")
+    assert "0.000 [0.000, 0.071] n=50" in lines[2] and "2.500" in lines[2]
+
+
+def test_a_stage_to_stage_change_is_judged_on_the_same_prompts():
+    from glm46.app.curriculum import paired_change
+
+    before = {i: float(i < 20) for i in range(100)}  # 20 right
+    after = {i: float(i < 20 or 50 <= i < 60) for i in range(100)}  # the same 20, and 10 more
+    change, low, high = paired_change(before, after)
+    assert change == pytest.approx(0.10) and low > 0.0  # 10 gains, no loss: a real improvement
+    assert (low, high) == pytest.approx((0.10 - 1.96 * math.sqrt(10 - 1) / 100, 0.10 + 1.96 * math.sqrt(10 - 1) / 100))
+    swapped = {i: float(10 <= i < 30) for i in range(100)}  # 10 lost, 10 gained: no change, symmetric interval
+    change, low, high = paired_change(before, swapped)
+    assert change == 0.0 and low == pytest.approx(-high) and low < 0

@@ -96,6 +96,26 @@ def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return center - half, center + half
 
 
+def arithmetic_outcomes(run_dir: Path) -> dict[int, float]:
+    """Each held-out arithmetic prompt's exact match (doc_id -> 0/1) from lm-eval's samples file."""
+    path = run_dir / "eval" / "samples_glm46_arithmetic.jsonl"
+    if not path.is_file():
+        return {}
+    return {s["doc_id"]: float(s["exact_match"]) for s in map(json.loads, path.read_text().splitlines())}
+
+
+def paired_change(before: dict[int, float], after: dict[int, float], z: float = 1.96) -> tuple[float, float, float]:
+    """The change in accuracy on the same prompts, with the 95% interval of a paired difference (the prompts both
+    stages got right or wrong cancel; only the ones that changed count): (change, low, high)."""
+    shared = sorted(before.keys() & after.keys())
+    n = max(len(shared), 1)
+    gained = sum(after[i] > before[i] for i in shared)
+    lost = sum(after[i] < before[i] for i in shared)
+    change = (gained - lost) / n
+    half = z * math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
+    return change, change - half, change + half
+
+
 def skill_table(scores: dict[str, dict[str, float]]) -> str:
     """Rows = stages; columns = held-out arithmetic exact match (greedy) with its 95% interval, the multiple-choice
     accuracy and each domain's bits per byte (lower is better)."""
@@ -127,6 +147,11 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
     if not scores:
         return
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
+    evaluated = [(name, arithmetic_outcomes(where)) for name, where in stages if name in scores]
+    for (first, before), (second, after) in zip(evaluated, evaluated[1:]):
+        if before and after:
+            change, low, high = paired_change(before, after)
+            log.info(f"arithmetic {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
     accuracy = {
         name: (
             score["glm46_arithmetic/exact_match"],

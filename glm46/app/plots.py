@@ -78,11 +78,11 @@ def plot_curriculum(
         if "rl/reward_mean" in metrics:  # RL: its policy loss says little; the reward is what it raises
             ax_reward = ax_reward or ax_loss.twinx()
             reward_steps, reward = metrics["rl/reward_mean"]
-            ax_reward.plot(offset + np.interp(reward_steps, steps, tokens), reward, color="tab:green", label=name)
-            ax_reward.set_ylabel("RL reward (mean over samples)", color="tab:green")
+            ax_reward.plot(offset + np.interp(reward_steps, steps, tokens), reward, "k.-", label=f"{name} (reward)")
+            ax_reward.set_ylabel("RL reward (mean over samples, black)")
         elif "train/loss" in metrics:
             loss_steps, loss = metrics["train/loss"]
-            ax_loss.plot(offset + np.interp(loss_steps, steps, tokens), loss, label=name)
+            ax_loss.plot(offset + np.interp(loss_steps, steps, tokens), loss, ".-", label=name)  # dots: short stages
         ax_loss.axvline(offset, color="grey", linestyle=":")
         ax_loss.text(offset, 1.0, f" {name}", transform=ax_loss.get_xaxis_transform(), va="bottom", fontsize=8)
         offset += float(tokens[-1])
@@ -90,9 +90,9 @@ def plot_curriculum(
     ax_loss.legend(loc="upper right", fontsize=8)
     names = list(accuracy)
     values = [accuracy[n][0] for n in names]
-    errors = [
-        [v - accuracy[n][1][0] for n, v in zip(names, values)],
-        [accuracy[n][1][1] - v for n, v in zip(names, values)],
+    errors = [  # below and above each value (clamped: at 0 or 1 the interval's end meets the value, up to rounding)
+        [max(v - accuracy[n][1][0], 0.0) for n, v in zip(names, values)],
+        [max(accuracy[n][1][1] - v, 0.0) for n, v in zip(names, values)],
     ]
     ax_acc.errorbar(range(len(names)), values, yerr=errors, marker="o", capsize=4)
     ax_acc.set_xticks(range(len(names)), names, rotation=30)

@@ -19,6 +19,11 @@ def tokens(*factors: float) -> int:
     return int(math.prod(factors))
 
 
+def product(*factors: float) -> float:
+    """`${product:a,b,...}`: a real-valued product (e.g. the optimizer's LR scaled by the phase's lr_scale)."""
+    return float(math.prod(factors))
+
+
 def steps(budget: float, *per_step: float) -> int:
     """`${steps:tokens,global_batch_tokens}`: optimizer steps to spend a token budget (rounded up)."""
     return math.ceil(budget / math.prod(per_step))
@@ -70,5 +75,5 @@ def job_id() -> str:
 
 def register_resolvers() -> None:
     """Register them (uncached: `${job_id:}` in a config pickled for a Slurm job resolves inside the job)."""
-    for function in (tokens, steps, data_parallel, accumulation, fsdp_policy, matmul_dtype, job_id):
+    for function in (tokens, product, steps, data_parallel, accumulation, fsdp_policy, matmul_dtype, job_id):
         OmegaConf.register_new_resolver(function.__name__, function, replace=True)

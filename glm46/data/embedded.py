@@ -7,8 +7,8 @@
 - math: arithmetic with worked steps; reasoning: multi-step word problems with a <think> trace;
 - sft: chat-formatted conversations (GLM's template, glm46.data.chat) asking those questions, with
   system-prompt variants, thinking and non-thinking (`/nothink`) replies and some two-turn follow-ups;
-- rl: chat prompts of two-operation arithmetic with a reference reply whose final `Answer:` line is
-  the integer that glm46.data.rl.verify checks.
+- rl: chat prompts of one-digit arithmetic (varied wordings) with a reference reply whose final `Answer:`
+  line is the integer that glm46.data.rl.verify checks; half of the sft conversations ask the same way.
 Everything is deterministic given the seed; each generated domain draws from its own random stream.
 """
 
@@ -140,11 +140,11 @@ FOLLOW_UPS = [
 
 
 def conversation(rng: random.Random) -> list[dict[str, str]]:
-    """An SFT conversation: an expression in the RL prompts' format (a third: SFT teaches the format and steps
+    """An SFT conversation: an expression in the RL prompts' format (half: SFT teaches the format and facts
     that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or word problem, answered
     with its steps (inside <think> for word problems, GLM's thinking mode, empty after `/nothink`) and a final
     `Answer:` line; a third of the latter continue with a follow-up question on the previous answer."""
-    if rng.random() < 1 / 3:
+    if rng.random() < 1 / 2:
         return rl_prompt(rng)
     system = rng.choice(SYSTEM_PROMPTS)
     messages = [{"role": "system", "content": system}] if system else []
@@ -169,21 +169,32 @@ def conversation(rng: random.Random) -> list[dict[str, str]]:
 
 
 def expression_problem(rng: random.Random) -> tuple[str, str, int]:
-    """Two operations with precedence, e.g. 12 + 7 * 3: (expression, worked steps, integer answer). Small
-    operands (2-30, then one digit), so that the toy model learns the skill within the default run."""
-    op1, op2 = rng.choice("+-*"), rng.choice("+-*")
-    a, b, c = rng.randint(2, 30), rng.randint(2, 9), rng.randint(2, 9)
-    expression = f"{a} {op1} {b} {op2} {c}"
-    apply = {"+": lambda x, y: x + y, "-": lambda x, y: x - y, "*": lambda x, y: x * y}
-    if op2 == "*" and op1 != "*":  # multiplication first
-        inner = b * c
-        answer = apply[op1](a, inner)
-        steps = f"Multiplication first: {b} * {c} = {inner}. Then {a} {op1} {inner} = {answer}."
-    else:  # left to right
-        inner = apply[op1](a, b)
-        answer = apply[op2](inner, c)
-        steps = f"Left to right: {a} {op1} {b} = {inner}. Then {inner} {op2} {c} = {answer}."
-    return expression, steps, answer
+    """One operation on one-digit numbers, e.g. 7 * 8: (expression, worked step, integer answer). A table of 192
+    facts, small enough for the toy model to learn within the default run, so that SFT and then RL visibly raise
+    its accuracy (a wider range, such as two operations on numbers up to 99, stays near 0% there)."""
+    a, b, op = rng.randint(2, 9), rng.randint(2, 9), rng.choice("+-*")
+    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+    return f"{a} {op} {b}", f"{a} {op} {b} = {answer}.", answer
+
+
+QUESTIONS = [  # 16 wordings x 6 system prompts x 192 facts: enough distinct documents to hold out hundreds
+    "Compute {}.",
+    "What is {}?",
+    "Calculate {}.",
+    "Evaluate {}.",
+    "Work out {}.",
+    "{} = ?",
+    "Find the value of {}.",
+    "Solve: {}.",
+    "How much is {}?",
+    "Give the result of {}.",
+    "Quick question: {}?",
+    "Please compute {}.",
+    "What do you get for {}?",
+    "Determine {}.",
+    "Tell me {}.",
+    "Simplify {}.",
+]
 
 
 def rl_prompt(rng: random.Random) -> list[dict[str, str]]:
@@ -191,8 +202,9 @@ def rl_prompt(rng: random.Random) -> list[dict[str, str]]:
     expression, steps, answer = expression_problem(rng)
     system = rng.choice(SYSTEM_PROMPTS)
     messages = [{"role": "system", "content": system}] if system else []
+    question = rng.choice(QUESTIONS).format(expression)
     return messages + [
-        {"role": "user", "content": f"Compute {expression}. End with a line 'Answer: <integer>'."},
+        {"role": "user", "content": f"{question} End with a line 'Answer: <integer>'."},
         {"role": "assistant", "content": f"{steps}\nAnswer: {answer}"},
     ]
 
@@ -244,7 +256,7 @@ def read_embedded(
     reasoning_problems: int = 10000,
     seed: int = 0,
     sft_conversations: int = 10000,
-    rl_prompts: int = 20000,
+    rl_prompts: int = 40000,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
