@@ -44,7 +44,9 @@ def test_schedule_config_scales_the_glm45_switches_to_the_run(compose_config):
     run_tokens = 1000 * 4 * 128
     assert cfg.schedule.run_tokens == run_tokens
     lr = instantiate(cfg.schedule.lr)
-    assert lr.total_tokens == run_tokens and lr.peak == cfg.optim.optimizer.lr
+    assert lr.total_tokens == run_tokens and lr.peak == pytest.approx(cfg.optim.optimizer.lr * cfg.phase.lr_scale)
+    assert cfg.phase.name == "toy_rl" and cfg.phase.lr_scale < 1  # the default run ends with RL, at a lower LR
+    assert instantiate(compose_config("phase=toy_sft", "data=embedded_sft").schedule.lr).peak == cfg.optim.optimizer.lr
     assert lr.warmup_tokens == math.floor(cfg.schedule.warmup_fraction * run_tokens)
     mtp = instantiate(cfg.schedule.mtp_weight)
     assert mtp.boundaries == [int(0.65 * run_tokens)] and mtp.values == [0.3, 0.1]

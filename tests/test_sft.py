@@ -35,7 +35,8 @@ def make_chat_dataset(root, conversations=300, prompts=200, vocab_size=400):
     (root / "documents").mkdir(parents=True)
     texts = {}
     for doc in generated(Ledger(), 0, 0, seed=0, sft_conversations=conversations, rl_prompts=prompts):
-        texts.setdefault(doc.domain, []).append(doc.text)
+        texts.setdefault(doc.domain, {})[doc.text] = None  # exact duplicates dropped, as the preparation does
+    texts = {domain: list(docs) for domain, docs in texts.items()}
     for domain, docs in texts.items():
         (root / "documents" / f"{domain}.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     tokenizer = GLMTokenizer(train_tokenizer([t for docs in texts.values() for t in docs], vocab_size=vocab_size))

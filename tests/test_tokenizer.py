@@ -110,6 +110,7 @@ def test_chat_template_masks_assistant_turns_only(tokenizer):
         "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>9<|endoftext|>"
     )
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
-    assert trained == "4<|user|><think>3 * 3 = 9</think>9<|endoftext|>"
+    # each reply from the newline after <|assistant|> (where a prompt ends) to the token that closes it
+    assert trained == "\n4<|user|>\n<think>3 * 3 = 9</think>9<|endoftext|>"
     with pytest.raises(ValueError, match="role 'tool'"):
         format_chat([{"role": "tool", "content": "x"}], tokenizer)

@@ -355,7 +355,8 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 4 and checkpoint["PromptDataModule"]["phase"] == "toy_rl"
     assert checkpoint["rl"]["prompts_seen"] == 16  # 4 steps of data.batch_size=4 prompts
-    assert (run_dir / "hf" / "config.json").is_file() and len(column(metrics(run_dir), "rl/reward_mean")) == 4
+    rewards = column(metrics(run_dir), "rl/reward_mean")
+    assert (run_dir / "hf" / "config.json").is_file() and rewards and all(0 <= r <= 1 for r in rewards)
     # every stage is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
     for stage_dir in [*(run_dir / "stages" / name for name in stages), run_dir]:
         results = json.loads((stage_dir / "eval" / "results.json").read_text())
