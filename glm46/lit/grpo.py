@@ -43,13 +43,12 @@ class Rollout:
     targets: torch.Tensor  # [N, T] the next token at completion positions, IGNORE_INDEX elsewhere
     mask: torch.Tensor  # [N, T] 1 where targets holds a completion token
     advantages: torch.Tensor  # [N]
-    rewards: torch.Tensor  # [N]
     old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (several updates per rollout)
 
     def split(self, parts: int) -> list[Rollout]:
         """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
         rows = self.input_ids.shape[0] // parts
-        fields = ("input_ids", "targets", "mask", "advantages", "rewards", "old_logprobs")
+        fields = ("input_ids", "targets", "mask", "advantages", "old_logprobs")
         return [
             Rollout(
                 **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
@@ -166,7 +165,7 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/accuracy", (rewards == 1).float().mean())
         self.log("rl/completion_length", lengths.float().mean())
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds)
-        rollout = Rollout(input_ids, targets, mask, advantages, rewards)
+        rollout = Rollout(input_ids, targets, mask, advantages)
         if self.updates_per_rollout > 1:  # later updates compare against the policy that sampled
             with torch.no_grad():
                 rollout.old_logprobs = self.logprobs(input_ids, targets)[0]
