@@ -5,7 +5,12 @@ The Hub layout differs from ours in two ways, both handled by renaming here:
   we stack them as `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] (transformers v5's in-memory layout);
 - MTP depth j (0-based) is stored as decoder layer `model.layers.{num_hidden_layers + j}`, with `enorm`,
   `hnorm`, `eh_proj` and `shared_head.norm` beside the decoder-layer weights; GLM-4.5 checkpoints also
-  repeat `embed_tokens` and `shared_head.head` there, copies of the shared embedding and lm_head.
+  repeat `embed_tokens` and `shared_head.head` there, copies of the shared embedding and lm_head (written as
+  the Hub does, skipped on load).
+
+An export is a self-contained serving directory: weights, config.json, generation_config.json with GLM's stop
+ids, and, given the training tokenizer, tokenizer.json + tokenizer_config.json with the chat template, so
+transformers, vLLM and SGLang load it with nothing beside it.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 from safetensors import safe_open
 
+from glm46.data.chat import CHAT_TEMPLATE, EOS, STOP_TOKENS
 from glm46.modules import GLM46Config, GLM46ForCausalLM
+from glm46.serve.compat import serving_problems
 
 if TYPE_CHECKING:
+    from glm46.data.tokenizer import GLMTokenizer
     from glm46.parallel.shards import Box
 
 log = logging.getLogger(__name__)
@@ -42,11 +50,28 @@ _MTP_OWN = {  # Hub name inside an MTP layer -> ours inside MTPLayer
     "shared_head.norm.weight": "norm.weight",
 }
 _MTP_HUB = {ours: hub for hub, ours in _MTP_OWN.items()}
-_MTP_DUPLICATES = {"embed_tokens.weight", "shared_head.head.weight"}  # shared with the main model
+_MTP_DUPLICATES = {  # Hub name inside an MTP layer -> the main-model tensor it copies
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "shared_head.head.weight": "lm_head.weight",
+}
 
 
 class CheckpointError(ValueError):
     """A checkpoint that does not fit the model; the message lists the tensors."""
+
+
+# ---------------------------------------------------------------- directories
+
+
+def find_weights(path: str | Path) -> Path:
+    """The HF directory (config.json + safetensors) at `path`: itself, or a run directory's hf/."""
+    path = Path(path).absolute()
+    for candidate in (path, path / "hf"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{path} holds no model: neither config.json (an HF directory) nor hf/config.json (a run directory)"
+    )
 
 
 # ---------------------------------------------------------------- config
@@ -122,9 +147,13 @@ def _region(shape: torch.Size, expert: int | None, part: str | None) -> Box:
     return (slice(expert, expert + 1), rows, whole[2])
 
 
-def _hub_entries(name: str, shape: torch.Size, num_layers: int):
+def _hub_entries(name: str, shape: torch.Size, num_layers: int, num_mtp_layers: int):
     """Our tensor -> (Hub key, box of ours, Hub shape) for each Hub tensor it is stored as (experts: one per
-    expert and part)."""
+    expert and part; the embedding and lm_head also as each MTP layer's copy)."""
+    for copy, original in _MTP_DUPLICATES.items():
+        if name == original:
+            for depth in range(num_mtp_layers):
+                yield f"model.layers.{num_layers + depth}.{copy}", _region(shape, None, None), tuple(shape)
     mtp = re.match(r"^mtp_layers\.(\d+)\.(.+)$", name)
     hub = name
     if mtp:
@@ -260,11 +289,17 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
 
 
 def save_hf(
-    model: GLM46ForCausalLM, path: str | Path, max_shard_bytes: int = 5 * 2**30, dtype: torch.dtype | None = None
+    model: GLM46ForCausalLM,
+    path: str | Path,
+    max_shard_bytes: int = 5 * 2**30,
+    dtype: torch.dtype | None = None,
+    tokenizer: GLMTokenizer | None = None,
 ) -> Path:
     """Write `model` in the Hub layout (per-expert keys, MTP as the last decoder layers), sharded with an index.
 
-    `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor.
+    `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor, and vLLM serves it
+    (what it would refuse is logged, glm46.serve.compat). With `tokenizer` (the one the model was trained
+    with), its files go beside the weights and the stop ids come from it when the config names none.
     A whole model is written by global rank 0 (other callers return). A model sharded over processes (FSDP2,
     tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every rank must call save_hf. Output file k is
     written by global rank k % world size, one Hub tensor at a time (assembled from the shards that hold
@@ -289,7 +324,7 @@ def save_hf(
     files, size = [[]], 0
     for name, (shape, own) in shapes.items():
         out = export_dtype(name, own)
-        for key, box, hub_shape in _hub_entries(name, shape, config.num_hidden_layers):
+        for key, box, hub_shape in _hub_entries(name, shape, config.num_hidden_layers, config.num_nextn_predict_layers):
             nbytes = math.prod(hub_shape) * out.itemsize
             if files[-1] and size + nbytes > max_shard_bytes:
                 files.append([])
@@ -323,12 +358,55 @@ def save_hf(
             (path / INDEX_FILE).write_text(
                 json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
             )
-        (path / "config.json").write_text(json.dumps(config_to_hf(config, dtype), indent=2))
-        generation = {"pad_token_id": config.pad_token_id, "eos_token_id": config.eos_token_id}
-        (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+        write_configs(config, dtype, path, tokenizer)
     if world > 1:
         torch.distributed.barrier()  # every rank's files are complete when save_hf returns
     return path
+
+
+def special_ids(config: GLM46Config, tokenizer: GLMTokenizer | None) -> tuple[int | None, list[int]]:
+    """(pad id, stop ids): the config's, else GLM's (<|endoftext|>, <|user|>, <|observation|>) in `tokenizer`.
+    A config whose ids differ from the tokenizer's is logged: an engine would stop at the config's."""
+    if tokenizer is None:
+        return config.pad_token_id, list(config.eos_token_id)
+    stops = [tokenizer.token_id(token) for token in STOP_TOKENS]
+    pad = tokenizer.token_id(EOS)
+    if config.eos_token_id and sorted(config.eos_token_id) != sorted(stops):
+        log.warning(
+            "model.eos_token_id=%s differs from the tokenizer's stop tokens %s=%s; the export keeps the config's",
+            config.eos_token_id,
+            list(STOP_TOKENS),
+            stops,
+        )
+    return (config.pad_token_id, list(config.eos_token_id)) if config.eos_token_id else (pad, stops)
+
+
+def write_configs(config: GLM46Config, dtype: torch.dtype, path: Path, tokenizer: GLMTokenizer | None) -> None:
+    """config.json, generation_config.json and (with `tokenizer`) tokenizer.json + tokenizer_config.json."""
+    pad, stops = special_ids(config, tokenizer)
+    hub = config_to_hf(config, dtype) | {"pad_token_id": pad, "eos_token_id": stops}
+    (path / "config.json").write_text(json.dumps(hub, indent=2))
+    generation = {"_from_model_config": True, "pad_token_id": pad, "eos_token_id": stops}
+    (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
+    if tokenizer is not None:
+        tokenizer.save(path / "tokenizer.json")
+        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(config), indent=2))
+    for problem in serving_problems(config):
+        log.warning("%s: %s", path, problem)
+
+
+def tokenizer_config(config: GLM46Config) -> dict:
+    """tokenizer_config.json for transformers' fast tokenizer over our tokenizer.json, as GLM-4.6's names its
+    special tokens (pad = eos = <|endoftext|>, left padding), with our chat template (glm46.data.chat)."""
+    return {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": EOS,
+        "pad_token": EOS,
+        "padding_side": "left",
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": config.max_position_embeddings,
+        "chat_template": CHAT_TEMPLATE,
+    }
 
 
 _SAFETENSORS_DTYPES = {

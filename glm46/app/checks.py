@@ -19,11 +19,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from glm46.app.sizing import composed_plan
 from glm46.errors import ConfigError
+from glm46.hf import config_from_hf, find_weights
 from glm46.lit.rl_data import PromptDataModule
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import PACKINGS
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
+from glm46.serve.compat import serving_problems
 
 
 class Refused(CompactHydraException):
@@ -276,8 +278,35 @@ def check_rl(cfg: DictConfig) -> None:
         raise ConfigError("phase.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)")
 
 
+def check_serve(cfg: DictConfig) -> GLM46Config:
+    """task=serve: an export that the engine, device and launch settings can serve; returns its model config."""
+    settings = cfg.serve
+    if settings.model is None:
+        raise ConfigError("serve.model: no model to serve; set serve.model=<a run directory or an HF directory>")
+    try:
+        weights = find_weights(settings.model)
+        config = config_from_hf(json.loads((weights / "config.json").read_text()))
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"serve.model={settings.model}: {error}") from None
+    if settings.tensor_parallel_size < 1 or settings.speculative_steps < 1:
+        raise ConfigError(
+            f"serve.tensor_parallel_size={settings.tensor_parallel_size} and serve.speculative_steps="
+            f"{settings.speculative_steps} must be >= 1"
+        )
+    problems = serving_problems(
+        config, str(settings.engine), str(settings.device), settings.tensor_parallel_size, settings.mtp
+    )
+    if problems:
+        where = f"serve.engine={settings.engine} serve.device={settings.device}: {weights} cannot be served: "
+        raise ConfigError(where + "; ".join(problems))
+    return config
+
+
 def validate(cfg: DictConfig) -> GLM46Config:
-    """Reject a composition that cannot run, before any work starts; return its model config."""
+    """Reject a composition that cannot run, before any work starts; return its model config (task=serve: the
+    export's)."""
+    if cfg.task == "serve":  # reads the export and serve.*, not the composition's model or data
+        return check_serve(cfg)
     refuse_missing(cfg)
     config = model_config(cfg)
     if cfg.task == "prepare":  # reads its data source and the prepare settings only; the pipeline checks them

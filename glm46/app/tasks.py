@@ -17,8 +17,10 @@ from glm46.app.sizing import composed_plan
 from glm46.errors import ConfigError
 from glm46.estimate import count_parameters, format_counts
 from glm46.eval import evaluate, summarize
+from glm46.hf import find_weights
 from glm46.modules import GLM46Config
 from glm46.plan import format_plan
+from glm46.serve.command import engine_command, format_command, launch
 
 log = rank_zero_logger(__name__)
 
@@ -77,6 +79,17 @@ def eval_model(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     return summarize(results)
 
 
+def serve(cfg: DictConfig, config: GLM46Config) -> dict:
+    """Print the engine command for serve.model's export (glm46.serve.command), then run it unless serve.dry."""
+    settings = cfg.serve
+    command = engine_command(settings, find_weights(settings.model))
+    env = {str(k): str(v) for k, v in settings.env.items()}
+    print(format_command(command, env), flush=True)
+    if settings.dry:
+        return {"command": command}
+    return {"command": command, "returncode": launch(command, env)}
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "estimate": estimate,
     "plan": plan_job,
@@ -84,6 +97,7 @@ TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "train": train,
     "dryrun": dryrun_job,
     "eval": eval_model,
+    "serve": serve,
 }
 
 

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_run
+from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.eval import evaluate
 from glm46.hf import save_hf
@@ -107,7 +108,10 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     if interrupted:
         log.info(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")
         return {}
-    save_hf(module.model, output_dir / "hf")  # every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes
+    # Every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes, with the dataset's tokenizer beside the weights.
+    tokenizer_file = getattr(datamodule, "tokenizer_file", None)  # None: the byte-level stdlib DataModule
+    tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None
+    save_hf(module.model, output_dir / "hf", tokenizer=tokenizer)
     if trainer.is_global_zero:
         if cfg.eval.after_train:
             evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)

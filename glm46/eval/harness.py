@@ -27,19 +27,8 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from glm46.data.chat import EOS, STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.hf import load_hf
+from glm46.hf import find_weights, load_hf
 from glm46.modules.model import positions_after
-
-
-def find_weights(path: str | Path) -> Path:
-    """The HF directory (config.json + safetensors) at `path`: itself, or a run directory's hf/."""
-    path = Path(path).absolute()
-    for candidate in (path, path / "hf"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"{path} holds no model: neither config.json (an HF directory) nor hf/config.json (a run directory)"
-    )
 
 
 def find_tokenizer(weights: Path, fallback: str | Path | None) -> Path:

@@ -241,6 +241,11 @@ class ShardDataModule(L.LightningDataModule):
         return self.index["vocab_size"]
 
     @property
+    def tokenizer_file(self) -> Path:
+        """The dataset's tokenizer.json: what its tokens mean (exported beside the trained weights)."""
+        return self.root / "tokenizer.json"
+
+    @property
     def fingerprint(self) -> str:
         return self.index["fingerprint"]
 

@@ -25,6 +25,17 @@ class Task(StrEnum):
     plan = "plan"  # FLOPs, memory per GPU, tokens/s, days and cost of the composed job
     dryrun = "dryrun"  # one rank of the job at its real world size, on this CPU
     eval = "eval"  # lm-evaluation-harness on a trained model's weights (glm46.eval), offline
+    serve = "serve"  # print and run the vLLM or SGLang command that serves an export (glm46.serve)
+
+
+class Engine(StrEnum):
+    vllm = "vllm"
+    sglang = "sglang"
+
+
+class Device(StrEnum):
+    gpu = "gpu"
+    cpu = "cpu"
 
 
 @dataclass
@@ -53,6 +64,29 @@ class EvalConfig:
 
 
 @dataclass
+class ServeConfig:
+    """Settings of task=serve (conf/serve/default.yaml explains each key)."""
+
+    model: Optional[str] = None  # required by task=serve
+    engine: Engine = Engine.vllm
+    device: Device = Device.gpu
+    tensor_parallel_size: int = 1
+    mtp: bool = False
+    speculative_steps: int = 1
+    max_model_len: Optional[int] = None
+    dtype: str = "auto"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    served_model_name: Optional[str] = None
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
+    python: Optional[str] = None
+    env: Dict[str, Any] = field(default_factory=dict)
+    extra_args: List[str] = field(default_factory=list)
+    dry: bool = False
+
+
+@dataclass
 class RunConfig:
     task: Task = Task.train
     seed: int = MISSING  # model init, data order and sampling
@@ -70,6 +104,7 @@ class RunConfig:
     phase: Any = MISSING
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    serve: ServeConfig = field(default_factory=ServeConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None

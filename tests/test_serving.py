@@ -1,0 +1,379 @@
+"""Serving: the HF export is what engines need (weights, config, stop ids, tokenizer and chat template beside them);
+task=serve's engine commands and what it refuses; and (marker `serving`) vLLM's CPU build serving a trained export,
+its greedy tokens equal to GLM46ForCausalLM.generate's without and with MTP speculative decoding."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.errors import ConfigCompositionException
+from safetensors import safe_open
+from transformers import AutoTokenizer
+
+from glm46.app.tasks import run_task
+from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
+from glm46.data.shards import load_shard
+from glm46.data.tokenizer import GLMTokenizer
+from glm46.errors import ConfigError
+from glm46.hf import SINGLE_FILE, load_hf, save_hf
+from glm46.modules import GLM46ForCausalLM
+from glm46.serve.offline import serving_python, vllm_generate
+
+from .helpers import random_model, tiny_config
+from .test_sft import make_chat_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+# The keys of GLM-4.x's Hub config.json (zai-org/GLM-4.7 refs/pr/49, the GLM-4.5/4.6 architecture).
+HUB_CONFIG_KEYS = {
+    "architectures", "attention_bias", "attention_dropout", "pad_token_id", "eos_token_id", "head_dim", "hidden_act",
+    "hidden_size", "partial_rotary_factor", "initializer_range", "intermediate_size", "max_position_embeddings",
+    "model_type", "moe_intermediate_size", "norm_topk_prob", "num_attention_heads", "n_group", "topk_group",
+    "n_routed_experts", "n_shared_experts", "routed_scaling_factor", "num_experts_per_tok", "first_k_dense_replace",
+    "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
+    "num_nextn_predict_layers", "tie_word_embeddings", "torch_dtype", "use_cache", "use_qk_norm", "vocab_size",
+}  # fmt: skip
+CONVERSATIONS = [
+    [{"role": "user", "content": "What is 3 + 4?"}],
+    [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a prime.\nOne only."}],
+    [
+        {"role": "user", "content": "def f(x):\n    return x * 2"},
+        {"role": "assistant", "content": " It doubles x."},
+        {"role": "observation", "content": "{'ok': true}"},
+        {"role": "user", "content": "And f(21)?"},
+    ],
+]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return make_chat_dataset(tmp_path_factory.mktemp("chat"), conversations=60, prompts=150, vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(dataset):
+    return GLMTokenizer.from_file(dataset / "tokenizer.json")
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return random_model(tiny_config(vocab_size=tokenizer.vocab_size), seed=0)
+
+
+@pytest.fixture(scope="module")
+def export(model, tokenizer, tmp_path_factory):
+    return save_hf(model, tmp_path_factory.mktemp("export") / "hf", tokenizer=tokenizer)
+
+
+def stop_ids(tokenizer: GLMTokenizer) -> list[int]:
+    return [tokenizer.token_id(token) for token in STOP_TOKENS]
+
+
+# ---------------------------------------------------------------- the export
+
+
+def test_the_export_holds_weights_configs_stop_ids_and_tokenizer(export, tokenizer, dataset):
+    assert {p.name for p in export.iterdir()} == {
+        SINGLE_FILE,
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
+    config = json.loads((export / "config.json").read_text())
+    assert set(config) == HUB_CONFIG_KEYS
+    assert config["architectures"] == ["Glm4MoeForCausalLM"] and config["tie_word_embeddings"] is False
+    stops = stop_ids(tokenizer)  # the tiny config names none: the tokenizer's <|endoftext|>, <|user|>, <|observation|>
+    assert config["eos_token_id"] == stops and config["pad_token_id"] == tokenizer.token_id("<|endoftext|>")
+    generation = json.loads((export / "generation_config.json").read_text())
+    assert generation["eos_token_id"] == stops and generation["pad_token_id"] == stops[0]
+    assert (export / "tokenizer.json").read_bytes() == (dataset / "tokenizer.json").read_bytes()
+
+
+def test_the_lm_head_and_the_mtp_layer_are_written_as_the_hub_stores_them(export, model):
+    layers = model.config.num_hidden_layers
+    with safe_open(export / SINGLE_FILE, framework="pt") as f:
+        keys = set(f.keys())
+        assert torch.equal(f.get_tensor("lm_head.weight"), model.lm_head.weight)  # untied: vLLM never ties
+        mtp = {k.removeprefix(f"model.layers.{layers}.") for k in keys if k.startswith(f"model.layers.{layers}.")}
+        own = {"enorm.weight", "hnorm.weight", "eh_proj.weight", "shared_head.norm.weight"}
+        assert own | {"embed_tokens.weight", "shared_head.head.weight", "self_attn.q_proj.weight"} <= mtp
+        assert torch.equal(f.get_tensor(f"model.layers.{layers}.eh_proj.weight"), model.mtp_layers[0].eh_proj.weight)
+        # GLM-4.5's checkpoints repeat the embedding and lm_head in the MTP layer; they are copies, as here
+        assert torch.equal(f.get_tensor(f"model.layers.{layers}.embed_tokens.weight"), model.model.embed_tokens.weight)
+        assert torch.equal(f.get_tensor(f"model.layers.{layers}.shared_head.head.weight"), model.lm_head.weight)
+    assert not any(k.startswith(f"model.layers.{layers + 1}.") for k in keys)
+    reloaded = load_hf(export)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+
+
+def test_transformers_reads_our_tokenizer_and_chat_template(export, tokenizer):
+    hf = AutoTokenizer.from_pretrained(export)
+    texts = ["def f(x):\n    return x * 2", "  Tabs\tand ünïcode, 123456 digits", "[gMASK]<sop><|user|>\nhi"]
+    for text in texts:
+        assert hf.encode(text, add_special_tokens=False) == tokenizer.encode(text)
+        assert hf.decode(tokenizer.encode(text)) == tokenizer.decode(tokenizer.encode(text))
+    assert hf.eos_token == hf.pad_token == "<|endoftext|>" and hf.padding_side == "left"
+    for messages in CONVERSATIONS:
+        prompt = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids, _ = format_chat(messages, tokenizer)
+        assert prompt == ids + [tokenizer.token_id(ROLE_TOKENS["assistant"])]
+        assert hf.apply_chat_template(messages, tokenize=False) == render_chat(messages)
+        full = [*messages, {"role": "assistant", "content": " 7"}]
+        rendered = hf.apply_chat_template(full, tokenize=True, return_dict=False)
+        assert rendered == format_chat(full, tokenizer)[0][:-1]  # format_chat ends the document with <|endoftext|>
+    with pytest.raises(Exception, match="message 1: role tool is not one of"):
+        hf.apply_chat_template([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], tokenize=False)
+
+
+def test_an_export_vllms_cpu_build_would_refuse_is_written_with_a_warning_naming_the_key(tmp_path, caplog):
+    model = random_model(tiny_config(head_dim=16), seed=0)
+    save_hf(model, tmp_path / "hf")
+    assert (tmp_path / "hf" / SINGLE_FILE).is_file()  # still useful to transformers and GPU engines
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("head_dim=16: vLLM's CPU attention takes head_dim in [32, 64" in m for m in warned), warned
+
+
+# ---------------------------------------------------------------- task=serve
+
+
+def serve(compose_config, capsys, *overrides):
+    result = run_task(compose_config("task=serve", "serve.dry=true", *overrides))
+    return result["command"], capsys.readouterr().out.strip().splitlines()[-1]
+
+
+def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_config, capsys, export):
+    run_dir = export.parent  # a run directory serves its hf/
+    command, printed = serve(
+        compose_config, capsys, f"serve.model={run_dir}", "serve.mtp=true", "serve.tensor_parallel_size=2"
+    )
+    assert command == [
+        "vllm", "serve", str(export), "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "2",
+        "--dtype", "auto", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
+    ]  # fmt: skip
+    assert printed.startswith(f"vllm serve {export} ") and printed.endswith(
+        """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
+    )
+    command, printed = serve(
+        compose_config,
+        capsys,
+        f"serve.model={export}",
+        "serve.python=/venv/bin/python",
+        "+serve.env.VLLM_CPU_KVCACHE_SPACE=2",
+        "serve.device=cpu",
+        "serve.max_model_len=256",
+    )
+    assert command[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(export)]
+    assert "--max-model-len" in command and "--speculative-config" not in command
+    assert printed.startswith("VLLM_CPU_KVCACHE_SPACE=2 /venv/bin/python -m vllm.entrypoints.openai.api_server")
+
+
+def test_task_serve_prints_sglangs_command_with_eagle_mtp(compose_config, capsys, export):
+    command, _ = serve(
+        compose_config,
+        capsys,
+        f"serve.model={export}",
+        "serve.engine=sglang",
+        "serve.mtp=true",
+        "serve.speculative_steps=3",
+        "serve.tensor_parallel_size=4",
+        "serve.tool_call_parser=glm45",
+        "serve.reasoning_parser=glm45",
+    )
+    assert command == [
+        "python3", "-m", "sglang.launch_server", "--model-path", str(export), "--host", "127.0.0.1", "--port", "8000",
+        "--tp-size", "4", "--dtype", "auto", "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--tool-call-parser", "glm45",
+        "--reasoning-parser", "glm45",
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def export_without_mtp_and_head_dim_16(tmp_path_factory):
+    model = random_model(tiny_config(head_dim=16, num_nextn_predict_layers=0), seed=0)
+    return save_hf(model, tmp_path_factory.mktemp("odd") / "hf")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ((), "serve.model: no model to serve"),
+        (("serve.model=/nonexistent",), "serve.model=/nonexistent: /nonexistent holds no model"),
+        (("serve.model={export}", "serve.tensor_parallel_size=3"), "serve.tensor_parallel_size=3 must divide"),
+        (("serve.model={export}", "serve.speculative_steps=0"), "serve.speculative_steps=0 must be >= 1"),
+        (("serve.model={odd}", "serve.mtp=true"), "serve.mtp=true: the export has no MTP layer"),
+        (("serve.model={odd}", "serve.device=cpu"), "head_dim=16: vLLM's CPU attention takes head_dim in"),
+    ],
+)
+def test_task_serve_refuses_what_the_engine_cannot_serve_before_launching(
+    compose_config, export, export_without_mtp_and_head_dim_16, overrides, message
+):
+    paths = {"export": export, "odd": export_without_mtp_and_head_dim_16}
+    cfg = compose_config("task=serve", *(o.format(**paths) for o in overrides))
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        run_task(cfg)
+
+
+def test_task_serve_refuses_an_unknown_engine_at_composition(compose_config):
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("task=serve", "serve.engine=tgi")
+    assert "Invalid value 'tgi', expected one of [vllm, sglang]" in str(error.value.__cause__)
+
+
+def test_the_odd_export_serves_on_a_gpu(compose_config, capsys, export_without_mtp_and_head_dim_16):
+    command, _ = serve(compose_config, capsys, f"serve.model={export_without_mtp_and_head_dim_16}")
+    assert command[:3] == ["vllm", "serve", str(export_without_mtp_and_head_dim_16)]
+
+
+# ---------------------------------------------------------------- vLLM (marker `serving`)
+
+
+def require_serving() -> Path:
+    """The serving venv's python; skips without it, unless GLM46_REQUIRE_SERVING=1 (CI), where it fails."""
+    python = serving_python()
+    if python is None:
+        reason = "no serving venv: run `bash scripts/serving_venv.sh` (CI does) to test vLLM serving"
+        if os.environ.get("GLM46_REQUIRE_SERVING") == "1":
+            pytest.fail(f"GLM46_REQUIRE_SERVING=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return python
+
+
+def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM46ForCausalLM:
+    """The tiny model trained on the chat domain (next token and MTP), so that greedy decoding has clear argmaxes
+    and the MTP layer drafts tokens worth accepting."""
+    tokens, _ = load_shard(dataset / "tokens", "sft")
+    torch.manual_seed(0)
+    model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    starts = np.random.default_rng(0).integers(0, len(tokens) - 129, size=(steps, 8))
+    for batch in starts:
+        x = torch.from_numpy(np.stack([tokens[s : s + 129] for s in batch]).astype(np.int64))
+        out = model(x[:, :-1], labels=x[:, 1:])
+        optimizer.zero_grad()
+        (out.loss + 0.3 * out.mtp_loss).backward()
+        optimizer.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def trained(dataset, tokenizer, tmp_path_factory):
+    """(model, its export, chat prompts of 5 lengths, our greedy completions cut after the first stop token)."""
+    model = train_tiny(dataset, tokenizer)
+    export = save_hf(model, tmp_path_factory.mktemp("trained") / "hf", tokenizer=tokenizer)
+    rl = [json.loads(line)["text"] for line in (dataset / "documents" / "rl.jsonl").read_text().splitlines()]
+    prompts = [
+        tokenizer.encode(doc[: doc.rindex(ROLE_TOKENS["assistant"]) + len(ROLE_TOKENS["assistant"])]) for doc in rl[-4:]
+    ]
+    prompts.append(tokenizer.encode(render_chat(CONVERSATIONS[2], generation_prompt=True)))
+    prompts.append(tokenizer.encode("Once upon a time"))
+    completions = [greedy(model, prompt, tokenizer) for prompt in prompts]
+    return model, export, prompts, completions
+
+
+def greedy(model: GLM46ForCausalLM, prompt: list[int], tokenizer: GLMTokenizer, max_new_tokens: int = 24) -> list[int]:
+    stops = stop_ids(tokenizer)
+    new = model.generate(torch.tensor([prompt]), max_new_tokens, eos_token_id=stops)[0, len(prompt) :].tolist()
+    ends = [i for i, token in enumerate(new) if token in stops]
+    return new[: ends[0] + 1] if ends else new
+
+
+def mtp_acceptance(model: GLM46ForCausalLM, prompt: list[int], completion: list[int]) -> list[int]:
+    """Speculative decoding with one MTP draft per step, replayed on our model: 1/0 per verify step for a draft
+    accepted/rejected. A draft of token j+1 comes from the MTP layer at the position before token j (its hidden
+    state and token j's embedding); accepted, the step also yields token j+2 from the model, so the next draft
+    is of token j+3."""
+    with torch.no_grad():
+        drafts = model(torch.tensor([prompt + completion])).mtp_logits[0][0].argmax(-1)  # position i: token i+2
+    steps, j = [], 0
+    while j + 1 < len(completion):
+        steps.append(int(drafts[len(prompt) + j - 1].item() == completion[j + 1]))
+        j += 2 if steps[-1] else 1
+    return steps
+
+
+@pytest.mark.serving
+def test_vllm_decodes_the_export_greedily_as_generate_does(trained):
+    python = require_serving()
+    model, export, prompts, completions = trained
+    assert len({len(p) for p in prompts}) == len(prompts) and any(len(c) == 24 for c in completions)
+    result = vllm_generate(python, export, prompts, max_tokens=24)
+    assert result["completions"] == completions
+
+
+@pytest.mark.serving
+def test_vllm_with_mtp_speculative_decoding_decodes_the_same_and_accepts_the_drafts_we_predict(trained):
+    python = require_serving()
+    model, export, prompts, completions = trained
+    result = vllm_generate(python, export, prompts, max_tokens=24, speculative_tokens=1)
+    assert result["completions"] == completions  # speculative decoding is lossless
+    ours = [mtp_acceptance(model, p, c) for p, c in zip(prompts, completions)]
+    theirs = [steps["accepted"] for steps in result["spec_decode"]]
+    assert [len(s) for s in theirs] == [len(s) for s in ours]  # the same verify steps
+    agree = sum(a == b for o, t in zip(ours, theirs) for a, b in zip(o, t)) / sum(map(len, ours))
+    accepted = sum(map(sum, theirs)) / sum(map(len, theirs))
+    print(f"MTP acceptance rate {accepted:.3f} (ours {sum(map(sum, ours)) / sum(map(len, ours)):.3f}); {agree=:.3f}")
+    # vLLM's CPU MoE and attention round differently from ours: a draft whose two best MTP logits are within
+    # ~0.1 can go the other way (seen: 1 step in 57). A draft layer loaded wrong would agree at chance.
+    assert agree >= 0.9 and accepted >= 0.4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())
+
+
+@pytest.mark.serving
+def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(trained, tokenizer, tmp_path):
+    python = require_serving()
+    model, export, _, _ = trained
+    port = free_port()
+    overrides = [
+        f"serve.model={export}",
+        f"serve.python={python}",
+        "serve.device=cpu",
+        "serve.mtp=true",
+        f"serve.port={port}",
+        "serve.max_model_len=256",
+        "+serve.env.VLLM_CPU_KVCACHE_SPACE=1",
+        f"hydra.run.dir={tmp_path}",
+    ]
+    server = subprocess.Popen([sys.executable, str(ROOT / "run.py"), "task=serve", *overrides], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, f"task=serve exited with {server.returncode}"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "vLLM's server did not answer within 300 s"
+                time.sleep(2)
+        messages = CONVERSATIONS[0]
+        reply = post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            {"model": str(export), "messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": True},
+        )
+        choice = reply["choices"][0]
+        prompt = tokenizer.encode(render_chat(messages, generation_prompt=True))
+        ours = greedy(model, prompt, tokenizer)
+        assert reply["prompt_token_ids"] == prompt  # the chat template in tokenizer_config.json is ours
+        assert choice["token_ids"] == ours
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
