@@ -4,6 +4,7 @@ its greedy tokens equal to GLM46ForCausalLM.generate's without and with MTP spec
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -353,16 +354,22 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         "+serve.env.VLLM_CPU_KVCACHE_SPACE=1",
         f"hydra.run.dir={tmp_path}",
     ]
-    server = subprocess.Popen([sys.executable, str(ROOT / "run.py"), "task=serve", *overrides], cwd=tmp_path)
+    command = [sys.executable, str(ROOT / "run.py"), "task=serve", *overrides]
+    log = (tmp_path / "serve.log").open("w")
+    server = subprocess.Popen(command, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while True:
-            assert server.poll() is None, f"task=serve exited with {server.returncode}"
+            assert server.poll() is None, (
+                f"task=serve exited with {server.returncode}:\n" + (tmp_path / "serve.log").read_text()[-3000:]
+            )
             try:
                 urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5)
                 break
             except OSError:
-                assert time.monotonic() < deadline, "vLLM's server did not answer within 300 s"
+                assert time.monotonic() < deadline, (
+                    "vLLM's server did not answer within 300 s:\n" + (tmp_path / "serve.log").read_text()[-3000:]
+                )
                 time.sleep(2)
         messages = CONVERSATIONS[0]
         reply = post(
@@ -374,6 +381,22 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         ours = greedy(model, prompt, tokenizer)
         assert reply["prompt_token_ids"] == prompt  # the chat template in tokenizer_config.json is ours
         assert choice["token_ids"] == ours
+        server.terminate()  # task=serve passes SIGTERM on: vLLM's server and engine stop with it
+        server.wait(timeout=120)
+        deadline = time.monotonic() + 30  # vLLM's engine core and workers shut down after its server
+        while engine_processes(server.pid) and time.monotonic() < deadline:
+            time.sleep(1)
+        assert not engine_processes(server.pid), "vLLM outlived task=serve"
     finally:
-        server.terminate()
-        server.wait(timeout=60)
+        if server.poll() is None or engine_processes(server.pid):
+            os.killpg(server.pid, signal.SIGKILL)
+
+
+def engine_processes(session: int) -> list[int]:
+    """Processes still alive in the session that task=serve started (vLLM's server, engine core, workers)."""
+    listing = subprocess.run(["ps", "-eo", "pid=,sid=,stat="], capture_output=True, text=True).stdout.split("\n")
+    return [
+        int(p)
+        for p, sid, stat in (line.split() for line in listing if line.strip())
+        if int(sid) == session and "Z" not in stat
+    ]

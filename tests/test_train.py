@@ -15,6 +15,8 @@ import torch
 import yaml
 from transformers import AutoModelForCausalLM
 
+from glm46.data.chat import STOP_TOKENS
+from glm46.data.tokenizer import GLMTokenizer
 from glm46.hf import load_hf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -357,6 +359,12 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     assert checkpoint["rl"]["prompts_seen"] == 16  # 4 steps of data.batch_size=4 prompts
     rewards = column(metrics(run_dir), "rl/reward_mean")
     assert (run_dir / "hf" / "config.json").is_file() and rewards and all(0 <= r <= 1 for r in rewards)
+    # the final export serves as it is: the dataset's tokenizer (and chat template) beside the weights, GLM's stops
+    assert (run_dir / "hf" / "tokenizer.json").read_bytes() == (dataset / "tokenizer.json").read_bytes()
+    assert "chat_template" in json.loads((run_dir / "hf" / "tokenizer_config.json").read_text())
+    tokenizer = GLMTokenizer.from_file(dataset / "tokenizer.json")
+    stops = [tokenizer.token_id(token) for token in STOP_TOKENS]
+    assert json.loads((run_dir / "hf" / "generation_config.json").read_text())["eos_token_id"] == stops
     # every stage is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
     for stage_dir in [*(run_dir / "stages" / name for name in stages), run_dir]:
         results = json.loads((stage_dir / "eval" / "results.json").read_text())

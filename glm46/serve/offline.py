@@ -37,11 +37,13 @@ def vllm_generate(
     speculative_tokens: int = 0,
     max_model_len: int = 256,
     warmup: bool = False,
+    ignore_eos: bool = False,
     kv_cache_gib: int = 1,
     timeout_s: float = 600,
 ) -> dict:
     """Greedy completions of `prompts` (token ids) by vLLM on the CPU, with MTP drafting `speculative_tokens`
-    per step (0: none): vllm_offline.py's result (completions, timings, speculative-decoding counts)."""
+    per step (0: none), stopping at the export's stop ids unless `ignore_eos`: vllm_offline.py's result
+    (completions, timings, speculative-decoding steps)."""
     request = {
         "model": str(Path(model).absolute()),
         "prompts": prompts,
@@ -49,6 +51,7 @@ def vllm_generate(
         "speculative_tokens": speculative_tokens,
         "max_model_len": max_model_len,
         "warmup": warmup,
+        "ignore_eos": ignore_eos,
     }
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # vLLM's own packages only
     env |= {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}

@@ -6,10 +6,11 @@ file runs there as a script, importing nothing of glm46 (glm46.serve.offline sta
     <serving venv>/bin/python -P vllm_offline.py request.json result.json
 
 request.json: {"model": HF dir, "prompts": [[ids], ...], "max_tokens": N, "speculative_tokens": 0 (no MTP) or
-k (MTP drafts k tokens per step), "max_model_len": L, "warmup": whether to generate once, untimed, before
-the timed generation}. result.json: {"completions":
-[[ids], ...], "engine_start_s", "generate_s", "new_tokens", "spec_decode": per prompt {"drafted": [...],
-"accepted": [...]}, draft tokens proposed and accepted at each verify step (null without MTP), "vllm_version"}.
+k (MTP drafts k tokens per step), "max_model_len": L, "ignore_eos": decode max_tokens whatever the stop
+tokens (benchmarks), "warmup": whether to generate once, untimed, before the timed generation}.
+result.json: {"completions": [[ids], ...], "engine_start_s", "generate_s", "new_tokens", "spec_decode": per
+prompt {"drafted": [...], "accepted": [...]}, the draft tokens proposed and accepted at each verify step (null
+without MTP), "vllm_version"}.
 
 vLLM's engine core is a separate process started with `spawn`, which re-imports this file: the engine must
 start under `if __name__ == "__main__":` or initialisation fails ("Engine core initialization failed").
@@ -37,7 +38,9 @@ def main(request_file: str, result_file: str) -> None:
         speculative_config={"method": "mtp", "num_speculative_tokens": k} if k else None,
     )
     engine_start_s = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_tokens"], detokenize=False)
+    params = SamplingParams(
+        temperature=0.0, max_tokens=request["max_tokens"], ignore_eos=request["ignore_eos"], detokenize=False
+    )
     prompts = [{"prompt_token_ids": ids} for ids in request["prompts"]]
     if request["warmup"]:
         llm.generate(prompts, params, use_tqdm=False)
