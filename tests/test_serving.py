@@ -19,12 +19,13 @@ from hydra.errors import ConfigCompositionException
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
+from glm46.app.checks import model_config
 from glm46.app.tasks import run_task
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
 from glm46.data.shards import load_shard
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
-from glm46.hf import SINGLE_FILE, load_hf, save_hf
+from glm46.hf import SINGLE_FILE, config_to_hf, load_hf, save_hf
 from glm46.modules import GLM46ForCausalLM
 from glm46.serve.offline import serving_python, vllm_generate
 
@@ -195,6 +196,22 @@ def test_task_serve_prints_sglangs_command_with_eagle_mtp(compose_config, capsys
         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4", "--tool-call-parser", "glm45",
         "--reasoning-parser", "glm45",
     ]  # fmt: skip
+
+
+def test_the_355b_exports_production_launch_on_8_gpus(compose_config, capsys, tmp_path):
+    config = model_config(compose_config("model=glm46_355b"))
+    (tmp_path / "config.json").write_text(json.dumps(config_to_hf(config, torch.bfloat16)))  # the config is enough
+    parsers = ("serve.tool_call_parser=glm45", "serve.reasoning_parser=glm45")
+    model = f"serve.model={tmp_path}"
+    command, _ = serve(compose_config, capsys, model, "serve.tensor_parallel_size=8", "serve.mtp=true", *parsers)
+    assert command[:3] == ["vllm", "serve", str(tmp_path)]
+    assert command[command.index("--tensor-parallel-size") + 1] == "8"
+    assert command[command.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
+    assert command[-5:] == ["--tool-call-parser", "glm45", "--enable-auto-tool-choice", "--reasoning-parser", "glm45"]
+    with pytest.raises(ConfigError, match="serve.tensor_parallel_size=7 must divide num_attention_heads=96"):
+        serve(compose_config, capsys, model, "serve.tensor_parallel_size=7")
+    command, _ = serve(compose_config, capsys, model, "serve.tensor_parallel_size=16")  # 8 KV heads, each on 2 ranks
+    assert command[command.index("--tensor-parallel-size") + 1] == "16"
 
 
 @pytest.fixture(scope="module")
