@@ -304,13 +304,27 @@ def greedy(model: GLM46ForCausalLM, prompt: list[int], tokenizer: GLMTokenizer, 
     return new[: ends[0] + 1] if ends else new
 
 
+def mtp_drafts(model: GLM46ForCausalLM, ids: list[int]) -> torch.Tensor:
+    """The MTP layer's greedy draft at each position i (of token i+2) as vLLM computes it: our MTP forward, with
+    the input embedding at position 0 zeroed, as vLLM's glm4_moe_mtp.py does ("masking inputs at position 0, as
+    not needed by MTP"; transformers and training do not). Through the MTP layer's attention that moves every
+    later MTP logit a little: enough to flip a draft whose two best logits are 0.1 apart."""
+    x, positions = torch.tensor([ids]), torch.arange(len(ids))[None]
+    with torch.no_grad():
+        hidden, _ = model.model(x, positions)
+        embeds = model.model.embed_tokens(x.roll(-1, dims=1))  # token i+1 at position i
+        embeds[:, 0] = 0
+        cos, sin = model.model.rotary_emb(positions + 1, embeds.dtype)
+        h, _ = model.mtp_layers[0](hidden, embeds, cos, sin)
+        return model.lm_head(h)[0].argmax(-1)
+
+
 def mtp_acceptance(model: GLM46ForCausalLM, prompt: list[int], completion: list[int]) -> list[int]:
     """Speculative decoding with one MTP draft per step, replayed on our model: 1/0 per verify step for a draft
     accepted/rejected. A draft of token j+1 comes from the MTP layer at the position before token j (its hidden
     state and token j's embedding); accepted, the step also yields token j+2 from the model, so the next draft
     is of token j+3."""
-    with torch.no_grad():
-        drafts = model(torch.tensor([prompt + completion])).mtp_logits[0][0].argmax(-1)  # position i: token i+2
+    drafts = mtp_drafts(model, prompt + completion)
     steps, j = [], 0
     while j + 1 < len(completion):
         steps.append(int(drafts[len(prompt) + j - 1].item() == completion[j + 1]))
@@ -335,13 +349,11 @@ def test_vllm_with_mtp_speculative_decoding_decodes_the_same_and_accepts_the_dra
     assert result["completions"] == completions  # speculative decoding is lossless
     ours = [mtp_acceptance(model, p, c) for p, c in zip(prompts, completions)]
     theirs = [steps["accepted"] for steps in result["spec_decode"]]
-    assert [len(s) for s in theirs] == [len(s) for s in ours]  # the same verify steps
-    agree = sum(a == b for o, t in zip(ours, theirs) for a, b in zip(o, t)) / sum(map(len, ours))
+    assert all(drafted == [1] * len(drafted) for drafted in (steps["drafted"] for steps in result["spec_decode"]))
     accepted = sum(map(sum, theirs)) / sum(map(len, theirs))
-    print(f"MTP acceptance rate {accepted:.3f} (ours {sum(map(sum, ours)) / sum(map(len, ours)):.3f}); {agree=:.3f}")
-    # vLLM's CPU MoE and attention round differently from ours: a draft whose two best MTP logits are within
-    # ~0.1 can go the other way (seen: 1 step in 57). A draft layer loaded wrong would agree at chance.
-    assert agree >= 0.9 and accepted >= 0.4
+    print(f"MTP acceptance rate {accepted:.3f} over {sum(map(len, theirs))} drafts")
+    assert theirs == ours  # vLLM's draft layer is our MTP layer, step for step
+    assert accepted >= 0.4  # the trained MTP layer drafts well; a layer loaded wrong would be accepted at chance
 
 
 def free_port() -> int:
