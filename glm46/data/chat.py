@@ -26,16 +26,18 @@ PREFIX = ("[gMASK]", "<sop>")
 EOS = "<|endoftext|>"
 STOP_TOKENS = (EOS, ROLE_TOKENS["user"], ROLE_TOKENS["observation"])  # where GLM ends a reply
 # `render_chat` as a Jinja chat template, for tokenizer_config.json (transformers' apply_chat_template, vLLM's
-# and SGLang's chat endpoints); tested to give format_chat's ids. GLM-4.6's own template adds tools and thinking.
+# and SGLang's chat endpoints); tested to give format_chat's ids for every role. GLM-4.6's own template adds
+# tools and thinking.
 CHAT_TEMPLATE = (
-    "".join(PREFIX) + "{%- for message in messages -%}"
-    "{%- if message['role'] not in " + str(list(ROLE_TOKENS)) + " -%}"
-    "{{- raise_exception('message ' ~ loop.index0 ~ ': role ' ~ message['role'] ~ ' is not one of "
-    + str(sorted(ROLE_TOKENS)).replace("'", "") + "') -}}"
+    "[gMASK]<sop>"
+    "{%- for message in messages -%}"
+    "{%- if message.role not in ['system', 'user', 'assistant', 'observation'] -%}"
+    "{{- raise_exception('message ' ~ loop.index0 ~ ': role ' ~ message.role"
+    " ~ ' is not one of [assistant, observation, system, user]') -}}"
     "{%- endif -%}"
-    "{{- '<|' ~ message['role'] ~ '|>\n' ~ message['content'] -}}"
+    "{{- '<|' ~ message.role ~ '|>\n' ~ message.content -}}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}" + ROLE_TOKENS["assistant"] + "{%- endif -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
 )
 
 
