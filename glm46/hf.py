@@ -5,8 +5,8 @@ The Hub layout differs from ours in two ways, both handled by renaming here:
   we stack them as `gate_up_proj` [E, 2I, H] and `down_proj` [E, H, I] (transformers v5's in-memory layout);
 - MTP depth j (0-based) is stored as decoder layer `model.layers.{num_hidden_layers + j}`, with `enorm`,
   `hnorm`, `eh_proj` and `shared_head.norm` beside the decoder-layer weights; GLM-4.5 checkpoints also
-  repeat `embed_tokens` and `shared_head.head` there, copies of the shared embedding and lm_head (written as
-  the Hub does, skipped on load).
+  repeat `embed_tokens` and `shared_head.head` there, copies of the shared embedding and lm_head: skipped on
+  load and not written, as in GLM-4.6's checkpoints (vLLM and SGLang give the MTP layer the main model's).
 
 An export is a self-contained serving directory: weights, config.json, generation_config.json with GLM's stop
 ids, and, given the training tokenizer, tokenizer.json + tokenizer_config.json with the chat template, so
@@ -50,10 +50,7 @@ _MTP_OWN = {  # Hub name inside an MTP layer -> ours inside MTPLayer
     "shared_head.norm.weight": "norm.weight",
 }
 _MTP_HUB = {ours: hub for hub, ours in _MTP_OWN.items()}
-_MTP_DUPLICATES = {  # Hub name inside an MTP layer -> the main-model tensor it copies
-    "embed_tokens.weight": "model.embed_tokens.weight",
-    "shared_head.head.weight": "lm_head.weight",
-}
+_MTP_DUPLICATES = {"embed_tokens.weight", "shared_head.head.weight"}  # GLM-4.5's copies of the shared tensors
 
 
 class CheckpointError(ValueError):
@@ -147,13 +144,9 @@ def _region(shape: torch.Size, expert: int | None, part: str | None) -> Box:
     return (slice(expert, expert + 1), rows, whole[2])
 
 
-def _hub_entries(name: str, shape: torch.Size, num_layers: int, num_mtp_layers: int):
+def _hub_entries(name: str, shape: torch.Size, num_layers: int):
     """Our tensor -> (Hub key, box of ours, Hub shape) for each Hub tensor it is stored as (experts: one per
-    expert and part; the embedding and lm_head also as each MTP layer's copy)."""
-    for copy, original in _MTP_DUPLICATES.items():
-        if name == original:
-            for depth in range(num_mtp_layers):
-                yield f"model.layers.{num_layers + depth}.{copy}", _region(shape, None, None), tuple(shape)
+    expert and part)."""
     mtp = re.match(r"^mtp_layers\.(\d+)\.(.+)$", name)
     hub = name
     if mtp:
@@ -324,7 +317,7 @@ def save_hf(
     files, size = [[]], 0
     for name, (shape, own) in shapes.items():
         out = export_dtype(name, own)
-        for key, box, hub_shape in _hub_entries(name, shape, config.num_hidden_layers, config.num_nextn_predict_layers):
+        for key, box, hub_shape in _hub_entries(name, shape, config.num_hidden_layers):
             nbytes = math.prod(hub_shape) * out.itemsize
             if files[-1] and size + nbytes > max_shard_bytes:
                 files.append([])
