@@ -16,8 +16,6 @@ from __future__ import annotations
 from glm46.modules.config import GLM46Config
 
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-ENGINES = ("vllm", "sglang")
-DEVICES = ("gpu", "cpu")
 
 
 def serving_problems(
