@@ -39,7 +39,6 @@ from train_throughput import PRESETS, ours  # noqa: E402
 from glm46.data.shards import load_shard  # noqa: E402
 from glm46.lit.sft_data import SFTDataModule  # noqa: E402
 from glm46.lit.shard_data import ShardDataModule  # noqa: E402
-from glm46.modules import GLM46Config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {
@@ -93,12 +92,7 @@ def ms_per_batch(loader: DataLoader, batches: int, warmup: int = 3) -> float:
 def step_and_wait_ms(fields: dict, loader: DataLoader, device: torch.device, steps: int, dtype) -> tuple[float, float]:
     """(median training-step ms, median ms that the loop waited for the loader's next batch), training on the
     loader's batches: forward + backward + Muon step, as bench/train_throughput.py's runner times them."""
-    runner = ours(
-        GLM46Config(**{"num_nextn_predict_layers": 1, **fields}),
-        device,
-        dtype,
-        torch.bfloat16 if device.type == "cuda" else torch.float32,
-    )
+    runner = ours(fields, device, dtype, "muon", mtp=1)
     iterator, waits = iter(loader), []
     for number in range(steps + 2):  # two warm-up steps
         start = time.perf_counter()

@@ -1,15 +1,18 @@
-"""Training throughput: glm46 (Muon) against transformers' Glm4MoeForCausalLM (AdamW), one process.
+"""Training throughput: glm46 against torchtitan (or transformers) on the same MoE shape, in one process.
 
-    python bench/train_throughput.py                 # bf16 autocast and fp32, on the default device
-    python bench/train_throughput.py --dtype fp32 --steps 20
-    python bench/train_throughput.py --preset glm46_1b --dtype bf16 --batch 4   # one GPU: MFU of a ~1B-active model
+    python bench/train_throughput.py                                  # CPU: small preset, fp32, 4..32 x 256
+    python bench/train_throughput.py --peer transformers --batch 4 32
+    python bench/train_throughput.py --preset glm46_1b --dtype bf16 --compile --batch 2 --accumulate 8   # one GPU
 
-One step is forward + backward + optimizer step on a batch of --batch sequences of the preset's config
-and length. Prints tokens/s of each, their ratio, the fraction of the device's matmul rate that the
-step achieves (model FLOPs as in perf/mfu: against the datasheet peak on a GPU Lightning knows, and
-against a measured square matmul), and the optimizer's share of the step time. The `small` preset
-interleaves the runners so drift in machine load hits every runner alike; `glm46_1b` runs them one
-after another, so only one model and its optimizer state occupy the device at a time.
+One step is forward + backward + optimizer step on --batch sequences of the preset's length. The rows:
+glm46 with AdamW (the peer's optimizer family), glm46 with Muon (Newton-Schulz in the matmul dtype, as
+conf/optim/muon.yaml resolves it), and the peer with AdamW (torchtitan: its fused AdamW and its defaults,
+`bench/torchtitan_glm.py` for its model; transformers: `Glm4MoeForCausalLM`). Every model starts from the
+same weights. Prints tokens/s, the ratio to the peer (whole step, and forward + backward alone), the
+fraction of the device's matmul rate (model FLOPs counted one way for all, glm46.estimate's torchtitan
+convention, against the datasheet peak where Lightning knows the GPU and a measured square matmul) and
+the optimizer's share of the step. Runners are interleaved step by step so drift in machine load hits
+all alike; `glm46_1b` runs them one after another, so only one model occupies the device at a time.
 """
 
 from __future__ import annotations
@@ -17,8 +20,10 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
+import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
@@ -28,6 +33,8 @@ from glm46.estimate import count_parameters, training_flops_per_token
 from glm46.lit.callbacks.throughput import measured_matmul_flops
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import Muon, muon_param_groups
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 COMMON = {"n_shared_experts": 1, "routed_scaling_factor": 2.5, "use_qk_norm": True, "attention_bias": True}
 PRESETS = {  # name -> (config fields, sequence length)
@@ -68,6 +75,7 @@ PRESETS = {  # name -> (config fields, sequence length)
         4096,
     ),
 }
+ADAMW = dict(lr=8e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)  # torchtitan's default_adamw
 
 
 def synchronize(device: torch.device) -> None:
@@ -101,6 +109,11 @@ class Runner:
         self.step_times.append(end - start)
         self.optimizer_times.append(end - before_optimizer)
 
+    def rates(self, tokens: int) -> tuple[float, float]:
+        """Median tokens/s of the whole step and of its forward + backward alone."""
+        model_seconds = [s - o for s, o in zip(self.step_times, self.optimizer_times)]
+        return tokens / statistics.median(self.step_times), tokens / statistics.median(model_seconds)
+
     def release(self) -> None:
         """Free the model and optimizer state (sequential runs keep one runner on the device at a time)."""
         self.model = self.optimizer = None
@@ -109,48 +122,78 @@ class Runner:
             torch.cuda.empty_cache()
 
 
-def ours(config: GLM46Config, device, autocast_dtype, ns_dtype) -> Runner:
+def glm46_model(fields: dict, mtp: int) -> GLM46ForCausalLM:
     torch.manual_seed(0)
-    model = GLM46ForCausalLM(config)
-    optimizer = Muon(muon_param_groups(model), lr=1e-3, ns_dtype=ns_dtype)
+    return GLM46ForCausalLM(GLM46Config(**fields, num_nextn_predict_layers=mtp))
+
+
+def glm46_loss(model, x):
+    out = model(x, labels=x.roll(-1, dims=1))
+    return out.loss + (0.3 * out.mtp_loss if out.mtp_loss is not None else 0) + 1e-4 * out.balance_loss
+
+
+def ours(fields: dict, device, autocast_dtype, optimizer: str, mtp: int = 0) -> Runner:
+    """glm46 with Muon (Newton-Schulz in the matmul dtype, as the configs resolve it) or torch's AdamW."""
+    model = glm46_model(fields, mtp)
+    if optimizer == "muon":
+        ns_dtype = autocast_dtype or torch.float32
+        opt, label = Muon(muon_param_groups(model), lr=1e-3, ns_dtype=ns_dtype), f"Muon, NS {ns_dtype}"
+    else:
+        opt, label = torch.optim.AdamW(model.parameters(), **ADAMW), "AdamW"
+    name = f"glm46 ({label.replace('torch.', '')}{f', MTP {mtp}' if mtp else ''})"
+    return Runner(name, model, opt, glm46_loss, device, autocast_dtype, model.config)
+
+
+def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: str) -> Runner:
+    """torchtitan's decoder with GLM-4.6's shape and glm46's initial weights, its fused AdamW and defaults."""
+    from torchtitan.components.loss import cross_entropy_loss
+    from torchtitan_glm import glm46_state_dict, torchtitan_glm
+
+    config = GLM46Config(**fields, num_nextn_predict_layers=0)
+    model = torchtitan_glm(config, seq, attention)
+    model.load_state_dict(glm46_state_dict(glm46_model(fields, 0)))
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, fused=True)
 
     def loss_fn(m, x):
-        out = m(x, labels=x.roll(-1, dims=1))
-        return out.loss + (0.3 * out.mtp_loss if out.mtp_loss is not None else 0) + 1e-4 * out.balance_loss
+        return cross_entropy_loss(m(x), x.roll(-1, dims=1)) / x.numel()
 
-    name = f"glm46 (Muon, NS {str(ns_dtype).removeprefix('torch.')}, MTP {config.num_nextn_predict_layers})"
+    name = f"torchtitan (AdamW fused, {attention})"
     return Runner(name, model, optimizer, loss_fn, device, autocast_dtype, config)
 
 
 def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
-    torch.manual_seed(0)
+    """transformers' Glm4MoeForCausalLM with glm46's initial weights (the same names) and torch's AdamW."""
     config = Glm4MoeConfig(
         **fields, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
     )
     model = Glm4MoeForCausalLM(config)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    return Runner(
-        f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})",
-        model,
-        optimizer,
-        lambda m, x: m(x, labels=x).loss,
-        device,
-        autocast_dtype,
-        GLM46Config(**fields, num_nextn_predict_layers=0),
-    )  # no MTP layer: FLOPs counted without one
+    model.load_state_dict(glm46_model(fields, 0).state_dict())
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    name = f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})"
+    config = GLM46Config(**fields, num_nextn_predict_layers=0)
+    return Runner(name, model, optimizer, lambda m, x: m(x, labels=x).loss, device, autocast_dtype, config)
 
 
-def runner_factories(fields: dict, device, autocast_dtype, preset: str, peer: bool) -> list:
-    """Ours (bf16 and fp32 Newton-Schulz, with and without MTP on the small preset), then the peer."""
+def runner_factories(fields: dict, seq: int, device, autocast_dtype, args) -> list:
+    """glm46 with AdamW and with Muon, then the peer (last)."""
+    factories = [
+        lambda: ours(fields, device, autocast_dtype, "adamw"),
+        lambda: ours(fields, device, autocast_dtype, "muon", args.mtp),
+    ]
+    if args.peer == "torchtitan":
+        factories.append(lambda: torchtitan_peer(fields, seq, device, autocast_dtype, args.titan_attention))
+    elif args.peer == "transformers":
+        factories.append(lambda: transformers_peer(fields, device, autocast_dtype))
+    return factories
 
-    def ours_with(mtp: int, ns_dtype: torch.dtype):
-        return lambda: ours(GLM46Config(**fields, num_nextn_predict_layers=mtp), device, autocast_dtype, ns_dtype)
 
-    variants = (
-        [(0, torch.bfloat16)] if preset == "glm46_1b" else [(0, torch.bfloat16), (0, torch.float32), (1, torch.float32)]
-    )
-    peers = [lambda: transformers_peer(fields, device, autocast_dtype)] if peer else []
-    return [ours_with(*v) for v in variants] + peers
+def compile_blocks(model: torch.nn.Module) -> None:
+    """torch.compile every decoder block, as torchtitan's apply_compile does (fullgraph; the MoE's token counts
+    are data-dependent, hence scalar outputs captured)."""
+    torch._dynamo.config.capture_scalar_outputs = True
+    layers = model.model.layers if hasattr(model, "model") else model.layers  # glm46, transformers / torchtitan
+    for block in layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers:
+        block.compile(fullgraph=True)
 
 
 def timed(runners: list[Runner], x: torch.Tensor, warmup: int, steps: int, accumulate: int) -> None:
@@ -167,13 +210,16 @@ def run_all(factories: list, x: torch.Tensor, args) -> list[Runner | str]:
     that does not fit on the device is reported, not fatal."""
     if not args.sequential:
         runners = [make() for make in factories]
+        if args.compile:
+            for runner in runners:
+                compile_blocks(runner.model)
         timed(runners, x, args.warmup, args.steps, args.accumulate)
         return runners
     results = []
     for make in factories:
         runner = make()
         if args.compile:
-            runner.model.compile()
+            compile_blocks(runner.model)
         try:
             timed([runner], x, args.warmup, args.steps, args.accumulate)
             if x.is_cuda:
@@ -186,72 +232,73 @@ def run_all(factories: list, x: torch.Tensor, args) -> list[Runner | str]:
     return results
 
 
-def report(results: list, tokens: int, seq: int, peaks: dict[str, float]) -> None:
+def report(results: list, tokens: int, seq: int, peaks: dict[str, float], peer_name: str | None) -> None:
     last = results[-1]
-    peer = last if isinstance(last, Runner) and last.name.startswith("transformers") else None
-
-    def rates(runner: Runner) -> tuple[float, float]:
-        model_seconds = [s - o for s, o in zip(runner.step_times, runner.optimizer_times)]
-        return tokens / statistics.median(runner.step_times), tokens / statistics.median(model_seconds)
-
+    peer = last if peer_name and isinstance(last, Runner) else None
     for result in results:
         if not isinstance(result, Runner):
-            print(f"{'(runner)':58s} {result}")
+            print(f"{'(runner)':44s} {result}")
             continue
-        rate, model_rate = rates(result)
+        rate, model_rate = result.rates(tokens)
         versus = ""
-        if peer is not None:
-            peer_rate, peer_model_rate = rates(peer)
-            alone = model_rate / peer_model_rate
-            versus = f"x{rate / peer_rate:5.2f} vs transformers (forward+backward alone x{alone:5.2f})"
+        if peer is not None and result is not peer:
+            peer_rate, peer_model_rate = peer.rates(tokens)
+            versus = f"x{rate / peer_rate:5.2f} vs {peer_name} (forward+backward x{model_rate / peer_model_rate:5.2f})"
         flops = rate * training_flops_per_token(result.config, seq)
         fractions = "  ".join(f"{flops / peak:6.1%} of {name}" for name, peak in peaks.items())
         optimizer_share = statistics.median(result.optimizer_times) / statistics.median(result.step_times)
-        print(
-            f"{result.name:58s} {rate:8.0f} tokens/s  {versus}  {fractions}  optimizer {optimizer_share:5.1%} of step"
-        )
+        optimizer = f"optimizer {optimizer_share:5.1%} of step"
+        print(f"{result.name:44s} {rate:8.0f} tokens/s  {versus:48s}  {fractions}  {optimizer}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
+    parser.add_argument("--peer", choices=["torchtitan", "transformers", "none"], default="torchtitan")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--dtype", choices=["bf16", "fp32", "both"], default="both")
-    parser.add_argument("--batch", type=int, default=4, help="sequences of the preset's length per step")
+    parser.add_argument(
+        "--dtype", choices=["bf16", "fp32", "both"], default=None, help="default: bf16 on a GPU, fp32 on a CPU"
+    )
+    parser.add_argument(
+        "--batch", type=int, nargs="+", default=None, help="sequences per step; default 4 8 16 32 (CPU), 4 (GPU)"
+    )
     parser.add_argument("--accumulate", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--mtp", type=int, default=0, help="MTP layers of glm46's Muon row")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--no-peer", action="store_true", help="ours alone (the peer may not fit the device)")
-    parser.add_argument("--compile", action="store_true", help="torch.compile each model (sequential runs)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every decoder block (all runners)")
+    parser.add_argument(
+        "--titan-attention", choices=["sdpa", "flex"], default="sdpa", help="torchtitan's inner attention"
+    )
     args = parser.parse_args()
     fields, seq = PRESETS[args.preset]
     args.sequential = args.preset != "small"
-    tokens = args.accumulate * args.batch * seq
     device = torch.device(args.device)
-    dtypes = {"bf16": [torch.bfloat16], "fp32": [None], "both": [torch.bfloat16, None]}[args.dtype]
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
-    print(
-        f"device {device} ({where}), torch {torch.__version__}; {args.accumulate} x batch {args.batch} x {seq} "
-        f"tokens per step; preset {args.preset}: {fields}"
-    )
-    print({k: f"{v:,}" for k, v in count_parameters(GLM46Config(**fields, num_nextn_predict_layers=1)).items()})
+    gpu = device.type == "cuda"
+    batches = args.batch or ([4] if gpu else [4, 8, 16, 32])
+    dtypes = {"bf16": [torch.bfloat16], "fp32": [None], "both": [torch.bfloat16, None]}[
+        args.dtype or ("bf16" if gpu else "fp32")
+    ]
+    where = torch.cuda.get_device_name(device) if gpu else f"{torch.get_num_threads()} threads"
+    print(f"device {device} ({where}), torch {torch.__version__}; preset {args.preset}, {seq} tokens per sequence")
+    print(fields)
+    print({k: f"{v:,}" for k, v in count_parameters(GLM46Config(**fields, num_nextn_predict_layers=args.mtp)).items()})
+    peer_name = None if args.peer == "none" else args.peer
 
     for autocast_dtype in dtypes:
-        label = "bf16 autocast" if autocast_dtype else "fp32"
         matmul_dtype = autocast_dtype or torch.float32
-        peaks = {
-            "measured matmul": measured_matmul_flops(device, matmul_dtype, size=8192 if device.type == "cuda" else 2048)
-        }
+        peaks = {"measured matmul": measured_matmul_flops(device, matmul_dtype, size=8192 if gpu else 2048)}
         datasheet = get_available_flops(device, matmul_dtype)
         if datasheet:
             peaks = {"datasheet peak": datasheet, **peaks}
-        torch.manual_seed(0)
-        x = torch.randint(0, fields["vocab_size"], (args.batch, seq), device=device)
-        results = run_all(runner_factories(fields, device, autocast_dtype, args.preset, not args.no_peer), x, args)
-        print(
-            f"\n== {label}: " + ", ".join(f"{name} {peak / 1e12:.1f} TFLOP/s" for name, peak in peaks.items()) + " =="
-        )
-        report(results, tokens, seq, peaks)
+        for batch in batches:
+            torch.manual_seed(0)
+            x = torch.randint(0, fields["vocab_size"], (batch, seq), device=device)
+            results = run_all(runner_factories(fields, seq, device, autocast_dtype, args), x, args)
+            label = "bf16 autocast" if autocast_dtype else "fp32"
+            rates = ", ".join(f"{name} {peak / 1e12:.2f} TFLOP/s" for name, peak in peaks.items())
+            print(f"\n== {label}, {args.accumulate} x {batch} x {seq} tokens per step ({rates}) ==")
+            report(results, args.accumulate * batch * seq, seq, peaks, peer_name)
 
 
 if __name__ == "__main__":

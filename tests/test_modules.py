@@ -1,5 +1,6 @@
 """The building blocks, each against a direct computation."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -73,17 +74,35 @@ def test_group_limited_routing_picks_only_from_top_groups():
         assert set((indices[token] // 4).tolist()) <= set(top_groups[token].tolist())
 
 
-def test_chunked_cross_entropy_equals_full_cross_entropy_with_gradients():
+@pytest.mark.parametrize("chunk_size", [4, 64], ids=["chunks-recomputed", "one-chunk"])
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_chunked_cross_entropy_equals_full_cross_entropy_with_gradients(chunk_size, autocast):
+    """The hand-written backward (softmax - onehot over the logits) against autograd through F.linear +
+    F.cross_entropy, with ignored tokens, several chunks or one, and under bf16 autocast (same matmul dtype)."""
     torch.manual_seed(2)
     hidden = torch.randn(2, 9, 16, requires_grad=True)
     weight = torch.randn(50, 16, requires_grad=True)
     labels = torch.randint(0, 50, (2, 9))
     labels[0, :3] = IGNORE_INDEX
-    got = chunked_cross_entropy(hidden, weight, labels, chunk_size=4)
-    expected = F.cross_entropy((hidden @ weight.T).flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        got = chunked_cross_entropy(hidden, weight, labels, chunk_size=chunk_size)
+        logits = F.linear(hidden, weight).float().flatten(0, 1)
+        expected = F.cross_entropy(logits, labels.flatten(), ignore_index=IGNORE_INDEX)
     torch.testing.assert_close(got, expected)
+    # bf16: each chunk's weight gradient is rounded to bf16 before the chunks are summed (the whole batch's once)
+    tolerance = dict(rtol=1.6e-2, atol=2e-3) if autocast else {}
     for g, e in zip(torch.autograd.grad(got, (hidden, weight)), torch.autograd.grad(expected, (hidden, weight))):
-        torch.testing.assert_close(g, e)
+        assert g.dtype == e.dtype
+        torch.testing.assert_close(g, e, **tolerance)
+
+
+def test_cross_entropy_refuses_a_second_backward():
+    """The backward writes the gradient over the saved logits, so running it twice must fail, not mislead."""
+    hidden = torch.randn(4, 8, requires_grad=True)
+    loss = chunked_cross_entropy(hidden, torch.randn(10, 8), torch.randint(0, 10, (4,)))
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
 
 
 def test_correction_bias_stays_fp32_when_model_is_cast():

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim.adam import adam
 
 from glm46.parallel.shards import local_tensor
 
@@ -70,13 +71,11 @@ class Muon(torch.optim.Optimizer):
                 loss = closure()
         muon = []  # (parameter, group, momentum update): orthogonalised together, collectively
         for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if group["use_muon"]:
-                    muon.append((p, group, self._momentum_update(p, group)))
-                else:
-                    self._adamw_update(p, group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["use_muon"]:
+                muon += [(p, group, self._momentum_update(p, group)) for p in params]
+            elif params:
+                self._adamw_update(params, group)
         specs = [self._newton_schulz(group) for _, group, _ in muon]
         orthogonal = orthogonalize_updates([update for _, _, update in muon], specs)
         for (p, group, _), o in zip(muon, orthogonal):
@@ -101,21 +100,33 @@ class Muon(torch.optim.Optimizer):
         dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
         return NewtonSchulz(group["row_chunks"], group["ns_steps"], dtype)
 
-    def _adamw_update(self, p: torch.Tensor, group: dict) -> None:
-        """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments)."""
-        state = self.state[p]
-        if not state:
-            state["step"] = torch.tensor(0.0)
-            state["exp_avg"] = torch.zeros_like(p)
-            state["exp_avg_sq"] = torch.zeros_like(p)
+    def _adamw_update(self, params: list[torch.Tensor], group: dict) -> None:
+        """torch.optim.AdamW's update (decoupled weight decay, bias-corrected moments), run by torch's fused
+        kernel: one pass over each tensor instead of a kernel per operation."""
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)  # the fused kernel's layout
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            elif state["step"].device != p.device:  # a checkpoint's step, loaded on the CPU
+                state["step"] = state["step"].to(p.device)
+        states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
-        state["step"] += 1
-        step = state["step"].item()
-        state["exp_avg"].lerp_(p.grad, 1 - beta1)
-        state["exp_avg_sq"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-        bias_correction1 = 1 - beta1**step
-        bias_correction2 = 1 - beta2**step
-
-        p.mul_(1 - group["lr"] * group["weight_decay"])
-        denom = (state["exp_avg_sq"].sqrt() / math.sqrt(bias_correction2)).add_(group["eps"])
-        p.addcdiv_(state["exp_avg"], denom, value=-group["lr"] / bias_correction1)
+        adam(
+            params,
+            [p.grad for p in params],
+            [s["exp_avg"] for s in states],
+            [s["exp_avg_sq"] for s in states],
+            [],
+            [s["step"] for s in states],
+            fused=True,
+            decoupled_weight_decay=True,
+            amsgrad=False,
+            beta1=beta1,
+            beta2=beta2,
+            lr=group["lr"],
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            maximize=False,
+        )

@@ -16,19 +16,32 @@ def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bf
 
     A stack [E, rows, cols] (the routed experts) is orthogonalised per matrix in one batched call.
     """
+    return orthogonalize_stacks([g.reshape(-1, *g.shape[-2:])], steps, dtype).reshape(g.shape)
+
+
+def orthogonalize_stacks(stacks: list[torch.Tensor], steps: int, dtype: torch.dtype) -> torch.Tensor:
+    """Stacks [k_i, rows, cols] of one shape -> their matrices orthogonalised, as one batch [sum k_i, rows, cols]
+    in `dtype`, with torch.optim.Muon's arithmetic (a tall matrix is iterated transposed, so the Gram is the small
+    side). The iteration runs in four buffers allocated once (iterate, successor, Gram, polynomial): new tensors
+    per step would be fresh pages for the kernel to fault in and zero, which on a CPU cost as much as the copies."""
     a, b, c = COEFFICIENTS
-    x = g.to(dtype).reshape(-1, *g.shape[-2:])  # [batch, rows, cols]
-    tall = g.shape[-2] > g.shape[-1]
-    if tall:
-        x = x.mT
-    x = x / x.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS)
+    rows, cols = stacks[0].shape[-2:]
+    tall = rows > cols
+    m, n = (cols, rows) if tall else (rows, cols)
+    x = torch.empty(sum(len(s) for s in stacks), m, n, dtype=dtype, device=stacks[0].device)
+    start = 0
+    for stack in stacks:  # normalised straight into the batch: no concatenated copy first
+        piece = stack.to(dtype)
+        piece = piece.mT if tall else piece
+        torch.div(piece, piece.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS), out=x[start : start + len(stack)])
+        start += len(stack)
+    successor, gram, poly = torch.empty_like(x), x.new_empty(len(x), m, m), x.new_empty(len(x), m, m)
     for _ in range(steps):
-        gram = x @ x.mT
-        update = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b * A + c * A @ A
-        x = torch.baddbmm(x, update, x, beta=a)  # a * X + (b * A + c * A @ A) @ X
-    if tall:
-        x = x.mT
-    return x.reshape(g.shape)
+        torch.bmm(x, x.mT, out=gram)
+        torch.baddbmm(gram, gram, gram, beta=b, alpha=c, out=poly)  # b * A + c * A @ A
+        torch.baddbmm(x, poly, x, beta=a, out=successor)  # a * X + (b * A + c * A @ A) @ X
+        x, successor = successor, x
+    return x.mT if tall else x
 
 
 def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
@@ -81,7 +94,7 @@ def orthogonalize_batched(
         for run in consecutive_within([updates[i].nbytes for i in same], max_bytes):
             indices = [same[r] for r in run]
             stacks = [updates[i].reshape(-1, rows, cols) for i in indices]  # [matrices, rows, cols] each
-            orthogonal = orthogonalize(torch.cat(stacks), spec.steps, spec.dtype)
+            orthogonal = orthogonalize_stacks(stacks, spec.steps, spec.dtype)
             for i, piece in zip(indices, orthogonal.split([len(s) for s in stacks])):
                 results[i] = piece.reshape(updates[i].shape).to(updates[i].dtype)
     return results

@@ -1,0 +1,60 @@
+"""The training benchmark's torchtitan peer (bench/torchtitan_glm.py) is GLM-4.6's model built from torchtitan's
+modules: with glm46's weights, and RoPE over the whole head (the one thing its attention cannot do otherwise), its
+logits are glm46's. So bench/train_throughput.py compares two implementations of one function."""
+
+import pytest
+import torch
+
+from bench.torchtitan_glm import glm46_state_dict, torchtitan_glm
+from glm46.modules import GLM46ForCausalLM
+
+from .helpers import tiny_config
+
+SEQ = 32
+
+
+def models(**overrides):
+    config = tiny_config(
+        partial_rotary_factor=1.0,
+        n_shared_experts=1,
+        routed_scaling_factor=2.5,
+        use_qk_norm=True,
+        attention_bias=True,
+        num_nextn_predict_layers=0,
+        **overrides,
+    )
+    torch.manual_seed(0)
+    ours = GLM46ForCausalLM(config)
+    with torch.no_grad():  # every weight away from its init value, so that a misplaced one shows in the logits
+        for p in ours.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        for module in ours.modules():
+            if hasattr(module, "e_score_correction_bias"):
+                module.e_score_correction_bias.normal_(0, 0.1)  # it steers the selection
+    titan = torchtitan_glm(config, SEQ)
+    titan.load_state_dict(glm46_state_dict(ours), strict=True)  # every key and shape, both ways
+    return ours, titan
+
+
+def token_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The median over tokens of the relative error of the logits. The median, because rounding may flip a
+    near-tie in the top-k routing of a token or two, which then differ by O(1) in both directions."""
+    return ((a - b).norm(dim=-1) / a.norm(dim=-1)).median().item()
+
+
+@pytest.mark.parametrize("groups", [1, 2], ids=["ungrouped", "group-limited"])
+def test_torchtitan_peer_computes_glm46(groups):
+    ours, titan = models(n_group=groups, topk_group=1)
+    assert sum(p.numel() for p in titan.parameters()) == sum(p.numel() for p in ours.parameters())
+    x = torch.randint(0, ours.config.vocab_size, (2, SEQ))
+    # torchtitan's experts always run in bf16 (its GroupedExperts casts) and the rest in fp32: measured 0.3% per
+    # token; a misplaced weight (gate for up, a wrong q/k/v head order) is off by tens of percent.
+    with torch.no_grad():
+        expected, got = ours(x).logits, titan(x)
+    assert token_error(expected, got) < 0.01
+
+    layer = next(block for block in titan.layers.values() if block.moe_enabled)
+    gate, up = layer.moe.routed_experts.inner_experts.w1_EFD, layer.moe.routed_experts.inner_experts.w3_EFD
+    with torch.no_grad():  # the control: swapping the experts' gate and up projections must show
+        gate.data, up.data = up.data.clone(), gate.data.clone()
+        assert token_error(expected, titan(x)) > 0.1
