@@ -113,11 +113,11 @@ class Muon(torch.optim.Optimizer):
                 state["step"] = state["step"].to(p.device)
         states = [self.state[p] for p in params]
         beta1, beta2 = group["betas"]
-        adam(
-            params,
-            [p.grad for p in params],
-            [s["exp_avg"] for s in states],
-            [s["exp_avg_sq"] for s in states],
+        adam(  # elementwise, so on each tensor's local slice when sharded
+            [local_tensor(p) for p in params],
+            [local_tensor(p.grad) for p in params],
+            [local_tensor(s["exp_avg"]) for s in states],
+            [local_tensor(s["exp_avg_sq"]) for s in states],
             [],
             [s["step"] for s in states],
             fused=True,
