@@ -1,18 +1,25 @@
 """Cross-entropy through the lm_head, fused by hand and in chunks, so [tokens, vocab] buffers stay few.
 
-`LinearCrossEntropy` computes the loss from the logits' logsumexp and writes the gradient of the logits,
-softmax - onehot, over the logits themselves in the backward pass: the log_softmax output, its gradient and
-the zero-filled gradient of nll_loss never exist. On the CPU those are fresh 33 MB buffers per 1024 tokens of an
+`LinearCrossEntropy` computes the loss from the logits' logsumexp and the gradient of the logits, softmax -
+onehot, in the logits' own buffer: the log_softmax output, its gradient and the zero-filled gradient of nll_loss
+never exist. On the CPU those are fresh 33 MB buffers per 1024 tokens of an
 8K vocabulary, and the default run's model spent 15% of its step in log_softmax and its backward.
-Chunks beyond the first keep no logits: each chunk's are recomputed in the backward pass (as activation
-checkpointing would), so memory holds one chunk of logits at a time: 4096 tokens x 151552 vocab x 4 bytes =
-2.5 GB instead of the whole batch's.
+When the batch's logits would pass LOGITS_CHUNK_BYTES (4096 tokens x 151552 vocab x 4 bytes = 2.5 GB) the tokens
+go in chunks that keep no logits: each chunk's are recomputed in the backward pass (as activation checkpointing
+would), so memory holds one chunk of logits at a time.
 """
 
 import torch
 from torch.autograd.function import once_differentiable
 
 IGNORE_INDEX = -100
+LOGITS_CHUNK_BYTES = 4096 * 151552 * 4  # fp32 logits of one chunk: 4096 tokens of GLM-4.6's vocabulary, 2.5 GB
+
+
+def chunk_tokens(vocab_size: int) -> int:
+    """Tokens per cross-entropy chunk: as many as keep its fp32 logits within LOGITS_CHUNK_BYTES. A small vocabulary
+    takes the whole batch in one chunk, so no logits are recomputed (the default run's 8K: 75K tokens)."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab_size))
 
 
 def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -23,7 +30,10 @@ def _logits(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 class LinearCrossEntropy(torch.autograd.Function):
     """Sum over labelled tokens of cross_entropy(hidden @ weight.T, labels), the matmuls in the autocast dtype
-    (else hidden's) and the softmax in fp32, as F.linear + F.cross_entropy under autocast compute it."""
+    (else hidden's) and the softmax in fp32, as F.linear + F.cross_entropy under autocast compute it.
+
+    The logits buffer is the only [N, V] one: the forward turns it into exp(logits - row max) in place (its row
+    sums give the logsumexp), and the backward into the gradient, softmax - onehot, in place again."""
 
     @staticmethod
     def forward(ctx, hidden, weight, labels, keep_logits: bool):
@@ -31,24 +41,28 @@ class LinearCrossEntropy(torch.autograd.Function):
         dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
         h, w = hidden.to(dtype), weight.to(dtype)
         logits = _logits(h, w)  # [N, V]
-        lse = logits.logsumexp(dim=-1)  # [N]
-        valid = labels != IGNORE_INDEX
-        target = logits.gather(1, labels.clamp(min=0)[:, None]).squeeze(1)
+        target = logits.gather(1, labels.clamp(min=0)[:, None]).squeeze(1)  # [N]
+        peak = logits.amax(dim=-1)  # [N]
+        exp = logits.sub_(peak[:, None]).exp_()  # in place: exp(logits - peak)
+        sums = exp.sum(dim=-1)
+        lse = sums.log() + peak
         ctx.dtypes = hidden.dtype, weight.dtype
-        ctx.save_for_backward(h, w, labels, lse, logits if keep_logits else None)
-        return torch.where(valid, lse - target, 0.0).sum()
+        ctx.save_for_backward(h, w, labels, lse, *((exp, sums) if keep_logits else ()))
+        return torch.where(labels != IGNORE_INDEX, lse - target, 0.0).sum()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        h, w, labels, lse, logits = ctx.saved_tensors
-        if logits is None:
-            logits = _logits(h, w)
-        probs = logits.sub_(lse[:, None]).exp_()  # softmax, over the logits (a second backward is refused)
+        h, w, labels, lse, *kept = ctx.saved_tensors
         rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
-        probs[rows, labels[rows]] -= 1
         scale = torch.zeros_like(lse).index_fill_(0, rows, 1.0) * grad  # unlabelled rows get no gradient
-        g = probs.mul_(scale[:, None]).to(h.dtype)  # d loss / d logits [N, V]
+        if kept:  # softmax = exp / sums, written over exp (a second backward is refused)
+            exp, sums = kept
+            g = exp.mul_((scale / sums)[:, None])
+        else:
+            g = _logits(h, w).sub_(lse[:, None]).exp_().mul_(scale[:, None])
+        g[rows, labels[rows]] -= scale[rows]  # d loss / d logits [N, V]: (softmax - onehot) * scale
+        g = g.to(h.dtype)
         with torch.autocast(h.device.type, enabled=False):
             grad_hidden, grad_weight = g @ w, g.T @ h
         return grad_hidden.to(ctx.dtypes[0]), grad_weight.to(ctx.dtypes[1]), None, None

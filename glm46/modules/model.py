@@ -17,7 +17,7 @@ from .config import GLM46Config
 from .decoder import DecoderLayer
 from .experts import GroupedExperts
 from .kv_cache import KVCache
-from .loss import chunked_cross_entropy, shift_labels
+from .loss import chunk_tokens, chunked_cross_entropy, shift_labels
 from .mtp import MTPLayer
 from .norm import RMSNorm
 from .rope import RotaryEmbedding
@@ -116,7 +116,7 @@ class GLM46ForCausalLM(nn.Module):
         self.model = GLM46Model(config)
         self.mtp_layers = nn.ModuleList(MTPLayer(config, k) for k in range(1, config.num_nextn_predict_layers + 1))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.loss_chunk_size = 4096
+        self.loss_chunk_size = chunk_tokens(config.vocab_size)
         if not any(p.is_meta for p in self.parameters()):
             self.init_weights()
 
