@@ -1,7 +1,8 @@
 """Training throughput: glm46 against torchtitan (or transformers) on the same MoE shape, in one process.
 
     python bench/train_throughput.py                                  # CPU: small preset, fp32, 4..32 x 256
-    python bench/train_throughput.py --peer transformers --batch 4 32
+    python bench/train_throughput.py --peer torchtitan transformers --batch 4 32
+    python bench/train_throughput.py --peer                           # glm46 alone
     python bench/train_throughput.py --preset glm46_1b --dtype bf16 --compile --batch 2 --accumulate 8   # one GPU
 
 One step is forward + backward + optimizer step on --batch sequences of the preset's length. The rows:
@@ -175,16 +176,16 @@ def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
 
 
 def runner_factories(fields: dict, seq: int, device, autocast_dtype, args) -> list:
-    """glm46 with AdamW and with Muon, then the peer (last)."""
-    factories = [
+    """glm46 with AdamW and with Muon, then the peers."""
+    peers = {
+        "torchtitan": lambda: torchtitan_peer(fields, seq, device, autocast_dtype, args.titan_attention),
+        "transformers": lambda: transformers_peer(fields, device, autocast_dtype),
+    }
+    return [
         lambda: ours(fields, device, autocast_dtype, "adamw"),
         lambda: ours(fields, device, autocast_dtype, "muon", args.mtp),
+        *(peers[name] for name in args.peer),
     ]
-    if args.peer == "torchtitan":
-        factories.append(lambda: torchtitan_peer(fields, seq, device, autocast_dtype, args.titan_attention))
-    elif args.peer == "transformers":
-        factories.append(lambda: transformers_peer(fields, device, autocast_dtype))
-    return factories
 
 
 def compile_blocks(model: torch.nn.Module) -> None:
@@ -232,29 +233,30 @@ def run_all(factories: list, x: torch.Tensor, args) -> list[Runner | str]:
     return results
 
 
-def report(results: list, tokens: int, seq: int, peaks: dict[str, float], peer_name: str | None) -> None:
-    last = results[-1]
-    peer = last if peer_name and isinstance(last, Runner) else None
+def report(results: list, tokens: int, seq: int, peaks: dict[str, float], peers: list[str]) -> None:
+    """A row per runner; glm46's rows with their ratio to each peer (whole step, and forward + backward)."""
+    peer_runners = dict(zip(peers, results[len(results) - len(peers) :]))
     for result in results:
         if not isinstance(result, Runner):
             print(f"{'(runner)':44s} {result}")
             continue
         rate, model_rate = result.rates(tokens)
-        versus = ""
-        if peer is not None and result is not peer:
-            peer_rate, peer_model_rate = peer.rates(tokens)
-            versus = f"x{rate / peer_rate:5.2f} vs {peer_name} (forward+backward x{model_rate / peer_model_rate:5.2f})"
+        versus = []
+        for name, peer in peer_runners.items():
+            if isinstance(peer, Runner) and result.name.startswith("glm46"):
+                peer_rate, peer_model_rate = peer.rates(tokens)
+                versus.append(f"x{rate / peer_rate:5.2f} vs {name} (fwd+bwd x{model_rate / peer_model_rate:5.2f})")
         flops = rate * training_flops_per_token(result.config, seq)
         fractions = "  ".join(f"{flops / peak:6.1%} of {name}" for name, peak in peaks.items())
         optimizer_share = statistics.median(result.optimizer_times) / statistics.median(result.step_times)
         optimizer = f"optimizer {optimizer_share:5.1%} of step"
-        print(f"{result.name:44s} {rate:8.0f} tokens/s  {versus:48s}  {fractions}  {optimizer}")
+        print(f"{result.name:44s} {rate:8.0f} tokens/s  {fractions}  {optimizer}  {'  '.join(versus)}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="small")
-    parser.add_argument("--peer", choices=["torchtitan", "transformers", "none"], default="torchtitan")
+    parser.add_argument("--peer", nargs="*", choices=["torchtitan", "transformers"], default=["torchtitan"])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument(
@@ -283,7 +285,6 @@ def main() -> None:
     print(f"device {device} ({where}), torch {torch.__version__}; preset {args.preset}, {seq} tokens per sequence")
     print(fields)
     print({k: f"{v:,}" for k, v in count_parameters(GLM46Config(**fields, num_nextn_predict_layers=args.mtp)).items()})
-    peer_name = None if args.peer == "none" else args.peer
 
     for autocast_dtype in dtypes:
         matmul_dtype = autocast_dtype or torch.float32
@@ -298,7 +299,7 @@ def main() -> None:
             label = "bf16 autocast" if autocast_dtype else "fp32"
             rates = ", ".join(f"{name} {peak / 1e12:.2f} TFLOP/s" for name, peak in peaks.items())
             print(f"\n== {label}, {args.accumulate} x {batch} x {seq} tokens per step ({rates}) ==")
-            report(results, args.accumulate * batch * seq, seq, peaks, peer_name)
+            report(results, args.accumulate * batch * seq, seq, peaks, args.peer)
 
 
 if __name__ == "__main__":

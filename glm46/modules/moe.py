@@ -31,6 +31,26 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: in
     return (share * probs).sum(dim=-1).mean()
 
 
+class _PermuteRows(torch.autograd.Function):
+    """x[order] for a permutation `order`, whose gradient is the inverse permutation's gather: autograd's index
+    backward would scatter-add instead, which the CPU runs serially."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(order)
+        return x.index_select(0, order)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (order,) = ctx.saved_tensors
+        return grad.index_select(0, order.argsort()), None
+
+
+def permute_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """x [M, ...] with its rows in `order` (a permutation of range(M))."""
+    return _PermuteRows.apply(x, order)
+
+
 class MoE(nn.Module):
     def __init__(self, config: GLM46Config):
         super().__init__()
@@ -50,9 +70,10 @@ class MoE(nn.Module):
         flat_indices = indices.flatten()  # [N * k]
         counts = torch.bincount(flat_indices, minlength=self.num_experts)
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
-        token_of = order // self.top_k
-        routed = self.experts(x[token_of], counts) * weights.flatten()[order, None]  # fp32 weights
-        out = torch.zeros(x.shape, dtype=routed.dtype, device=x.device).index_add_(0, token_of, routed)
+        pairs = x[:, None].expand(-1, self.top_k, -1).reshape(-1, shape[-1])  # [N * k, hidden], (token, slot) order
+        routed = self.experts(permute_rows(pairs, order), counts)  # [N * k, hidden], grouped by expert
+        routed = permute_rows(routed, order.argsort()).view(-1, self.top_k, shape[-1])  # back to (token, slot)
+        out = (routed * weights[..., None]).sum(dim=1)  # sum_k weight_k * out_k (fp32 weights) [N, hidden]
         out = out.to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
