@@ -156,7 +156,10 @@ def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: s
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, fused=True)
 
     def loss_fn(m, x):
-        return cross_entropy_loss(m(x), x.roll(-1, dims=1)) / x.numel()
+        if attention == "sdpa":
+            return cross_entropy_loss(m(x), x.roll(-1, dims=1)) / x.numel()
+        positions = torch.arange(x.shape[1], device=x.device).expand_as(x)  # one document per row: causal
+        return cross_entropy_loss(m(x, positions, m.get_attention_masks(positions)), x.roll(-1, dims=1)) / x.numel()
 
     name = f"torchtitan (AdamW fused, {attention})"
     return Runner(name, model, optimizer, loss_fn, device, autocast_dtype, config)

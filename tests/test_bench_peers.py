@@ -2,6 +2,10 @@
 modules: with glm46's weights, and RoPE over the whole head (the one thing its attention cannot do otherwise), its
 logits are glm46's. So bench/train_throughput.py compares two implementations of one function."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +15,7 @@ from glm46.modules import GLM46ForCausalLM
 from .helpers import tiny_config
 
 SEQ = 32
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def models(**overrides):
@@ -58,3 +63,15 @@ def test_torchtitan_peer_computes_glm46(groups):
     with torch.no_grad():  # the control: swapping the experts' gate and up projections must show
         gate.data, up.data = up.data.clone(), gate.data.clone()
         assert token_error(expected, titan(x)) > 0.1
+
+
+@pytest.mark.slow
+def test_throughput_bench_runs_both_peers_in_one_process():
+    """The bench itself: one step of each runner, every glm46 row with its ratio to both peers."""
+    command = [sys.executable, "bench/train_throughput.py", "--peer", "torchtitan", "transformers"]
+    command += ["--batch", "1", "--steps", "1", "--warmup", "0"]
+    out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, check=True).stdout
+    rows = [line for line in out.splitlines() if " tokens/s " in line]
+    assert [row.split(" (")[0] for row in rows] == ["glm46", "glm46", "torchtitan", "transformers Glm4Moe"]
+    for row in rows[:2]:
+        assert " vs torchtitan (fwd+bwd x" in row and " vs transformers (fwd+bwd x" in row, row
