@@ -17,6 +17,13 @@ import torch.nn.functional as F
 from torch import nn
 
 
+@torch.compiler.disable
+def _grouped_mm_untraced(x: torch.Tensor, weight_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
+    """F.grouped_mm kept out of torch.compile's graphs: in torch 2.13 its meta kernel accepts bf16 only, so tracing
+    the CPU's fp32 call fails; compiled, the experts run eagerly between the compiled regions."""
+    return F.grouped_mm(x, weight_t, offs=offs)
+
+
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """`F.linear(x_e, weight[e])` for consecutive row blocks x_e of sizes `counts`: x [M, in] -> [M, out].
 
@@ -31,7 +38,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     fused = fused and weight.shape[1] % alignment == 0 and weight.shape[2] % alignment == 0
     if fused:
         offsets = counts.cumsum(0, dtype=torch.int32)
-        return F.grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+        grouped_mm = F.grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_untraced
+        return grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     blocks = x.split(counts.tolist())
     return torch.cat([F.linear(block, w) for block, w in zip(blocks, weight)])
 
