@@ -2,11 +2,12 @@
 
 `LinearCrossEntropy` computes the loss from the logits' logsumexp and the gradient of the logits, softmax -
 onehot, in the logits' own buffer: the log_softmax output, its gradient and the zero-filled gradient of nll_loss
-never exist. On the CPU those are fresh 33 MB buffers per 1024 tokens of an
-8K vocabulary, and the default run's model spent 15% of its step in log_softmax and its backward.
-When the batch's logits would pass LOGITS_CHUNK_BYTES (4096 tokens x 151552 vocab x 4 bytes = 2.5 GB) the tokens
-go in chunks that keep no logits: each chunk's are recomputed in the backward pass (as activation checkpointing
-would), so memory holds one chunk of logits at a time.
+never exist. On the CPU those were fresh 33 MB buffers per 1024 tokens of an 8K vocabulary, and the default
+run's model spent 15% of its step in log_softmax and its backward.
+
+When the batch's logits would pass LOGITS_CHUNK_BYTES (4096 tokens x 151552 vocab x 4 bytes = 2.5 GB), the
+tokens go in chunks that keep no logits: each chunk's are recomputed in the backward pass (as activation
+checkpointing would), so memory holds one chunk of logits at a time.
 """
 
 import torch
