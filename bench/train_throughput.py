@@ -157,9 +157,11 @@ def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: s
 
     def loss_fn(m, x):
         if attention == "sdpa":
-            return cross_entropy_loss(m(x), x.roll(-1, dims=1)) / x.numel()
-        positions = torch.arange(x.shape[1], device=x.device).expand_as(x)  # one document per row: causal
-        return cross_entropy_loss(m(x, positions, m.get_attention_masks(positions)), x.roll(-1, dims=1)) / x.numel()
+            logits = m(x)
+        else:  # FlexAttention takes its block mask; one document per row: causal
+            positions = torch.arange(x.shape[1], device=x.device).expand_as(x)
+            logits = m(x, positions, m.get_attention_masks(positions))
+        return cross_entropy_loss(logits, x.roll(-1, dims=1)) / x.numel()
 
     name = f"torchtitan (AdamW fused, {attention})"
     return Runner(name, model, optimizer, loss_fn, device, autocast_dtype, config)
@@ -167,14 +169,12 @@ def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: s
 
 def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
     """transformers' Glm4MoeForCausalLM with glm46's initial weights (the same names) and torch's AdamW."""
-    config = Glm4MoeConfig(
-        **fields, rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
-    )
-    model = Glm4MoeForCausalLM(config)
+    rope = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
+    model = Glm4MoeForCausalLM(Glm4MoeConfig(**fields, rope_parameters=rope))
     model.load_state_dict(glm46_model(fields, 0).state_dict())
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
     name = f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})"
-    config = GLM46Config(**fields, num_nextn_predict_layers=0)
+    config = GLM46Config(**fields, num_nextn_predict_layers=0)  # FLOPs counted without an MTP layer
     return Runner(name, model, optimizer, lambda m, x: m(x, labels=x).loss, device, autocast_dtype, config)
 
 

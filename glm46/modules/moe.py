@@ -32,23 +32,23 @@ def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: in
 
 
 class _PermuteRows(torch.autograd.Function):
-    """x[order] for a permutation `order`, whose gradient is the inverse permutation's gather: autograd's index
-    backward would scatter-add instead, which the CPU runs serially."""
+    """x[order] for a permutation `order`, whose gradient is the gather by its inverse: autograd's index backward
+    would scatter-add instead, which the CPU runs serially."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(order)
+    def forward(ctx, x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(inverse)
         return x.index_select(0, order)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        (order,) = ctx.saved_tensors
-        return grad.index_select(0, order.argsort()), None
+        (inverse,) = ctx.saved_tensors
+        return grad.index_select(0, inverse), None, None
 
 
-def permute_rows(x: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """x [M, ...] with its rows in `order` (a permutation of range(M))."""
-    return _PermuteRows.apply(x, order)
+def permute_rows(x: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor) -> torch.Tensor:
+    """x [M, ...] with its rows in `order`, a permutation of range(M) whose inverse is `inverse`."""
+    return _PermuteRows.apply(x, order, inverse)
 
 
 class MoE(nn.Module):
@@ -70,9 +70,10 @@ class MoE(nn.Module):
         flat_indices = indices.flatten()  # [N * k]
         counts = torch.bincount(flat_indices, minlength=self.num_experts)
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
+        inverse = order.argsort()  # each (token, slot) pair's place in `order`
         pairs = x[:, None].expand(-1, self.top_k, -1).reshape(-1, shape[-1])  # [N * k, hidden], (token, slot) order
-        routed = self.experts(permute_rows(pairs, order), counts)  # [N * k, hidden], grouped by expert
-        routed = permute_rows(routed, order.argsort()).view(-1, self.top_k, shape[-1])  # back to (token, slot)
+        routed = self.experts(permute_rows(pairs, order, inverse), counts)  # [N * k, hidden], grouped by expert
+        routed = permute_rows(routed, inverse, order).view(-1, self.top_k, shape[-1])  # back to (token, slot)
         out = (routed * weights[..., None]).sum(dim=1)  # sum_k weight_k * out_k (fp32 weights) [N, hidden]
         out = out.to(x.dtype)
         if self.shared_experts is not None:

@@ -62,8 +62,8 @@ def token_logprobs(
 
     hidden [B, T, H] (the final normed hidden states), weight [V, H] (lm_head), targets [B, T]. The logits are divided
     by the sampling temperature, as TRL and slime do, so the log-probs match those of the rollout; log_softmax runs in
-    fp32 on logits of hidden's dtype, as in glm46.modules.loss. Like `chunked_cross_entropy`, chunks of chunk_size
-    tokens are checkpointed, so one chunk's [tokens, V] logits exist at a time, in the backward pass too.
+    fp32 on logits of hidden's dtype, as in glm46.modules.loss. Chunks of chunk_size tokens are
+    checkpointed, so one chunk's [tokens, V] logits exist at a time, in the backward pass too.
     """
     if temperature <= 0 or chunk_size < 1:
         raise ValueError(f"need temperature > 0 and chunk_size >= 1, got {temperature} and {chunk_size}")
