@@ -43,6 +43,7 @@ RESOLVED_BEFORE_TRAINING = (
     "model",
     "optim",
     "schedule",
+    "recipe",
     "data",
     "phase",
     "trainer",
@@ -206,6 +207,42 @@ def check_budget(cfg: DictConfig) -> None:
             )
 
 
+def check_recipe(cfg: DictConfig) -> None:
+    """The recipe's clock (conf/recipe) holds together, and the composed phase sits on it where the phases before it
+    end: its tokens are the recipe's, its start is theirs, and the warm-ups end inside the first phase."""
+    resolve(cfg, ("recipe", "schedule"))  # an error names its key
+    recipe, phase, schedule = cfg.recipe, cfg.phase, cfg.schedule
+    phases = dict(recipe.phases)
+    if not phases or any(tokens < 1 for tokens in phases.values()):
+        raise ConfigError(f"recipe.phases={phases}: the recipe needs at least one phase, each of >= 1 token")
+    first, first_tokens = next(iter(phases.items()))
+    for key in ("warmup_tokens", "batch_warmup_tokens"):
+        if not 0 <= recipe[key] <= first_tokens:
+            raise ConfigError(
+                f"recipe.{key}={recipe[key]}: a warm-up longer than the recipe's first phase "
+                f"(recipe.phases.{first}={first_tokens}) would go on into the next; it must end inside it"
+            )
+    if not 0 <= recipe.switch_tokens <= recipe.tokens:
+        raise ConfigError(f"recipe.switch_tokens={recipe.switch_tokens} is not on the recipe's clock [0, {recipe.tokens}]")
+    name = phase.name
+    if name not in phases:
+        return  # a clock of its own (SFT, RL, a quick run)
+    if phase.tokens != phases[name]:
+        raise ConfigError(
+            f"phase.tokens={phase.tokens} but recipe.phases.{name}={phases[name]}: the phases after {name} start on "
+            f"the recipe's clock where the recipe says it ends; set recipe.phases.{name}={phase.tokens} instead (in "
+            f"every phase's job), or phase.tokens={phases[name]}"
+        )
+    before = list(phases)[: list(phases).index(name)]
+    start = sum(phases[b] for b in before)
+    if schedule.start_tokens != start:
+        raise ConfigError(
+            f"schedule.start_tokens={schedule.start_tokens} contradicts the phases before phase={name} on the "
+            f"recipe's clock ({' + '.join(f'recipe.phases.{b}={phases[b]}' for b in before) or 'none'}): it starts at "
+            f"{start}"
+        )
+
+
 def check_training(cfg: DictConfig) -> None:
     """The optimizer, precision against FSDP2's policy, the guard,
     and what `train` cannot train."""
@@ -331,6 +368,7 @@ def validate(cfg: DictConfig) -> GLM46Config:
         check_budget(cfg)
     check_at_least_one(cfg)
     check_choices(cfg)
+    check_recipe(cfg)
     if cfg.task == "train":
         resolve(cfg, RESOLVED_BEFORE_TRAINING)
         check_training(cfg)

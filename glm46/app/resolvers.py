@@ -1,4 +1,4 @@
-"""The OmegaConf resolvers of the config tree: token arithmetic and the run directory's job id."""
+"""The OmegaConf resolvers of the config tree: token arithmetic, the recipe's clock and the run directory's job id."""
 
 from __future__ import annotations
 
@@ -6,9 +6,11 @@ import math
 import os
 import time
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.lit.callbacks.preemption import slurm_job_id
+from glm46.optim.schedules import steps_for
 from glm46.parallel.parallelize import policy_for_precision
 
 _START = time.time()
@@ -27,6 +29,42 @@ def product(*factors: float) -> float:
 def steps(budget: float, *per_step: float) -> int:
     """`${steps:tokens,global_batch_tokens}`: optimizer steps to spend a token budget (rounded up)."""
     return math.ceil(budget / math.prod(per_step))
+
+
+def recipe_length(phases: DictConfig) -> int:
+    """`${recipe_length:${.phases}}`: the recipe's clock, the tokens of all its phases."""
+    return sum(int(tokens) for tokens in phases.values())
+
+
+def recipe_start(phases: DictConfig, name: str) -> int:
+    """`${recipe_start:${recipe.phases},${phase.name}}`: the tokens of the phases before `name` on the recipe's
+    clock; 0 for a run the recipe does not list (a clock of its own)."""
+    if name not in phases:
+        return 0
+    names = list(phases)
+    return sum(int(phases[before]) for before in names[: names.index(name)])
+
+
+def clock_scale(phases: DictConfig, name: str, *, _parent_: DictConfig) -> float:
+    """`${clock_scale:${recipe.phases},${phase.name}}`: 1 for a phase on the recipe's clock; for any other run,
+    its own tokens (`run_tokens` beside this key, read only then: a phase on the clock may take its step count from
+    the schedule's positions) over the recipe's."""
+    if name in phases:
+        return 1.0
+    return _parent_.run_tokens / recipe_length(phases)
+
+
+def scaled(position: int, scale: float) -> int:
+    """`${scaled:${recipe.switch_tokens},${schedule.scale}}`: a position of the recipe's clock on this run's."""
+    return int(position) if scale == 1 else round(position * scale)
+
+
+def phase_steps(budget: int, ramp: DictConfig | None, start_tokens: int, global_tokens: int, accumulation: int) -> int:
+    """`${phase_steps:${phase.tokens},<the batch warm-up's tokens_per_step or null>,${schedule.start_tokens},
+    ${global_batch_tokens},${trainer.accumulate_grad_batches}}`: optimizer steps that spend the phase's tokens,
+    counting the batch-size warm-up's smaller steps where the phase overlaps its ramp (glm46.optim.schedules)."""
+    warmup = None if ramp is None else instantiate(ramp)
+    return steps_for(budget, warmup, start_tokens, global_tokens // accumulation, accumulation)
 
 
 def data_parallel(num_nodes: int, devices: int, tensor_parallel: int = 1) -> int:
@@ -75,5 +113,19 @@ def job_id() -> str:
 
 def register_resolvers() -> None:
     """Register them (uncached: `${job_id:}` in a config pickled for a Slurm job resolves inside the job)."""
-    for function in (tokens, product, steps, data_parallel, accumulation, fsdp_policy, matmul_dtype, job_id):
+    for function in (
+        tokens,
+        product,
+        steps,
+        recipe_length,
+        recipe_start,
+        clock_scale,
+        scaled,
+        phase_steps,
+        data_parallel,
+        accumulation,
+        fsdp_policy,
+        matmul_dtype,
+        job_id,
+    ):
         OmegaConf.register_new_resolver(function.__name__, function, replace=True)

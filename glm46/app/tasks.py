@@ -14,6 +14,7 @@ from glm46.app.curriculum import train_stages
 from glm46.app.logs import rank_zero_logger
 from glm46.app.preparation import prepare_once, prepare_source
 from glm46.app.sizing import composed_plan
+from glm46.app.timeline import format_timeline, phase_compositions, timeline
 from glm46.errors import ConfigError
 from glm46.estimate import count_parameters, format_counts
 from glm46.eval import evaluate, summarize
@@ -43,10 +44,13 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
-    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU."""
+    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU; then the
+    recipe's timeline (glm46.app.timeline)."""
     result, hardware, layout = composed_plan(cfg, config)
     log.info(format_plan(result, hardware, layout))
-    return result
+    rows = timeline(phase_compositions(cfg))
+    log.info(format_timeline(rows, cfg.phase.name, HydraConfig.get().runtime.choices.get("recipe", "recipe")))
+    return {**result, "timeline": rows}
 
 
 def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:

@@ -41,6 +41,7 @@ def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
         lr_schedule=instantiate(cfg.schedule.lr),
         mtp_weight=instantiate(cfg.schedule.mtp_weight),
         init_from=str(cfg.init_from) if cfg.init_from else None,
+        recipe_start=cfg.schedule.start_tokens,
     )
     if is_rl(cfg):
         phase = cfg.phase

@@ -1,8 +1,10 @@
 """GLM46LitModule: trains GLM46ForCausalLM with the GLM-4.5 objective and optimizer.
 
 loss = CE + lambda_mtp(tokens) * MTP + alpha * sequence-wise balance loss, over the batch's loss mask.
-Schedules (LR, MTP weight) read `tokens_seen`, which is counted over all data-parallel ranks and
-saved in the checkpoint, so a resume or a change of batch size keeps them where they were.
+Schedules (LR, MTP weight, and the callbacks' balancer rate and batch-size warm-up) read `recipe_tokens`: the
+phase's start on the recipe's token clock (`recipe_start`, from the config) plus `tokens_seen`, the phase's tokens
+counted over all data-parallel ranks and saved in the checkpoint. A phase started from the previous one's weights
+thus continues the clock where that phase ended, and a resume or a change of batch size keeps it where it was.
 The checkpoint also holds the RNG states and the step guard's state (glm46.lit.guard): a resume continues
 bit for bit. Optimizer states in checkpoint files are keyed by parameter name, so that a resume under another
 layout (glm46.parallel.reshard) finds each parameter's Muon/AdamW state.
@@ -23,6 +25,7 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from glm46.lit.callbacks.batch_warmup import BatchSizeWarmup
 from glm46.lit.checkpoints import resume_path
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import GLM46Config, GLM46ForCausalLM
@@ -47,8 +50,10 @@ class GLM46LitModule(L.LightningModule):
         guard: StepGuard | None = None,
         empty_init: bool = False,
         init_from: str | None = None,
+        recipe_start: int = 0,
     ):
-        """empty_init: build the model on the meta device; `configure_model` shards it and each rank materialises
+        """recipe_start: tokens of the recipe before this phase (`schedule.start_tokens`; 0 for a run of its own).
+        empty_init: build the model on the meta device; `configure_model` shards it and each rank materialises
         and initialises only its shards (sharded layouts: a 355B model is never whole on a rank).
         init_from: weights to start from (glm46.parallel.state.load_weights), read once the model is laid out."""
         super().__init__()
@@ -65,7 +70,8 @@ class GLM46LitModule(L.LightningModule):
         self._step_loss = torch.zeros(())  # summed over the micro-batches of the step in progress
         self._step_micro_batches = 0
         self._grad_norm: torch.Tensor | None = None  # the guard's, before it drops a bad step's gradients
-        self.tokens_seen = 0
+        self.recipe_start = recipe_start
+        self.tokens_seen = 0  # of this phase: the data position, and with recipe_start the schedules' clock
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
         self._configured = False
@@ -86,6 +92,11 @@ class GLM46LitModule(L.LightningModule):
             load_weights(self.model, self.init_from)
         self._configured = True
 
+    @property
+    def recipe_tokens(self) -> int:
+        """Where this run is on the recipe's token clock: what every schedule reads."""
+        return self.recipe_start + self.tokens_seen
+
     def external_parameters(self) -> list[torch.nn.Parameter]:
         """Weights used outside their own module's forward: the lm_head in the chunked loss (and MTP).
         DeepSpeed ZeRO-3 must gather them for this module's whole forward and backward."""
@@ -97,7 +108,7 @@ class GLM46LitModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch)
-        mtp_weight = self.mtp_weight(self.tokens_seen)
+        mtp_weight = self.mtp_weight(self.recipe_tokens)
         loss = out.loss
         if out.mtp_loss is not None:
             loss = loss + mtp_weight * out.mtp_loss
@@ -188,11 +199,12 @@ class GLM46LitModule(L.LightningModule):
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(muon_param_groups(self.model))
         peak = optimizer.param_groups[0]["lr"]
-        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.tokens_seen) / peak)
+        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens) / peak)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["tokens_seen"] = self.tokens_seen
+        checkpoint["accumulate_grad_batches"] = self.trainer.accumulate_grad_batches
         name, keys, position, has_gauss, gauss = np.random.get_state()  # as tensors and numbers: weights_only loads
         checkpoint["rng_states"] = {
             "python": random.getstate(),
@@ -241,7 +253,12 @@ class GLM46LitModule(L.LightningModule):
         """A resume with another gradient accumulation (the same global batch on another number of data-parallel
         ranks): Lightning steps when (batches this epoch) % accumulate_grad_batches == 0, so the epoch's batch
         counters move up to the next multiple of the new accumulation, and the first step after the resume sums a
-        whole cycle. Data positions count samples, not these counters (glm46.lit.shard_data)."""
+        whole cycle. Data positions count samples, not these counters (glm46.lit.shard_data).
+        Under the batch-size warm-up the accumulation moves with the recipe's tokens: the resume takes the one the
+        checkpoint was written with, so that the run goes on as if uninterrupted (the warm-up then moves it again)."""
+        warmup = any(isinstance(c, BatchSizeWarmup) for c in self.trainer.callbacks)
+        if warmup and "accumulate_grad_batches" in checkpoint:
+            self.trainer.accumulate_grad_batches = checkpoint["accumulate_grad_batches"]
         progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
         shift = -progress["current"]["ready"] % self.trainer.accumulate_grad_batches
         for counters in (progress["current"], progress["total"]):

@@ -15,7 +15,7 @@ from omegaconf import MISSING
 
 from .data import PrepareConfig
 from .launch import ClusterConfig, PathsConfig
-from .training import GuardConfig, ScheduleConfig, TrainerConfig
+from .training import GuardConfig, RecipeConfig, ScheduleConfig, TrainerConfig
 
 
 class Task(StrEnum):
@@ -100,6 +100,7 @@ class RunConfig:
     model: Any = MISSING
     optim: Any = MISSING
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     data: Any = MISSING
     phase: Any = MISSING
     prepare: PrepareConfig = field(default_factory=PrepareConfig)

@@ -1,4 +1,4 @@
-"""Schemas of the groups that build the training loop: trainer, optim, schedule, guard, callbacks, logger.
+"""Schemas of the groups that build the training loop: trainer, optim, schedule, recipe, guard, callbacks, logger.
 
 Each `_target_` node lists the constructor arguments the configs set; Hydra refuses any other key while
 composing, naming it (`schedule.val_check_interval`). Values of `${...}` interpolations are checked when
@@ -8,9 +8,9 @@ resolved, before anything runs (glm46.app.checks).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING
+from omegaconf import II, MISSING
 
 
 @dataclass
@@ -106,13 +106,29 @@ class LinearRamp:
 
 
 @dataclass
+class RecipeConfig:
+    """The token clock that pre-training and mid-training share (conf/recipe/*.yaml): the phases in order with their
+    tokens, and the recipe's tokens at which the warm-ups end and the switches fall."""
+
+    phases: Dict[str, int] = MISSING  # phase name -> tokens, in training order
+    tokens: int = II("recipe_length:${.phases}")  # the clock's length: where the LR reaches its floor
+    warmup_tokens: int = MISSING
+    switch_tokens: int = MISSING  # MTP weight and balancer rate
+    batch_warmup_tokens: int = MISSING  # the global batch's ramp (callbacks=batch_warmup)
+
+
+@dataclass
 class ScheduleConfig:
-    """Everything that moves with tokens seen: LR, MTP loss weight, balancer rate; fractions of run_tokens."""
+    """Everything that moves with the recipe's tokens: LR, MTP loss weight, balancer rate, batch-size warm-up; and
+    where this run sits on the recipe's clock (conf/schedule/glm45.yaml explains the keys)."""
 
     run_tokens: int = MISSING
-    warmup_fraction: float = MISSING
-    switch_fraction: float = MISSING
-    decay_fraction: Optional[float] = None  # the WSD schedule's decay share
+    start_tokens: int = MISSING
+    scale: float = MISSING
+    end_tokens: int = MISSING
+    switch_tokens: int = MISSING
+    batch_warmup_tokens: int = MISSING
+    decay_fraction: Optional[float] = None  # the WSD schedule's decay share of the clock
     balance_loss_alpha: float = MISSING
     lr: Any = MISSING  # WarmupCosine or WarmupStableDecay (their schemas: schedule/schema/*)
     mtp_weight: Piecewise = field(default_factory=Piecewise)

@@ -3,7 +3,7 @@
 Expert token counts accumulate over the micro-batches of an optimizer step; before the step they
 are summed over data-parallel ranks, and each MoE layer's `e_score_correction_bias` moves by
 `u * sign(mean - count)` (rule "sign"), or `u * (mean - count) / mean` (rule "proportional"),
-with u = rate(tokens seen). Every rank applies the same update because it sees the same counts.
+with u = rate(the recipe's tokens: pl_module.recipe_tokens). Every rank applies the same update because it sees the same counts.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ExpertBalancer(L.Callback):
         group = data_parallel_group(trainer.strategy)
         counts = trainer.strategy.reduce(self.pending.float(), group=group, reduce_op="sum")
         self.pending = None
-        rate = self.rate(pl_module.tokens_seen)
+        rate = self.rate(pl_module.recipe_tokens)
         mean = counts.mean(dim=-1, keepdim=True)
         error = mean - counts
         step = error.sign() if self.rule == "sign" else error / mean.clamp(min=1e-9)

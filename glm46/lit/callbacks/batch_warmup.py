@@ -1,28 +1,25 @@
-"""Batch-size warm-up by growing gradient accumulation, driven by tokens seen (GLM-4.5: 16M -> 64M tokens
-per step over the first 500B tokens)."""
+"""Batch-size warm-up by growing gradient accumulation, driven by the recipe's tokens (GLM-4.5: 16M -> 64M tokens
+per step over the first 500B tokens of pre-training)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import lightning as L
 
+from glm46.optim.schedules import LinearRamp, accumulation_for, next_accumulation
 from glm46.parallel.strategies import data_parallel_size
 
 
 class BatchSizeWarmup(L.Callback):
-    """Sets `trainer.accumulate_grad_batches` to reach the global batch `tokens_per_step(tokens seen)`.
+    """Sets `trainer.accumulate_grad_batches` to reach the global batch `tokens_per_step(recipe tokens)`, where the
+    recipe's tokens are `pl_module.recipe_tokens` (the phase's start on the clock plus its tokens seen).
 
-    A change takes effect only where a new accumulation cycle of the new length starts, since
-    Lightning steps the optimizer when (batches this epoch) % accumulate_grad_batches == 0;
-    every optimizer step therefore sums exactly the micro-batches it claims to.
+    A change takes effect only where a new accumulation cycle of the new length starts
+    (glm46.optim.schedules.next_accumulation), so every optimizer step sums exactly the micro-batches it claims;
+    `trainer.max_steps` of the production experiments counts the same steps (glm46.optim.schedules.steps_for).
     """
 
-    def __init__(self, tokens_per_step: Callable[[int], float]):
+    def __init__(self, tokens_per_step: LinearRamp):
         self.tokens_per_step = tokens_per_step
-
-    def accumulation_for(self, tokens_seen: int, micro_batch_tokens: int) -> int:
-        return max(1, round(self.tokens_per_step(tokens_seen) / micro_batch_tokens))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch, batch_idx: int) -> None:
         done = batch_idx  # batches before this one in this epoch, as Lightning counts them for accumulation
@@ -30,7 +27,6 @@ class BatchSizeWarmup(L.Callback):
         if done % current:
             return  # inside an accumulation cycle
         micro_batch_tokens = batch["input_ids"].numel() * data_parallel_size(trainer)  # TP ranks share a batch
-        wanted = self.accumulation_for(pl_module.tokens_seen, micro_batch_tokens)
-        if wanted != current and done % wanted == 0:
-            trainer.accumulate_grad_batches = wanted
+        wanted = accumulation_for(self.tokens_per_step, pl_module.recipe_tokens, micro_batch_tokens)
+        trainer.accumulate_grad_batches = next_accumulation(done, current, wanted)
         pl_module.log("train/accumulate_grad_batches", float(trainer.accumulate_grad_batches))
