@@ -60,18 +60,34 @@ def _short(n: int) -> str:
     return str(n)
 
 
+# The sizes the GLM-4.5 report publishes (arXiv:2508.06471, Table 1: "include MTP, not word embeddings and output
+# layer"), by model config name; GLM-4.6 keeps GLM-4.5's architecture.
+REPORTED = {
+    "glm45_355b": ("355B", "32B"),
+    "glm46_355b": ("355B", "32B"),
+    "glm45_air_106b": ("106B", "12B"),
+}
+
+
 def format_counts(name: str, counts: dict[str, int]) -> str:
-    """A readable table of the counts, with the paper's convention alongside."""
+    """A readable table of the counts; for a published model, the report's figures beside ours by its definition."""
+    by_report = counts["total"] - counts["embedding"] - counts["lm_head"]
     rows = [
         ("total (incl. embedding, lm_head, MTP)", counts["total"]),
         ("embedding", counts["embedding"]),
         ("lm_head", counts["lm_head"]),
         ("MTP layers", counts["mtp"]),
-        ("total - embedding - lm_head (paper's size)", counts["total"] - counts["embedding"] - counts["lm_head"]),
+        ("total - embedding - lm_head (the report's definition)", by_report),
         ("total - MTP (transformers' model)", counts["total"] - counts["mtp"]),
         ("active per token", counts["active"]),
     ]
     width = max(len(label) for label, _ in rows)
     lines = [f"parameters of model={name}"]
     lines += [f"  {label:<{width}}  {value:>18,}  ({_short(value)})" for label, value in rows]
+    if name in REPORTED:
+        total, active = REPORTED[name]
+        lines.append(
+            f"  the GLM-4.5 report (Table 1, MTP included, embedding and output layer not): {total} total, {active} "
+            f"active; ours by that definition: {_short(by_report)} total, {_short(counts['active'])} active"
+        )
     return "\n".join(lines)

@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from glm46.app.diff import SpecError, compose_from, diff_configs, main
+from glm46.optim.schedules import LinearRamp, steps_for
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASE1 = "experiment=pretrain_phase1"
+PHASE1 = "experiment=pretrain_phase1 cluster=h800_1024n"  # its step count reads the data-parallel ranks
 
 # conf/optim/muon.yaml and adamw.yaml share lr, weight_decay, betas, eps and min_lr; AdamW has no
 # Muon-only settings; the targets differ.
@@ -64,8 +65,10 @@ def test_the_ablation_changes_exactly_the_optimizer_keys():
     cfg_b, choices_b = compose_from(f"{PHASE1} optim=adamw")
     assert diff_configs(choices_a, choices_b) == {"optim": {"a": "muon", "b": "adamw"}}
     assert diff_configs(cfg_a, cfg_b) == ABLATION_KEYS
-    # resolved: the step count comes from the `steps` resolver, the lr schedule from the optimizer
-    assert cfg_a["trainer"]["max_steps"] == -(-15_000_000_000_000 // 67_108_864)  # tokens / global batch
+    # resolved: the step count comes from the `phase_steps` resolver (15T at 64M, plus the batch warm-up's smaller
+    # steps: 16 micro-batches of 4M from 4), the lr schedule from the optimizer
+    ramp = LinearRamp(start=16 * 2**20, end=64 * 2**20, ramp_tokens=500 * 10**9)
+    assert cfg_a["trainer"]["max_steps"] == steps_for(15 * 10**12, ramp, 0, 4 * 2**20, 16) > 15 * 10**12 // 2**26
     assert cfg_a["schedule"]["lr"]["peak"] == 2.5e-4
     assert cfg_a["data"]["path"] == "???"  # a missing value does not stop the diff
     assert "hydra" not in cfg_a

@@ -223,7 +223,9 @@ def check_recipe(cfg: DictConfig) -> None:
                 f"(recipe.phases.{first}={first_tokens}) would go on into the next; it must end inside it"
             )
     if not 0 <= recipe.switch_tokens <= recipe.tokens:
-        raise ConfigError(f"recipe.switch_tokens={recipe.switch_tokens} is not on the recipe's clock [0, {recipe.tokens}]")
+        raise ConfigError(
+            f"recipe.switch_tokens={recipe.switch_tokens} is not on the clock [0, recipe.tokens={recipe.tokens}]"
+        )
     name = phase.name
     if name not in phases:
         return  # a clock of its own (SFT, RL, a quick run)

@@ -62,32 +62,45 @@ def plot_expert_load(history: Path, out: Path) -> Path:
     return out
 
 
+def on_token_axis(metrics: dict, series: str, offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """A metric of a stage against the tokens seen before the stage (`offset`) plus the stage's own."""
+    steps, tokens = metrics["train/tokens_seen"]
+    series_steps, values = metrics[series]
+    return offset + np.interp(series_steps, steps, tokens), values
+
+
 def plot_curriculum(
     stages: list[tuple[str, Path]], accuracy: dict[str, tuple[float, tuple[float, float]]], out: Path
 ) -> Path:
-    """The stages of a curriculum on one axis of tokens seen (each stage's train/loss, or its mean reward for RL),
-    boundaries marked; beside it the arithmetic accuracy after each stage with its 95% interval.
+    """The stages of a curriculum on one axis of tokens seen: each stage's train/loss (its mean reward for RL) above,
+    its LR below (one curve through the stages on the recipe's clock: pre-training and mid-training), boundaries
+    marked; beside them the arithmetic accuracy after each stage with its 95% interval.
     accuracy: stage -> (accuracy, (low, high) of its interval)."""
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    fig = plt.figure(figsize=(13, 7))
+    grid = fig.add_gridspec(2, 2, width_ratios=[2, 1], height_ratios=[3, 2])
+    ax_loss, ax_acc = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[:, 1])
+    ax_lr = fig.add_subplot(grid[1, 0], sharex=ax_loss)
     ax_reward, offset = None, 0.0
     for name, run_dir in stages:
         metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else {}
         if "train/tokens_seen" not in metrics:
             continue
-        steps, tokens = metrics["train/tokens_seen"]
         if "rl/reward_mean" in metrics:  # RL: its policy loss says little; the reward is what it raises
             ax_reward = ax_reward or ax_loss.twinx()
-            reward_steps, reward = metrics["rl/reward_mean"]
-            ax_reward.plot(offset + np.interp(reward_steps, steps, tokens), reward, "k.-", label=f"{name} (reward)")
+            ax_reward.plot(*on_token_axis(metrics, "rl/reward_mean", offset), "k.-", label=f"{name} (reward)")
             ax_reward.set_ylabel("RL reward (mean over samples, black)")
         elif "train/loss" in metrics:
-            loss_steps, loss = metrics["train/loss"]
-            ax_loss.plot(offset + np.interp(loss_steps, steps, tokens), loss, ".-", label=name)  # dots: short stages
-        ax_loss.axvline(offset, color="grey", linestyle=":")
+            ax_loss.plot(*on_token_axis(metrics, "train/loss", offset), ".-", label=name)  # dots: short stages
+        if "optim/lr" in metrics:
+            ax_lr.plot(*on_token_axis(metrics, "optim/lr", offset), label=name)
+        for ax in (ax_loss, ax_lr):
+            ax.axvline(offset, color="grey", linestyle=":")
         ax_loss.text(offset, 1.0, f" {name}", transform=ax_loss.get_xaxis_transform(), va="bottom", fontsize=8)
-        offset += float(tokens[-1])
-    ax_loss.set(xlabel="tokens seen (RL: prompt rows x max_prompt_len)", ylabel="train/loss (nats)")
+        offset += float(metrics["train/tokens_seen"][1][-1])
+    ax_loss.set(ylabel="train/loss (nats)")
     ax_loss.legend(loc="upper right", fontsize=8)
+    ax_lr.set(xlabel="tokens seen (RL: prompt rows x max_prompt_len)", ylabel="optim/lr", yscale="log")
+    ax_lr.set_title("LR: one warm-up and one decay through the recipe's clock; SFT and RL on their own", fontsize=9)
     names = list(accuracy)
     values = [accuracy[n][0] for n in names]
     errors = [  # below and above each value (clamped: at 0 or 1 the interval's end meets the value, up to rounding)

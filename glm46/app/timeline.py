@@ -26,9 +26,7 @@ def phase_compositions(cfg: DictConfig) -> dict[str, DictConfig]:
     phase dropped): where the phases differ (sequence length, global batch), each row is the phase's own. Needs
     Hydra's context (run.py's tasks run in it)."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("phase=", "phase."))]
-    return {
-        name: compose(config_name="config", overrides=[*overrides, f"phase={name}"]) for name in cfg.recipe.phases
-    }
+    return {name: compose(config_name="config", overrides=[*overrides, f"phase={name}"]) for name in cfg.recipe.phases}
 
 
 def timeline(phases: dict[str, DictConfig]) -> list[dict]:

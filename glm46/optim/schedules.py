@@ -125,12 +125,12 @@ def steps_for(budget: int, ramp: LinearRamp | None, start_tokens: int, micro_bat
     the batch-size warm-up's growing steps when there is one, else `initial` micro-batches each."""
     if ramp is None:
         return math.ceil(budget / (initial * micro_batch_tokens))
-    steps = 0
-    for tokens, accumulation in batch_warmup_steps(ramp, start_tokens, micro_batch_tokens, initial):
+    steps, tokens, accumulation = 0, 0, initial
+    for tokens, accumulation in batch_warmup_steps(ramp, start_tokens, micro_batch_tokens, initial):  # noqa: B007
         if tokens >= budget:
             return steps
         steps += 1
-    # the last step yielded is the first of the constant steps
+    # the last step yielded (`tokens`, `accumulation`) is the first of the constant steps
     return steps - 1 + math.ceil((budget - tokens) / (accumulation * micro_batch_tokens))
 
 

@@ -3,7 +3,8 @@
 Expert token counts accumulate over the micro-batches of an optimizer step; before the step they
 are summed over data-parallel ranks, and each MoE layer's `e_score_correction_bias` moves by
 `u * sign(mean - count)` (rule "sign"), or `u * (mean - count) / mean` (rule "proportional"),
-with u = rate(the recipe's tokens: pl_module.recipe_tokens). Every rank applies the same update because it sees the same counts.
+with u = rate(the recipe's tokens, pl_module.recipe_tokens). Every rank applies the same update because it sees
+the same counts.
 """
 
 from __future__ import annotations
