@@ -12,7 +12,7 @@ from omegaconf.errors import ValidationError
 
 from glm46.app.checks import model_config, validate
 from glm46.errors import ConfigError
-from glm46.estimate import count_parameters
+from glm46.estimate import count_parameters, format_counts
 from glm46.modules import GLM46Config
 
 from .helpers import TINY
@@ -40,6 +40,7 @@ MEMBERS = [
     for group in (
         "optim",
         "schedule",
+        "recipe",
         "data",
         "phase",
         "prepare",
@@ -180,6 +181,11 @@ def test_air_counts_match_the_reference(compose_config):
     assert counts["active"] == 12_182_609_920
     assert counts["total"] - counts["mtp"] == 106_852_245_504
     assert counts["mtp"] == 2_375_059_456
+    # the report's figures beside ours, by the report's definition (Table 1: MTP in, embedding and output layer out)
+    assert (
+        "the GLM-4.5 report (Table 1, MTP included, embedding and output layer not): 106B total, 12B active; "
+        "ours by that definition: 107.99B total, 12.18B active" in format_counts("glm45_air_106b", counts)
+    )
 
 
 def test_run_py_estimate_prints_the_table(tmp_path):

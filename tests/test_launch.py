@@ -165,6 +165,14 @@ def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
     assert f"{gpu_hours / 8192 / 24:,.1f} days" in out
     assert "fits 80 GiB (with a 10% margin): yes" in out
     assert not (tmp_path / "train" / ".submitit").exists()  # planning submits nothing
+    # the recipe's timeline: one clock through pre-training and mid-training, each phase where the last one ended
+    timeline = out[out.index("recipe timeline (recipe=glm45: 23.1T tokens on one clock") :].splitlines()[2:]
+    rows = {line.lstrip("* ").split()[0]: line for line in timeline}
+    assert list(rows) == ["pretrain1", "pretrain2", "midtrain_repo", "midtrain_reasoning", "midtrain_long"]
+    assert rows["pretrain1"].startswith("* ")  # the composed phase
+    assert rows["pretrain1"].split()[2:] == "0 -> 15T 0 -> 8.91e-05 16M -> 64M 0.3 -> 0.3 0.001 -> 0.001".split()
+    assert rows["pretrain2"].split()[1:] == "15T -> 22T 8.91e-05 -> 2.63e-05 64M -> 64M 0.1 -> 0.1 0 -> 0".split()
+    assert rows["midtrain_long"].split()[1:] == "23T -> 23.1T 2.5e-05 -> 2.5e-05 128M -> 128M 0.1 -> 0.1 0 -> 0".split()
 
 
 # --- on the local Slurm -----------------------------------------------------------------------

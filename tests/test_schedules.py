@@ -6,6 +6,7 @@ import pytest
 from hydra.utils import instantiate
 
 from glm46.optim import LinearRamp, Piecewise, WarmupCosine, WarmupStableDecay
+from glm46.optim.schedules import accumulation_for
 
 
 def test_warmup_cosine_glm45_values():
@@ -39,17 +40,20 @@ def test_batch_size_ramp_glm45():
     assert ramp(10**13) == 64 * 2**20
 
 
-def test_schedule_config_scales_the_glm45_switches_to_the_run(compose_config):
+def test_a_run_off_the_recipes_clock_scales_its_positions_to_its_own_tokens(compose_config):
     cfg = compose_config("trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128")
     run_tokens = 1000 * 4 * 128
-    assert cfg.schedule.run_tokens == run_tokens
+    assert cfg.phase.name == "toy_rl" and cfg.phase.name not in cfg.recipe.phases  # RL: a clock of its own
+    assert cfg.schedule.run_tokens == run_tokens and cfg.schedule.start_tokens == 0
     lr = instantiate(cfg.schedule.lr)
     assert lr.total_tokens == run_tokens and lr.peak == pytest.approx(cfg.optim.optimizer.lr * cfg.phase.lr_scale)
-    assert cfg.phase.name == "toy_rl" and cfg.phase.lr_scale < 1  # the default run ends with RL, at a lower LR
+    assert cfg.phase.lr_scale < 1  # the default run ends with RL, at a lower LR
     assert instantiate(compose_config("phase=toy_sft", "data=embedded_sft").schedule.lr).peak == cfg.optim.optimizer.lr
-    assert lr.warmup_tokens == math.floor(cfg.schedule.warmup_fraction * run_tokens)
+    share = run_tokens / cfg.recipe.tokens  # the recipe's positions, scaled to the run
+    assert lr.warmup_tokens == round(cfg.recipe.warmup_tokens * share)
     mtp = instantiate(cfg.schedule.mtp_weight)
-    assert mtp.boundaries == [int(0.65 * run_tokens)] and mtp.values == [0.3, 0.1]
+    assert mtp.boundaries == [round(cfg.recipe.switch_tokens * share)] and mtp.values == [0.3, 0.1]
+    assert 0.64 < mtp.boundaries[0] / run_tokens < 0.66  # at GLM-4.5's 15T of 23.1T
     rate = instantiate(cfg.callbacks.expert_balancer.rate)
     assert rate(0) > 0 and rate(run_tokens) == 0.0
 
@@ -62,9 +66,10 @@ def test_wsd_schedule_member_composes(compose_config):
 
 def test_batch_warmup_callbacks_member_ramps_a_quarter_to_the_full_batch(compose_config):
     cfg = compose_config("callbacks=batch_warmup", "trainer.max_steps=100", "data.batch_size=8", "data.seq_len=16")
-    warmup = instantiate(cfg.callbacks.batch_size_warmup)
-    assert warmup.accumulation_for(0, micro_batch_tokens=2 * 16) == 1
-    assert warmup.accumulation_for(10**9, micro_batch_tokens=2 * 16) == 4
+    ramp = instantiate(cfg.callbacks.batch_size_warmup).tokens_per_step
+    assert accumulation_for(ramp, 0, micro_batch_tokens=2 * 16) == 1
+    assert accumulation_for(ramp, 10**9, micro_batch_tokens=2 * 16) == 4
+    assert ramp.ramp_tokens == cfg.schedule.batch_warmup_tokens  # the recipe's 500B of 23.1T, scaled to the run
     assert "expert_balancer" in cfg.callbacks
 
 
@@ -87,9 +92,12 @@ def test_glm45_phases_set_sequence_rope_packing_and_steps(
     assert (cfg.data.seq_len, cfg.model.rope_theta, cfg.data.packing) == (seq_len, rope_theta, packing)
     assert cfg.model.max_position_embeddings == 202752
     # the phase's global batch (64M tokens; 128M at 128K) per optimizer step, whatever the cluster
-    assert cfg.trainer.max_steps == math.ceil(tokens / cfg.phase.global_batch_tokens)
+    steps = math.ceil(tokens / cfg.phase.global_batch_tokens)
+    if experiment == "pretrain_phase1":  # the batch-size warm-up's smaller steps come first
+        assert steps < cfg.trainer.max_steps < steps * 1.05
+    else:
+        assert cfg.trainer.max_steps == steps
     assert cfg.phase.global_batch_tokens == (134_217_728 if seq_len == 131072 else 67_108_864)
-    assert cfg.schedule.run_tokens >= tokens
 
 
 def test_a_sequence_longer_than_the_model_allows_is_refused(compose_config):

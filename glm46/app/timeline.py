@@ -21,6 +21,11 @@ def short_tokens(n: float) -> str:
     return f"{n:g}"
 
 
+def batch_tokens(n: int) -> str:
+    """GLM's batch sizes in binary millions (64M = 2^26 tokens), other sizes as they are."""
+    return f"{n // 2**20}M" if n % 2**20 == 0 else f"{n:,}"
+
+
 def phase_compositions(cfg: DictConfig) -> dict[str, DictConfig]:
     """Each phase of cfg's recipe composed as this run with `phase=<name>` (its other overrides kept, those of the
     phase dropped): where the phases differ (sequence length, global batch), each row is the phase's own. Needs
@@ -53,7 +58,7 @@ def format_timeline(rows: list[dict], composed: str, recipe: str) -> str:
     def values(key: str, row: dict) -> str:
         first, last = row["first"][key], row["last"][key]
         if key == "global_batch_tokens":
-            return f"{first / 2**20:g}M -> {last / 2**20:g}M"
+            return f"{batch_tokens(first)} -> {batch_tokens(last)}"
         return f"{first:.3g} -> {last:.3g}"
 
     header = ["phase", "tokens (on the clock)", "LR", "global batch", "MTP weight", "balancer rate"]
