@@ -143,6 +143,17 @@ def test_a_phase_out_of_its_place_is_refused_naming_the_keys(compose_config, ove
         validate(compose_config(*overrides, *PRODUCTION, "parallelism=production"))
 
 
+def test_a_shortened_phase_is_told_that_its_schedules_stay_on_the_clock(compose_config, caplog):
+    validate(compose_config("experiment=toy_stage", "phase=toy_pretrain2", "trainer.max_steps=4"))
+    assert (
+        "trainer.max_steps=4, but phase toy_pretrain2 has 122,880 tokens on the recipe's clock (60 steps)"
+        in caplog.text
+    )
+    caplog.clear()
+    validate(compose_config("experiment=toy_stage", "phase=toy_pretrain2"))
+    assert "trainer.max_steps" not in caplog.text
+
+
 def test_a_smaller_recipe_moves_every_later_phase(compose_config):
     smaller = "recipe.phases.pretrain1=8000000000000"
     cfg = compose_config("experiment=midtrain", "phase=midtrain_long", smaller, *PRODUCTION, PLAN)

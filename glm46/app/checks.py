@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from glm46.app.logs import rank_zero_logger
+from glm46.app.resolvers import phase_steps, recipe_start
 from glm46.app.sizing import composed_plan
 from glm46.errors import ConfigError
 from glm46.hf import config_from_hf, find_weights
@@ -25,7 +26,6 @@ from glm46.lit.rl_data import PromptDataModule
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import PACKINGS
 from glm46.modules import GLM46Config
-from glm46.optim.schedules import steps_for
 from glm46.parallel.layout import validate_layout
 from glm46.serve.compat import serving_problems
 
@@ -239,18 +239,17 @@ def check_recipe(cfg: DictConfig) -> None:
             f"the recipe's clock where the recipe says it ends; set recipe.phases.{name}={phase.tokens} instead (in "
             f"every phase's job), or phase.tokens={phases[name]}"
         )
-    before = list(phases)[: list(phases).index(name)]
-    start = sum(phases[b] for b in before)
+    start = recipe_start(recipe.phases, name)
     if schedule.start_tokens != start:
+        before = list(phases)[: list(phases).index(name)]
         raise ConfigError(
             f"schedule.start_tokens={schedule.start_tokens} contradicts the phases before phase={name} on the "
             f"recipe's clock ({' + '.join(f'recipe.phases.{b}={phases[b]}' for b in before) or 'none'}): it starts at "
             f"{start}"
         )
     warmup = (cfg.get("callbacks") or {}).get("batch_size_warmup")
-    ramp = None if warmup is None else instantiate(warmup.tokens_per_step)
-    accumulation = cfg.trainer.accumulate_grad_batches
-    budget_steps = steps_for(phase.tokens, ramp, start, cfg.global_batch_tokens // accumulation, accumulation)
+    ramp = None if warmup is None else warmup.tokens_per_step
+    budget_steps = phase_steps(phase.tokens, ramp, start, cfg.global_batch_tokens, cfg.trainer.accumulate_grad_batches)
     if cfg.trainer.max_steps != budget_steps:
         log.warning(
             f"trainer.max_steps={cfg.trainer.max_steps}, but phase {name} has {phase.tokens:,} tokens on the recipe's "
