@@ -14,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import yaml  # noqa: E402
 
 
 def read_metrics(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -69,6 +70,15 @@ def on_token_axis(metrics: dict, series: str, offset: float) -> tuple[np.ndarray
     return offset + np.interp(series_steps, steps, tokens), values
 
 
+def on_recipe_clock(run_dir: Path) -> bool:
+    """Whether a stage's phase is one of its recipe's (conf/recipe), from the composition it saved (.hydra/)."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.is_file():
+        return False
+    cfg = yaml.safe_load(path.read_text())
+    return cfg["phase"]["name"] in (cfg.get("recipe") or {}).get("phases", {})
+
+
 def plot_curriculum(
     stages: list[tuple[str, Path]], accuracy: dict[str, tuple[float, tuple[float, float]]], out: Path
 ) -> Path:
@@ -80,8 +90,9 @@ def plot_curriculum(
     grid = fig.add_gridspec(2, 2, width_ratios=[2, 1], height_ratios=[3, 2])
     ax_loss, ax_acc = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[:, 1])
     ax_lr = fig.add_subplot(grid[1, 0], sharex=ax_loss)
-    ax_reward, offset = None, 0.0
-    for name, run_dir in stages:
+    ax_reward, offset, clock = None, 0.0, []
+    for index, (name, run_dir) in enumerate(stages):
+        color = f"C{index}"  # a stage's color in both panels
         metrics = read_metrics(run_dir / "metrics.csv") if (run_dir / "metrics.csv").exists() else {}
         if "train/tokens_seen" not in metrics:
             continue
@@ -90,15 +101,22 @@ def plot_curriculum(
             ax_reward.plot(*on_token_axis(metrics, "rl/reward_mean", offset), "k.-", label=f"{name} (reward)")
             ax_reward.set_ylabel("RL reward (mean over samples, black)")
         elif "train/loss" in metrics:
-            ax_loss.plot(*on_token_axis(metrics, "train/loss", offset), ".-", label=name)  # dots: short stages
+            ax_loss.plot(*on_token_axis(metrics, "train/loss", offset), ".-", color=color, label=name)  # dots: short
         if "optim/lr" in metrics:
-            ax_lr.plot(*on_token_axis(metrics, "optim/lr", offset), label=name)
+            tokens_lr = on_token_axis(metrics, "optim/lr", offset)
+            if on_recipe_clock(run_dir):  # one line through the stages that share the recipe's clock
+                clock.extend(zip(*tokens_lr))
+            else:
+                ax_lr.plot(*tokens_lr, ".-", color=color, label=name)
         for ax in (ax_loss, ax_lr):
             ax.axvline(offset, color="grey", linestyle=":")
         ax_loss.text(offset, 1.0, f" {name}", transform=ax_loss.get_xaxis_transform(), va="bottom", fontsize=8)
         offset += float(metrics["train/tokens_seen"][1][-1])
     ax_loss.set(ylabel="train/loss (nats)")
     ax_loss.legend(loc="upper right", fontsize=8)
+    if clock:
+        ax_lr.plot(*zip(*clock), "k.-", label="pre-training and mid-training (one clock)")
+    ax_lr.legend(loc="lower left", fontsize=8)
     ax_lr.set(xlabel="tokens seen (RL: prompt rows x max_prompt_len)", ylabel="optim/lr", yscale="log")
     ax_lr.set_title("LR: one warm-up and one decay through the recipe's clock; SFT and RL on their own", fontsize=9)
     names = list(accuracy)
