@@ -350,6 +350,11 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         assert stage_config["init_from"] == previous and stage_config["phase"]["name"] == phase
         previous = str(stage_dir / "hf")  # each stage starts from the previous one's final weights
         first_losses.append(column(metrics(stage_dir), "train/loss")[0])
+    # the LR: one warm-up (from 0) at the start of the toy recipe's clock, pretrain2 and midtrain further down its
+    # cosine at their places on it (not restarted from 0), SFT warming up again on a clock of its own
+    first_lr = {name: column(metrics(run_dir / "stages" / name), "optim/lr")[0] for name in stages}
+    assert first_lr["pretrain1"] == 0.0 and first_lr["sft"] == 0.0
+    assert first_lr["pretrain1"] < first_lr["midtrain"] < first_lr["pretrain2"] < 3e-3
     chain = json.loads((run_dir / "curriculum.json").read_text())
     assert [entry["init_from"] for entry in chain] == [None] + [str(run_dir / "stages" / n / "hf") for n in stages]
     assert all(loss < first_losses[0] for loss in first_losses[1:]), f"each stage starts from the last: {first_losses}"
