@@ -2,12 +2,17 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import lightning as L
 import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = dict(
     vocab_size=160,
@@ -33,6 +38,38 @@ def launcher_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in rendezvous}
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
+
+
+# A short run on the standard library's bytes (experiment=tiny_bytes) in micro-batches of 2 x 32 tokens, every step
+# logged, a checkpoint every 2 steps, no validation, progress bar or throughput: the resume tests' base.
+SHORT_RUN = [
+    "experiment=tiny_bytes",
+    "data.max_bytes=100000",
+    "data.seq_len=32",
+    "data.batch_size=2",
+    "trainer.log_every_n_steps=1",
+    "trainer.val_check_interval=1000",
+    "trainer.limit_val_batches=0",
+    "callbacks.progress_bar=null",
+    "callbacks.model_checkpoint.every_n_train_steps=2",
+    "callbacks.throughput=null",
+]
+
+
+def run_py(*overrides: str, killed: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python run.py <overrides>` from the repository root; it must exit 0, or die of SIGKILL when `killed`
+    (tests.helpers.KillAtBatch, `kill_at`)."""
+    result = subprocess.run(
+        [sys.executable, "run.py", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    expected = -signal.SIGKILL if killed else 0
+    assert result.returncode == expected, result.stdout[-2000:] + result.stderr[-3000:]
+    return result
+
+
+def kill_at(batch: int) -> list[str]:
+    """The overrides that SIGKILL a run as its micro-batch `batch` starts."""
+    return ["+callbacks.kill._target_=tests.helpers.KillAtBatch", f"+callbacks.kill.batch={batch}"]
 
 
 def tiny_config(**overrides) -> GLM46Config:

@@ -4,9 +4,6 @@
 `init_from`, a resume mid-phase under the batch-size warm-up) land on the same curves."""
 
 import csv
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,8 @@ from safetensors.torch import load_file
 from glm46.app.checks import validate
 from glm46.errors import ConfigError
 from glm46.optim.schedules import recipe_values
+
+from .helpers import SHORT_RUN, kill_at, run_py
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 10**12
@@ -166,7 +165,7 @@ def test_a_smaller_recipe_moves_every_later_phase(compose_config):
 # A toy clock of 2048 + 1024 + 512 tokens; micro-batches of 2 x 32 tokens; the global batch ramps 64 -> 256 tokens
 # (1 -> 4 micro-batches) over the first 512 tokens; a checkpoint every 2 steps; every step logged.
 CLOCK = [
-    "experiment=tiny_bytes",
+    *SHORT_RUN,
     "recipe=toy",
     "recipe.phases.toy_pretrain1=2048",
     "recipe.phases.toy_pretrain2=1024",
@@ -175,33 +174,16 @@ CLOCK = [
     "recipe.switch_tokens=2560",
     "recipe.batch_warmup_tokens=512",
     "callbacks=batch_warmup",
-    "data.max_bytes=100000",
-    "data.seq_len=32",
-    "data.batch_size=2",
     "trainer.accumulate_grad_batches=4",
     "trainer.max_steps='${phase_steps:${phase.tokens},${callbacks.batch_size_warmup.tokens_per_step},"
     "${schedule.start_tokens},${global_batch_tokens},${trainer.accumulate_grad_batches}}'",  # as pretrain_phase1's
-    "trainer.log_every_n_steps=1",
-    "trainer.val_check_interval=1000",
-    "trainer.limit_val_batches=0",
-    "callbacks.progress_bar=null",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
-    "callbacks.throughput=null",
 ]
 PHASE_A = ["phase=toy_pretrain1", "phase.tokens=2048"]
 PHASE_B = ["phase=toy_pretrain2", "phase.tokens=1024"]
 
 
 def run(run_dir: Path, *overrides: str, killed: bool = False) -> None:
-    result = subprocess.run(
-        [sys.executable, "run.py", *CLOCK, f"hydra.run.dir={run_dir}", *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    expected = -signal.SIGKILL if killed else 0
-    assert result.returncode == expected, result.stdout[-2000:] + result.stderr[-3000:]
+    run_py(*CLOCK, f"hydra.run.dir={run_dir}", *overrides, killed=killed)
 
 
 def steps(run_dir: Path) -> dict[int, dict[str, float]]:
@@ -263,8 +245,7 @@ def test_the_next_phase_from_init_from_continues_the_clock(phase_a, compose_conf
 def test_a_resume_inside_the_batch_warmup_lands_on_the_same_curve(phase_a, tmp_path):
     # steps of 1, 1, 2, 2, 3, 3, 4 micro-batches (4 waits for a cycle of its length): micro-batch 10 is inside the
     # sixth step, after the checkpoint of step 4, which was written at an accumulation of 2
-    kill = ["+callbacks.kill._target_=tests.helpers.KillAtBatch", "+callbacks.kill.batch=10"]
-    run(tmp_path, *PHASE_A, *kill, killed=True)
+    run(tmp_path, *PHASE_A, *kill_at(10), killed=True)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
     run(tmp_path, *PHASE_A, "ckpt_path=last")
     assert steps(tmp_path) == steps(phase_a)

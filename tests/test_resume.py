@@ -5,49 +5,22 @@ after a checkpoint, and in the first stage of a two-stage curriculum (the resume
 """
 
 import csv
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-ROOT = Path(__file__).resolve().parents[1]
+from .helpers import SHORT_RUN, kill_at, run_py
+
 # 6 optimizer steps of 2 micro-batches, a checkpoint every 2 steps, every step logged.
-RUN = [
-    "experiment=tiny_bytes",
-    "data.max_bytes=100000",
-    "data.seq_len=32",
-    "data.batch_size=2",
-    "trainer.max_steps=6",
-    "trainer.accumulate_grad_batches=2",
-    "trainer.log_every_n_steps=1",
-    "trainer.val_check_interval=1000",
-    "trainer.limit_val_batches=0",
-    "callbacks.progress_bar=null",
-    "callbacks.model_checkpoint.every_n_train_steps=2",
-    "callbacks.throughput=null",
-]
+RUN = [*SHORT_RUN, "trainer.max_steps=6", "trainer.accumulate_grad_batches=2"]
 STAGES = ['+stages.first=["optim.optimizer.lr=0.001"]']  # a first stage at another learning rate
 
 
 def run(run_dir: Path, *overrides: str, killed: bool = False) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", *overrides],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    expected = -signal.SIGKILL if killed else 0
-    assert result.returncode == expected, result.stdout[-2000:] + result.stderr[-3000:]
-    return result
-
-
-def kill_at(batch: int) -> list[str]:
-    return ["+callbacks.kill._target_=tests.helpers.KillAtBatch", f"+callbacks.kill.batch={batch}"]
+    return run_py(*RUN, f"hydra.run.dir={run_dir}", *overrides, killed=killed)
 
 
 def losses(run_dir: Path) -> dict[int, str]:
