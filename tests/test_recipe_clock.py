@@ -157,6 +157,7 @@ def test_a_smaller_recipe_moves_every_later_phase(compose_config):
     smaller = "recipe.phases.pretrain1=8000000000000"
     cfg = compose_config("experiment=midtrain", "phase=midtrain_long", smaller, *PRODUCTION, PLAN)
     assert cfg.schedule.start_tokens == 16 * T and cfg.schedule.end_tokens == 16_100_000_000_000
+    assert cfg.schedule.switch_tokens == 8 * T  # the switch follows the end of stage 1
     validate(cfg)
 
 

@@ -27,11 +27,14 @@ def batch_tokens(n: int) -> str:
 
 
 def phase_compositions(cfg: DictConfig) -> dict[str, DictConfig]:
-    """Each phase of cfg's recipe composed as this run with `phase=<name>` (its other overrides kept, those of the
-    phase dropped): where the phases differ (sequence length, global batch), each row is the phase's own. Needs
-    Hydra's context (run.py's tasks run in it)."""
+    """Each phase of cfg's recipe: cfg itself for its own phase, the others composed as this run with
+    `phase=<name>` (its other overrides kept, those of its phase dropped), so that where the phases differ
+    (sequence length, global batch) each row is the phase's own. Needs Hydra's context (run.py's tasks run in it)."""
     overrides = [o for o in HydraConfig.get().overrides.task if not o.lstrip("+~").startswith(("phase=", "phase."))]
-    return {name: compose(config_name="config", overrides=[*overrides, f"phase={name}"]) for name in cfg.recipe.phases}
+    return {
+        name: cfg if name == cfg.phase.name else compose(config_name="config", overrides=[*overrides, f"phase={name}"])
+        for name in cfg.recipe.phases
+    }
 
 
 def timeline(phases: dict[str, DictConfig]) -> list[dict]:
@@ -39,7 +42,7 @@ def timeline(phases: dict[str, DictConfig]) -> list[dict]:
     (the next phase's first follows it on the same curves: the clock is one)."""
     rows = []
     for name, phase_cfg in phases.items():
-        start, tokens = phase_cfg.schedule.start_tokens, phase_cfg.phase.tokens
+        start, tokens = phase_cfg.schedule.start_tokens, phase_cfg.recipe.phases[name]
         rows.append(
             {
                 "phase": name,
