@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from glm46.app.checks import validate
 from glm46.app.schema import register_configs
 from glm46.errors import ConfigError
+from glm46.optim.schedules import LinearRamp, steps_for
 
 from .conftest import CONF_DIR
 from .slurm import require_slurm, sacct_states
@@ -69,7 +70,9 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
     assert "--kill-on-bad-exit=1" in srun.split()  # one task exiting non-zero ends the others: no hang
     # 64M tokens per step over 1024 data-parallel ranks (TP 8) of 1 x 4096 tokens: 16 micro-batches.
     assert cfg.trainer.accumulate_grad_batches == 16
-    assert cfg.trainer.max_steps == -(-15_000_000_000_000 // 67_108_864)
+    # 15T tokens: 64M per step after the batch-size warm-up (16M -> 64M over 500B), its smaller steps counted
+    ramp = LinearRamp(start=16 * 2**20, end=64 * 2**20, ramp_tokens=500 * 10**9)
+    assert cfg.trainer.max_steps == steps_for(15 * 10**12, ramp, 0, 4 * 2**20, 16) == 229_894
     validate(cfg)  # the production layout fits: accepted
 
 
