@@ -200,7 +200,7 @@ def extra(tmp_path):
         header + "schedule:\n  val_check_interval: 2000\n"
     )
     (tmp_path / "extra" / "experiment" / "unknown_top_level.yaml").write_text(
-        header + "schedul:\n  warmup_fraction: 0.1\n"
+        header + "schedul:\n  switch_tokens: 100\n"
     )
     return tmp_path / "extra"
 

@@ -102,8 +102,8 @@ def test_post_training_keeps_a_clock_of_its_own(compose_config):
 
 
 def test_the_toy_recipe_stages_share_one_lr_curve(compose_config):
-    stages = [compose_config("experiment=toy_stage", f"phase={p}") for p in ("toy_pretrain1", "toy_pretrain2")]
-    stages.append(compose_config("experiment=toy_stage", "phase=toy_midtrain"))
+    phases = ("toy_pretrain1", "toy_pretrain2", "toy_midtrain")
+    stages = [compose_config("experiment=toy_stage", f"phase={phase}") for phase in phases]
     for before, after in zip(stages, stages[1:]):
         assert after.schedule.start_tokens == before.schedule.start_tokens + before.phase.tokens
         end, start = recipe_values(before, before.phase.tokens - 1)["lr"], recipe_values(after, 0)["lr"]

@@ -47,7 +47,6 @@ RESOLVED_BEFORE_TRAINING = (
     "model",
     "optim",
     "schedule",
-    "recipe",
     "data",
     "phase",
     "trainer",

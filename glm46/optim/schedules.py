@@ -125,13 +125,12 @@ def steps_for(budget: int, ramp: LinearRamp | None, start_tokens: int, micro_bat
     the batch-size warm-up's growing steps when there is one, else `initial` micro-batches each."""
     if ramp is None:
         return math.ceil(budget / (initial * micro_batch_tokens))
-    steps, tokens, accumulation = 0, 0, initial
-    for tokens, accumulation in batch_warmup_steps(ramp, start_tokens, micro_batch_tokens, initial):  # noqa: B007
+    for step, (tokens, _) in enumerate(batch_warmup_steps(ramp, start_tokens, micro_batch_tokens, initial)):
         if tokens >= budget:
-            return steps
-        steps += 1
-    # the last step yielded (`tokens`, `accumulation`) is the first of the constant steps
-    return steps - 1 + math.ceil((budget - tokens) / (accumulation * micro_batch_tokens))
+            return step
+    # the last step yielded is the first at the ramp's end: it and the ones after it take the final accumulation
+    final = accumulation_for(ramp, ramp.ramp_tokens, micro_batch_tokens)
+    return step + math.ceil((budget - tokens) / (final * micro_batch_tokens))
 
 
 def recipe_values(cfg: DictConfig, tokens_into_phase: int) -> dict[str, float]:
