@@ -11,8 +11,8 @@ import lightning as L
 import pytest
 import torch
 
+from glm46.checkpoint.atomic import AtomicCheckpointIO, CorruptCheckpointError, resume_path
 from glm46.lit.callbacks import ModelCheckpoint
-from glm46.lit.checkpoints import AtomicCheckpointIO, CorruptCheckpointError, resume_path
 
 from .helpers import LinearModule
 
@@ -25,7 +25,7 @@ def save(path: Path, step: int) -> None:
 
 KILLED_WHILE_WRITING = """
 import os, signal, sys, torch
-from glm46.lit.checkpoints import AtomicCheckpointIO
+from glm46.checkpoint.atomic import AtomicCheckpointIO
 path = sys.argv[1]
 AtomicCheckpointIO().save_checkpoint({"global_step": 1, "weights": torch.zeros(1000)}, path)
 def half_then_die(obj, f):  # the second save: half of the bytes reach the disk, then SIGKILL

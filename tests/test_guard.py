@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from glm46.checkpoint.atomic import AtomicCheckpointIO
 from glm46.lit.callbacks import ExpertBalancer, ModelCheckpoint
-from glm46.lit.checkpoints import AtomicCheckpointIO
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.lit.shard_data import MixtureWindows
 from glm46.optim import Piecewise

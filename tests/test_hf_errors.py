@@ -52,7 +52,7 @@ def test_missing_files_and_wrong_model_type_are_named(checkpoint, tmp_path_facto
 def test_the_streaming_writer_refuses_tensors_out_of_order_or_missing(tmp_path):
     import torch
 
-    from glm46.hf import StreamingSafetensors
+    from glm46.checkpoint.safetensors_writer import StreamingSafetensors
 
     entries = [("a", (2, 3), torch.float32), ("b", (4,), torch.bfloat16)]
     writer = StreamingSafetensors(tmp_path / "x.safetensors", entries)

@@ -103,7 +103,7 @@ def test_checkpoint_without_mtp_initialises_it_with_a_warning(tmp_path, caplog):
     file = tmp_path / "model.safetensors"
     L = config.num_hidden_layers
     save_file({k: v for k, v in load_file(file).items() if not k.startswith(f"model.layers.{L}.")}, file)
-    with caplog.at_level(logging.WARNING, logger="glm46.hf"):
+    with caplog.at_level(logging.WARNING, logger="glm46.checkpoint.hf_read"):
         model = load_hf(tmp_path)
     assert "MTP layers are initialised afresh" in caplog.text
     eh = model.mtp_layers[0].eh_proj.weight

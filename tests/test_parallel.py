@@ -238,8 +238,8 @@ def assert_same_run(run: dict, reference: dict, tolerance: float = TOLERANCE, fi
 
 def assert_weights_of_checkpoint(path: Path, state: dict[str, torch.Tensor]) -> None:
     """`init_from=<sharded checkpoint folder>` (glm46.parallel.state.load_weights) gives these weights."""
+    from glm46.checkpoint.weights import load_weights
     from glm46.modules import GLM46ForCausalLM
-    from glm46.parallel.state import load_weights
     from tests.helpers import tiny_config
 
     model = GLM46ForCausalLM(tiny_config())

@@ -101,7 +101,7 @@ def assert_same_run(record: Path, straight: Path) -> float:
 def assert_same_optimizer_state(folder: Path, file: Path) -> None:
     """Muon momentum and AdamW moments of a DCP folder (read whole) equal those of the one-process run's file at the
     same step, parameter by parameter, within TOLERANCE."""
-    from glm46.parallel.reshard import consolidate
+    from glm46.checkpoint.reshard import consolidate
 
     sharded = consolidate(folder)["optimizer_states"][0]["state"]
     reference = torch.load(file, weights_only=False)["optimizer_states"][0]["state"]

@@ -21,11 +21,13 @@ from transformers import AutoTokenizer
 
 from glm46.app.checks import model_config
 from glm46.app.tasks import run_task
+from glm46.checkpoint.hf_read import SINGLE_FILE
+from glm46.checkpoint.hub_config import config_to_hf
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
 from glm46.data.shards import load_shard
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
-from glm46.hf import SINGLE_FILE, config_to_hf, load_hf, save_hf
+from glm46.hf import load_hf, save_hf
 from glm46.modules import GLM46ForCausalLM
 from glm46.serve.offline import serving_python, vllm_generate
 

@@ -94,7 +94,8 @@ def main(spec: dict) -> None:
     if spec.get("check"):
         report["pieces"] = pieces(model)
         for name, path in spec["check"].items():  # weights to read into the shards (init_from)
-            from glm46.parallel.state import full_state_items, load_weights
+            from glm46.checkpoint.weights import load_weights
+            from glm46.parallel.state import full_state_items
 
             load_weights(model, path)
             state = {k: None if t is None else t.clone() for k, t in full_state_items(model)}
@@ -107,7 +108,7 @@ def main(spec: dict) -> None:
 
 def pieces(model) -> dict[str, list]:
     """name -> [global offset of this rank's shard, a fingerprint of its values] for every sharded parameter."""
-    from glm46.parallel.shards import local_box, local_tensor
+    from glm46.parallel.boxes import local_box, local_tensor
 
     result = {}
     for name, p in model.named_parameters():

@@ -204,8 +204,8 @@ def test_train_on_a_prepared_dataset(tmp_path):
 
 @pytest.mark.slow
 def test_init_from_a_checkpoint_or_an_hf_directory_loads_the_weights(trained):
+    from glm46.checkpoint.weights import load_weights
     from glm46.modules import GLM46ForCausalLM
-    from glm46.parallel.state import load_weights
 
     exported = load_hf(trained / "hf")
     for source in (trained / "checkpoints" / "last.ckpt", trained / "hf"):

@@ -20,8 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 from glm46.app.logs import rank_zero_logger
 from glm46.app.resolvers import phase_steps, recipe_start
 from glm46.app.sizing import composed_plan
+from glm46.checkpoint import find_weights
+from glm46.checkpoint.hub_config import config_from_hf
 from glm46.errors import ConfigError
-from glm46.hf import config_from_hf, find_weights
 from glm46.lit.rl_data import PromptDataModule
 from glm46.lit.sft_data import SFTDataModule
 from glm46.lit.shard_data import PACKINGS

@@ -15,10 +15,10 @@ from glm46.app.logs import rank_zero_logger
 from glm46.app.preparation import prepare_once, prepare_source
 from glm46.app.sizing import composed_plan
 from glm46.app.timeline import format_timeline, phase_compositions, timeline
+from glm46.checkpoint import find_weights
 from glm46.errors import ConfigError
 from glm46.estimate import count_parameters, format_counts
 from glm46.eval import evaluate, summarize
-from glm46.hf import find_weights
 from glm46.modules import GLM46Config
 from glm46.plan import format_plan
 from glm46.serve.command import engine_command, format_command, launch

@@ -13,16 +13,17 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_run
+from glm46.checkpoint import save_hf
+from glm46.checkpoint.atomic import AtomicCheckpointIO, resume_path
+from glm46.checkpoint.reshard import LayoutRecord, check_resume
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.eval import evaluate
-from glm46.hf import save_hf
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
-from glm46.lit.checkpoints import AtomicCheckpointIO, resume_path
 from glm46.lit.grpo import GRPOLitModule
 from glm46.modules import GLM46Config
-from glm46.parallel.reshard import LayoutRecord, check_resume
+from glm46.serve.compat import serving_problems
 
 log = rank_zero_logger(__name__)
 
@@ -114,6 +115,8 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None
     save_hf(module.model, output_dir / "hf", tokenizer=tokenizer)
     if trainer.is_global_zero:
+        for problem in serving_problems(module.model.config):
+            log.warning(f"{output_dir / 'hf'}: {problem}")
         if cfg.eval.after_train:
             evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)
         for path in plot_run(output_dir):

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from glm46.errors import ConfigError
 
+from .boxes import EOS, write_shards
 from .documents import Ledger
 from .prepare import READERS, prepare
 from .quality import QualityRules
-from .shards import EOS, write_shards
 from .tokenizer import GLMTokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)

@@ -25,9 +25,9 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.utils import Collator, normalize_gen_kwargs, postprocess_generated_text
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
+from glm46.checkpoint import find_weights, load_hf
 from glm46.data.chat import EOS, STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.hf import find_weights, load_hf
 from glm46.modules.model import positions_after
 
 

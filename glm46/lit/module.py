@@ -7,7 +7,7 @@ counted over all data-parallel ranks and saved in the checkpoint. A phase starte
 thus continues the clock where that phase ended, and a resume or a change of batch size keeps it where it was.
 The checkpoint also holds the RNG states and the step guard's state (glm46.lit.guard): a resume continues
 bit for bit. Optimizer states in checkpoint files are keyed by parameter name, so that a resume under another
-layout (glm46.parallel.reshard) finds each parameter's Muon/AdamW state.
+layout (glm46.checkpoint.reshard) finds each parameter's Muon/AdamW state.
 """
 
 from __future__ import annotations
@@ -25,15 +25,15 @@ from lightning.pytorch.strategies import ModelParallelStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from glm46.checkpoint.atomic import resume_path
+from glm46.checkpoint.weights import load_weights
 from glm46.lit.callbacks.batch_warmup import BatchSizeWarmup
-from glm46.lit.checkpoints import resume_path
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
-from glm46.parallel.state import load_weights
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)

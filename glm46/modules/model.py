@@ -1,7 +1,7 @@
 """GLM46ForCausalLM: the GLM-4.5/4.6 decoder, its MTP layers, an untied lm_head, and KV-cache generation.
 
 Parameter names follow transformers' in-memory Glm4Moe layout (`model.layers.N.mlp.experts.gate_up_proj`,
-...), so HF import/export (glm46.hf) is a renaming plus the per-expert split of the Hub files.
+...), so HF import/export (glm46.checkpoint.hub_keys) is a renaming plus the per-expert split of the Hub files.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
-from glm46.parallel.shards import Box, local_tensor, shift
+from glm46.parallel.boxes import Box, local_tensor, shift
 
 from .newton_schulz import BATCH_BYTES, NewtonSchulz, consecutive_within, orthogonalize_batched
 

@@ -21,7 +21,7 @@ import math
 import torch
 from torch.optim.adam import adam
 
-from glm46.parallel.shards import local_tensor
+from glm46.parallel.boxes import local_tensor
 
 from .distributed_muon import orthogonalize_updates
 from .newton_schulz import NewtonSchulz

@@ -18,7 +18,7 @@ from torch import nn
 
 from glm46.modules import GLM46ForCausalLM
 
-from .shards import local_box, local_tensor
+from .boxes import local_box, local_tensor
 
 
 def has_meta_tensors(module: nn.Module) -> bool:

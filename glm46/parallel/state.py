@@ -1,26 +1,20 @@
-"""Weights in and out of a model that may be sharded by FSDP2, TP, EP (DTensors) or DeepSpeed ZeRO-3.
+"""The state of a model that may be sharded by FSDP2, TP, EP (DTensors) or DeepSpeed ZeRO-3: shapes, and parts
+assembled on chosen ranks.
 
-Out: `gathered_parts` assembles requested parts (boxes) of the model's tensors on chosen ranks, one part
-at a time (the HF export asks for one Hub tensor per part); `full_state_items` asks for whole tensors.
-Both are collective when the model is sharded: every rank iterates them to the end, in the same order.
-
-In: `load_weights` fills a model, sharded or not, from earlier weights (`init_from`): an HF directory
-(each rank reads its slices), a Lightning checkpoint file (memory-mapped, each rank copies its
-slices), or a sharded layout's checkpoint folder (DCP reads in place, resharding into the model's
-layout; a DeepSpeed folder is read whole).
+`gathered_parts` assembles requested parts (boxes) of the model's tensors on chosen ranks, one part at a time
+(the HF export asks for one Hub tensor per part); `full_state_items` asks for whole tensors. Both are
+collective when the model is sharded: every rank iterates them to the end, in the same order.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .shards import Box, gather_box, local_box, local_tensor
+from .boxes import Box, gather_box
 
 
 def _zero3_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -79,53 +73,3 @@ def full_state_items(model: torch.nn.Module, dst: int = 0) -> Iterator[tuple[str
 def is_writer() -> bool:
     """Whether this process writes shared files: global rank 0, or the only process."""
     return rank_and_world()[0] == 0
-
-
-def load_weights(model: torch.nn.Module, path: str | Path) -> None:
-    """Fill `model` (a GLM46ForCausalLM, whole or sharded) with the weights at `path` (see the module docstring).
-    Only the weights: optimizer, schedules and data position start afresh."""
-    from glm46.hf import load_hf
-
-    path = Path(path)
-    if (path / ".metadata").is_file():
-        _load_dcp(model, path)
-        return
-    if path.is_dir() and not _is_deepspeed_folder(path):
-        load_hf(path, model=model)
-        return
-    if path.is_dir():
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        state = get_fp32_state_dict_from_zero_checkpoint(path)  # whole, in one process
-    else:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state_dict"]
-    state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    own = model.state_dict(keep_vars=True)
-    if own.keys() != state.keys():
-        missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())
-        raise RuntimeError(
-            f"{path}: the weights do not fit the model: missing {missing[:10]}, unexpected {unexpected[:10]}"
-        )
-    with torch.no_grad():
-        for name, tensor in own.items():
-            if state[name].shape != tensor.shape:
-                raise RuntimeError(
-                    f"{path}: {name} has shape {tuple(state[name].shape)}, the model {tuple(tensor.shape)}"
-                )
-            local_tensor(tensor).copy_(state[name][local_box(tensor)])  # a memory-mapped source reads only this
-
-
-def _is_deepspeed_folder(path: Path) -> bool:
-    return (path / "latest").is_file() or bool(list(path.glob("*/zero_pp_rank_*_model_states.pt")))
-
-
-def _load_dcp(model: torch.nn.Module, path: Path) -> None:
-    """Read a distributed checkpoint (the mesh layouts' checkpoint folders: `*.distcp` + `.metadata`) into the
-    model in place: each rank reads its shards, whatever layout wrote it (DCP reshards), or the whole weights
-    into a whole model, also in one process. The LightningModule's `model.` prefix is in the checkpoint."""
-    import torch.distributed.checkpoint as dcp
-
-    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}  # views of the weights
-    with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": reading in one process is the point
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=path, no_dist=not (dist.is_available() and dist.is_initialized()))

@@ -2,7 +2,7 @@
 
 from .balancer import ExpertBalancer, max_violation
 from .batch_warmup import BatchSizeWarmup
-from .checkpoint import ModelCheckpoint
+from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
 from .throughput import Throughput
 

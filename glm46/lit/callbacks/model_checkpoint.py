@@ -2,7 +2,7 @@
 
 Lightning (2.6) writes last.ckpt only together with a periodic checkpoint, so a run whose final step is
 not a multiple of `every_n_train_steps` ended with a stale last.ckpt, and `ckpt_path=last` repeated the
-steps after it. (Files are written atomically by glm46.lit.checkpoints.AtomicCheckpointIO.)
+steps after it. (Files are written atomically by glm46.checkpoint.atomic.AtomicCheckpointIO.)
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ below look only at `*.ckpt`); the previous checkpoint is untouched because the r
 Sharded layouts save folders (DCP, DeepSpeed): one counts as complete when its completion marker is
 there (`.metadata`, written by DCP after every shard; `latest`, written by DeepSpeed at the end).
 One process and DDP also resume from a DCP folder, read whole (a run that continues on fewer devices;
-glm46.parallel.reshard), and their next `last.ckpt` file replaces the folder of that name.
+glm46.checkpoint.reshard), and their next `last.ckpt` file replaces the folder of that name.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-from glm46.parallel.reshard import checkpoint_format, consolidate
+from glm46.checkpoint.reshard import checkpoint_format, consolidate
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ A checkpoint comes in one of three formats, each named by what it is on disk:
 
 The mesh layouts read `file` (Lightning broadcasts it into the shards) and `dcp` (DCP reshards to any mesh and
 world size); one process and DDP read `file` and `dcp` (consolidated in memory:
-glm46.lit.checkpoints.AtomicCheckpointIO); DeepSpeed reads only its own folders, at the world size that wrote
+glm46.checkpoint.atomic.AtomicCheckpointIO); DeepSpeed reads only its own folders, at the world size that wrote
 them. Optimizer states in files are keyed by parameter name (GLM46LitModule.on_save_checkpoint), so every
 engine maps Muon/AdamW state to the right parameter whatever order its param groups list them in.
 Anything else is refused before training starts, naming both layouts and `init_from`.
@@ -24,8 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
-
-from .strategies import data_parallel_size
+from glm46.parallel.strategies import data_parallel_size
 
 META = "meta.pt"  # Lightning's file of everything but the weights and optimizer states in a DCP folder
 ENGINE_READS = {"single": ("file", "dcp"), "ddp": ("file", "dcp"), "mesh": ("file", "dcp"), "deepspeed": ("deepspeed",)}

@@ -1,0 +1,20 @@
+"""Checkpoints in and out: the Hub format (config mapping, key mapping, sharded read and write, a streaming
+safetensors writer), starting from earlier weights (`init_from`), Lightning checkpoints that a kill cannot break,
+and resuming under another layout.
+
+| file | what |
+|---|---|
+| hub_keys.py | our state-dict names <-> the Hub's (`to_hf` / `from_hf`), pure functions |
+| hub_config.py | config.json, generation_config.json, tokenizer files |
+| hf_read.py / hf_write.py | `load_hf` / `save_hf`, slice by slice on sharded models |
+| safetensors_writer.py | a .safetensors file written tensor by tensor |
+| weights.py | `load_weights`: a model's weights from an HF directory or a checkpoint (`init_from`) |
+| atomic.py | checkpoint files and folders written under a temporary name; `ckpt_path=last` |
+| reshard.py | resuming under another layout or world size |
+"""
+
+from .hf_read import find_weights, load_hf
+from .hf_write import save_hf
+from .hub_config import CheckpointError
+
+__all__ = ["CheckpointError", "find_weights", "load_hf", "save_hf"]

@@ -1,0 +1,131 @@
+"""Read a transformers/Hub Glm4Moe directory (config.json + safetensors, sharded or not) into a model that may
+itself be sharded over processes: each rank reads from the files only the slices it holds."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from glm46.modules import GLM46ForCausalLM
+from glm46.parallel.boxes import intersect, local_box, local_tensor, shift
+from glm46.parallel.materialize import ShardedNormal
+from glm46.parallel.state import is_sharded
+
+from .hub_config import CheckpointError, config_from_hf
+from .hub_keys import expected_slots, from_hf, hub_region
+
+log = logging.getLogger(__name__)
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def find_weights(path: str | Path) -> Path:
+    """The HF directory (config.json + safetensors) at `path`: itself, or a run directory's hf/."""
+    path = Path(path).absolute()
+    for candidate in (path, path / "hf"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"{path} holds no model: neither config.json (an HF directory) nor hf/config.json (a run directory)"
+    )
+
+
+def _shard_files(path: Path) -> list[Path]:
+    index = path / INDEX_FILE
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [path / name for name in sorted(set(weight_map.values()))]
+    if (path / SINGLE_FILE).exists():
+        return [path / SINGLE_FILE]
+    raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
+
+
+def load_hf(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    model: GLM46ForCausalLM | None = None,
+) -> GLM46ForCausalLM:
+    """A GLM46ForCausalLM with the weights of a transformers/Hub Glm4Moe directory.
+
+    Without `model`, one is built from the directory's config.json (allocated once, on `device` in `dtype`).
+    With `model` (whole, or sharded over processes as FSDP2 / tensor / expert parallel DTensors), its
+    tensors are filled in place: each rank reads from the safetensors files only the slices it holds.
+    Missing MTP weights (transformers writes none) are initialised afresh with a warning; missing or
+    misshapen main-model tensors raise CheckpointError listing them.
+    """
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise CheckpointError(f"{config_file} not found")
+    config = config_from_hf(json.loads(config_file.read_text()))
+    if model is None:
+        with torch.device("meta"):
+            model = GLM46ForCausalLM(config)
+        model.to_empty(device=device).to(dtype)
+    with ExitStack() as files:
+        handles = {}
+        for file in _shard_files(path):
+            handle = files.enter_context(safe_open(file, framework="pt", device="cpu"))
+            handles |= dict.fromkeys(handle.keys(), handle)
+        missing = _read_slices(model, handles, path)
+    if missing:
+        log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
+        if is_sharded(model):
+            model.init_weights(model.mtp_layers.modules(), normal_=ShardedNormal(torch.initial_seed()))
+        else:
+            model.init_weights(model.mtp_layers.modules())
+    model.model.rotary_emb.reset_parameters()
+    return model
+
+
+def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
+    """Copy into each of the model's tensors the part this rank holds, from the open safetensors `handles`
+    (Hub key -> file); returns the missing MTP slots, raises CheckpointError for anything else missing."""
+    state = model.state_dict(keep_vars=True)  # parameters and persistent buffers themselves (DTensors stay sharded)
+    shapes = {name: tensor.shape for name, tensor in state.items()}  # a DTensor's shape is the global one
+    slots_by_name = defaultdict(set)  # a whole stacked tensor (transformers v5 files) fills all its slots
+    for slot in expected_slots(shapes):
+        slots_by_name[slot[0]].add(slot)
+
+    filled, misshapen, unexpected = set(), [], []
+    with torch.no_grad():
+        for key, handle in handles.items():
+            name, expert, part = from_hf(key, model.config.num_hidden_layers)
+            if name is None:
+                continue
+            if name not in state:
+                unexpected.append(key)
+                continue
+            region = hub_region(shapes[name], expert, part)
+            source = handle.get_slice(key)
+            expected = tuple(s.stop - s.start for s in region)[0 if expert is None else 1 :]
+            if tuple(source.get_shape()) != expected:
+                misshapen.append(f"{key}: checkpoint {tuple(source.get_shape())} vs model {expected}")
+                continue
+            target, held = local_tensor(state[name]), local_box(state[name])
+            common = intersect(held, region)
+            if common is not None:
+                destination = shift(common, held)
+                piece = source[shift(common, region)[0 if expert is None else 1 :]]
+                target[destination] = piece.view(target[destination].shape)
+            filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
+
+    missing = set().union(*slots_by_name.values()) - filled
+    missing_main = sorted({name for name, _, _ in missing if not name.startswith("mtp_layers.")})
+    if missing_main or misshapen:
+        raise CheckpointError(
+            f"{path} does not fit the model of its config.json:"
+            + (f"\n  missing: {missing_main}" if missing_main else "")
+            + (f"\n  misshapen: {misshapen}" if misshapen else "")
+        )
+    if unexpected:
+        log.warning("%s: ignored %d tensors the model has no place for: %s", path, len(unexpected), unexpected[:10])
+    return missing
