@@ -1,8 +1,11 @@
 """glm46 entry point: compose the Hydra config, validate it, run its `task`. Nothing else lives here."""
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
+from glm46.app.aliases import renamed_overrides
 from glm46.app.checks import Refused
 from glm46.app.schema import register_configs
 from glm46.app.tasks import run_task
@@ -20,4 +23,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = renamed_overrides(sys.argv[1:])
     main()

@@ -125,7 +125,7 @@ def planned_bytes(layout: str) -> tuple[float, float]:
     """(the plan's per-device bytes for weights + gradients + optimizer + FSDP2 units, one replica's state)."""
     from glm46.modules import GLM46Config
     from glm46.parallel.layout import Layout
-    from glm46.plan import fsdp_units, gathered_bytes, planned_parameters, state_by_group
+    from glm46.planning.plan import fsdp_units, gathered_bytes, planned_parameters, state_by_group
 
     config = GLM46Config(**FIELDS)
     layout_ = Layout(WORLD, 1, LAYOUTS[layout]["expert_parallel"], WORLD)
@@ -145,8 +145,8 @@ def main() -> None:
     if args.worker:
         return worker(args.worker, args.steps, Path(args.out))
 
-    from glm46.estimate import count_parameters
     from glm46.modules import GLM46Config
+    from glm46.planning.counts import count_parameters
 
     print(
         f"model: {count_parameters(GLM46Config(**FIELDS))['total'] / 1e9:.2f}B parameters, {WORLD} gloo processes, "

@@ -10,7 +10,7 @@ glm46 with AdamW (the peer's optimizer family), glm46 with Muon (Newton-Schulz i
 conf/optim/muon.yaml resolves it), and the peer with AdamW (torchtitan: its fused AdamW and its defaults,
 `bench/torchtitan_glm.py` for its model; transformers: `Glm4MoeForCausalLM`). Every model starts from the
 same weights. Prints tokens/s, the ratio to the peer (whole step, and forward + backward alone), the
-fraction of the device's matmul rate (model FLOPs counted one way for all, glm46.estimate's torchtitan
+fraction of the device's matmul rate (model FLOPs counted one way for all, glm46.planning.counts's torchtitan
 convention, against the datasheet peak where Lightning knows the GPU and a measured square matmul) and
 the optimizer's share of the step. Runners are interleaved step by step so drift in machine load hits
 all alike; `glm46_1b` runs them one after another, so only one model occupies the device at a time.
@@ -30,10 +30,10 @@ import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
 
-from glm46.estimate import count_parameters, training_flops_per_token
 from glm46.lit.callbacks.throughput import measured_matmul_flops
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import Muon, muon_param_groups
+from glm46.planning.counts import count_parameters, training_flops_per_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

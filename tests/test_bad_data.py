@@ -192,7 +192,7 @@ def test_a_parquet_file_that_does_not_open_fails_before_any_document(tmp_path):
 # -- inputs that give nothing to count: errors naming the path, or the counts
 @pytest.mark.parametrize("reader", ["text", "parquet"])  # jsonl: test_prepare.py::test_missing_input_path_is_named
 def test_a_missing_input_path_is_named(tmp_path, reader):
-    with pytest.raises(FileNotFoundError, match=f"data.paths: {tmp_path / 'nowhere'} does not exist"):
+    with pytest.raises(FileNotFoundError, match=f"source.paths: {tmp_path / 'nowhere'} does not exist"):
         next(READERS[reader]([str(tmp_path / "nowhere")], Ledger()))
 
 
@@ -207,7 +207,7 @@ def test_a_missing_input_path_is_named(tmp_path, reader):
 def test_a_folder_without_input_files_is_named(tmp_path, reader, present, wanted):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / present).write_text("{}")
-    with pytest.raises(FileNotFoundError, match=f"data.paths: {tmp_path / 'in'} holds no {wanted} files"):
+    with pytest.raises(FileNotFoundError, match=f"source.paths: {tmp_path / 'in'} holds no {wanted} files"):
         next(READERS[reader]([str(tmp_path / "in")], Ledger()))
 
 
@@ -229,9 +229,9 @@ def test_a_dataset_empty_after_filtering_names_the_reasons_through_task_prepare(
     file.write_text('{"text": "too short"}\n{"text": "too short"}\n{"broken\n{"text": "   "}\n')
     cfg = composed(
         "task=prepare",
-        "data=jsonl",
-        f"data.paths=[{file}]",
-        f"data.output_dir={tmp_path / 'out'}",
+        "source=jsonl",
+        f"source.paths=[{file}]",
+        f"source.output_dir={tmp_path / 'out'}",
         "prepare.tokenizer.vocab_size=300",
         "prepare.num_workers=1",
     )
@@ -253,9 +253,9 @@ def test_a_tokenizer_of_ones_own_without_a_document_end_token_is_refused_before_
     GLMTokenizer(train_tokenizer([prose(random.Random(0))], vocab_size=300, special_tokens=[])).save(own)
     cfg = composed(
         "task=prepare",
-        "data=jsonl",
-        f"data.paths=[{file}]",
-        f"data.output_dir={tmp_path / 'out'}",
+        "source=jsonl",
+        f"source.paths=[{file}]",
+        f"source.output_dir={tmp_path / 'out'}",
         f"prepare.tokenizer.path={own}",
     )
     with pytest.raises(ConfigError, match=f"prepare.tokenizer.path={own}: the tokenizer has no '<\\|endoftext\\|>'"):
@@ -289,9 +289,9 @@ def dataset(tmp_path_factory):
     (root / "in.jsonl").write_text("\n".join(good_lines(60, seed=8)) + "\n")
     cfg = composed(
         "task=prepare",
-        "data=jsonl",
-        f"data.paths=[{root / 'in.jsonl'}]",
-        f"data.output_dir={root / 'dataset'}",
+        "source=jsonl",
+        f"source.paths=[{root / 'in.jsonl'}]",
+        f"source.output_dir={root / 'dataset'}",
         "prepare.tokenizer.vocab_size=300",
         "prepare.num_workers=1",
     )

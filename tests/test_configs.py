@@ -12,8 +12,8 @@ from omegaconf.errors import ValidationError
 
 from glm46.app.checks import model_config, validate
 from glm46.errors import ConfigError
-from glm46.estimate import count_parameters, format_counts
 from glm46.modules import GLM46Config
+from glm46.planning.counts import count_parameters, format_counts
 
 from .helpers import TINY
 
@@ -41,6 +41,7 @@ MEMBERS = [
         "optim",
         "schedule",
         "recipe",
+        "source",
         "data",
         "phase",
         "prepare",

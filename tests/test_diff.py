@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from glm46.app.diff import SpecError, compose_from, diff_configs, main
+from glm46.app.config_diff import SpecError, compose_from, diff_configs, main
 from glm46.optim.schedules import LinearRamp, steps_for
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,14 +21,14 @@ from glm46.app.tasks import run_task
 from glm46.data.chat import ROLE_TOKENS
 from glm46.data.documents import Ledger
 from glm46.data.embedded import generated
-from glm46.data.rl import extract_answer
 from glm46.data.shards import load_shard, write_shards
 from glm46.data.tokenizer import SPECIAL_TOKENS, GLMTokenizer
+from glm46.data.windows import DomainStream
 from glm46.errors import ConfigError
 from glm46.eval import evaluate
-from glm46.eval.tasks import STOP_TOKENS, write_tasks
+from glm46.eval.lm_eval_tasks import STOP_TOKENS, write_tasks
 from glm46.hf import save_hf
-from glm46.lit.shard_data import DomainStream
+from glm46.rl.rewards import extract_answer
 
 from .helpers import random_model, tiny_config
 from .test_sft import make_chat_dataset

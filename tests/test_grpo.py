@@ -1,4 +1,4 @@
-"""The GRPO stage (glm46.lit.grpo.GRPOLitModule) on a tiny model: rollouts laid out right, the reward rises on an
+"""The GRPO stage (glm46.rl.grpo_module.GRPOLitModule) on a tiny model: rollouts laid out right, the reward rises on an
 easy task, a resumed run equals an uninterrupted one, and the data position counts data-parallel ranks."""
 
 from functools import partial
@@ -8,9 +8,9 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from glm46.lit.grpo import GRPOLitModule
-from glm46.lit.rl_data import PromptDataModule
 from glm46.modules.loss import IGNORE_INDEX
+from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.prompts import PromptDataModule
 
 from .helpers import tiny_config
 from .test_sft import make_chat_dataset

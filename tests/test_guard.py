@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from glm46.checkpoint.atomic import AtomicCheckpointIO
+from glm46.data.windows import MixtureWindows
 from glm46.lit.callbacks import ExpertBalancer, ModelCheckpoint
 from glm46.lit.guard import StepGuard, TrainingDiverged
-from glm46.lit.shard_data import MixtureWindows
 from glm46.optim import Piecewise
 
 from .helpers import tiny_config

@@ -134,7 +134,7 @@ def test_mtp_loss_is_cross_entropy_of_mtp_logits_against_shifted_labels():
 
 
 def packed_pair(config, lengths=(7, 9)):
-    """Two documents in one row as glm46.lit.shard_data packs them: positions restart, no label at a document's
+    """Two documents in one row as glm46.data.windows packs them: positions restart, no label at a document's
     last token. -> documents [1, L], row [1, T], position_ids [1, T], labels [1, T]."""
     generator = torch.Generator().manual_seed(11)
     documents = [torch.randint(0, config.vocab_size, (1, n), generator=generator) for n in lengths]

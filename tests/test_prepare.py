@@ -269,7 +269,7 @@ def test_run_py_prepare_command(planted, tmp_path):
             sys.executable,
             "run.py",
             "task=prepare",
-            "data=jsonl",
+            "data=jsonl",  # the first spelling, still accepted: source=jsonl source.paths=... source.output_dir=...
             f"data.paths=[{planted}]",
             f"data.output_dir={out}",
             "prepare.tokenizer.vocab_size=300",
@@ -287,3 +287,18 @@ def test_run_py_prepare_command(planted, tmp_path):
     shards = json.loads((out / "tokens" / "shards.json").read_text())
     assert shards["vocab_size"] == 300 and shards["domains"]["general"]["documents"] == 40
     assert (out / "tokenizer.json").exists() and (out / "tokens" / "general.bin").stat().st_size > 0
+
+
+def test_the_readers_former_data_spelling_is_rewritten_to_source():
+    from glm46.app.aliases import renamed_overrides
+
+    old = ["task=prepare", "data=jsonl", "data.paths=[a.jsonl]", "data.output_dir=out", "seed=1"]
+    assert renamed_overrides(old) == [
+        "task=prepare",
+        "source=jsonl",
+        "source.paths=[a.jsonl]",
+        "source.output_dir=out",
+        "seed=1",
+    ]
+    training = ["data=shards", "data.path=/d", "data.batch_size=4"]  # a DataModule: left alone
+    assert renamed_overrides(training) == training

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from glm46.data.embedded import expression_problem, rl_prompt
-from glm46.data.rl import extract_answer, verify
-from glm46.lit.rl_data import PromptDataModule
+from glm46.rl.prompts import PromptDataModule
+from glm46.rl.rewards import extract_answer, verify
 
 from .test_sft import make_chat_dataset
 

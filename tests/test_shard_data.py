@@ -9,7 +9,8 @@ import torch
 
 from glm46.data.shards import write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
-from glm46.lit.shard_data import DataMismatchError, MixtureWindows, ShardDataModule
+from glm46.data.windows import MixtureWindows
+from glm46.lit.shard_data import DataMismatchError, ShardDataModule
 
 from .helpers import RecordBatches, tiny_config
 from .test_balancer import lit_module
@@ -129,7 +130,7 @@ def test_resume_on_other_data_fails_clearly(dataset):
 
 
 def test_best_fit_bins_hold_every_document_once_within_capacity():
-    from glm46.lit.shard_data import best_fit_bins
+    from glm46.data.windows import best_fit_bins
 
     rng = np.random.default_rng(1)
     lengths = rng.integers(1, 50, 200).tolist() + [130]  # one document longer than a bin

@@ -9,8 +9,8 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import Logger
 
-from glm46.estimate import training_flops_per_token
 from glm46.lit.callbacks import Throughput
+from glm46.planning.counts import training_flops_per_token
 
 from .helpers import tiny_config
 

@@ -162,9 +162,9 @@ def test_train_on_a_prepared_dataset(tmp_path):
             sys.executable,
             "run.py",
             "task=prepare",
-            "data=jsonl",
-            f"data.paths=[{corpus}]",
-            f"data.output_dir={dataset}",
+            "source=jsonl",
+            f"source.paths=[{corpus}]",
+            f"source.output_dir={dataset}",
             "prepare.tokenizer.vocab_size=400",
             f"hydra.run.dir={tmp_path / 'prep'}",
         ],
@@ -246,9 +246,9 @@ def test_the_default_run_prepares_once_and_again_when_its_fingerprint_changes(co
 
     def config(*overrides):
         return compose_config(
-            "data@auto_prepare=jsonl",
-            f"auto_prepare.paths=[{corpus}]",
-            f"auto_prepare.output_dir={dataset}",
+            "source=jsonl",
+            f"source.paths=[{corpus}]",
+            f"source.output_dir={dataset}",
             "prepare.tokenizer.vocab_size=400",
             *overrides,
         )
@@ -282,9 +282,9 @@ def test_task_prepare_on_the_default_run_builds_its_corpus_once(compose_config, 
     corpus, dataset = write_word_corpus(tmp_path / "corpus.jsonl", 50, seed=1), tmp_path / "dataset"
     config = compose_config(
         "task=prepare",
-        "data@auto_prepare=jsonl",
-        f"auto_prepare.paths=[{corpus}]",
-        f"auto_prepare.output_dir={dataset}",
+        "source=jsonl",
+        f"source.paths=[{corpus}]",
+        f"source.output_dir={dataset}",
         "prepare.tokenizer.vocab_size=300",
     )
     run_task(config)
@@ -302,23 +302,23 @@ def test_a_run_on_other_data_prepares_nothing_and_leaves_that_data_alone(compose
     prepare_once(compose_config("data=stdlib"), fake_prepare(calls))  # the default run's stages on the byte stream
     # the default experiment on a dataset of one's own: neither the embedded corpus nor that folder is written
     prepare_once(
-        compose_config("data=shards", f"data.path={tmp_path}", f"auto_prepare.output_dir={tmp_path / 'x'}"),
+        compose_config("data=shards", f"data.path={tmp_path}", f"source.output_dir={tmp_path / 'x'}"),
         fake_prepare(calls),
     )
     prepare_once(compose_config(f"data.path={tmp_path}"), fake_prepare(calls))
     assert calls == [] and list(tmp_path.iterdir()) == []
-    assert compose_config(f"auto_prepare.output_dir={tmp_path}").data.path == str(tmp_path)
+    assert compose_config(f"source.output_dir={tmp_path}").data.path == str(tmp_path)
 
 
 @pytest.mark.slow
 def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curriculum(tmp_path):
     dataset, run_dir = tmp_path / "embedded", tmp_path / "run"
     small = [
-        f"auto_prepare.output_dir={dataset}",
-        "auto_prepare.options.math_problems=2000",
-        "auto_prepare.options.reasoning_problems=1000",
-        "auto_prepare.options.sft_conversations=1000",
-        "auto_prepare.options.rl_prompts=200",
+        f"source.output_dir={dataset}",
+        "source.options.math_problems=2000",
+        "source.options.reasoning_problems=1000",
+        "source.options.sft_conversations=1000",
+        "source.options.rl_prompts=200",
         "prepare.tokenizer.vocab_size=2048",
         "data.batch_size=4",
         "phase.seq_len=128",

@@ -19,15 +19,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from glm46.app.logs import rank_zero_logger
 from glm46.app.resolvers import phase_steps, recipe_start
-from glm46.app.sizing import composed_plan
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.hub_config import config_from_hf
+from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
-from glm46.lit.rl_data import PromptDataModule
 from glm46.lit.sft_data import SFTDataModule
-from glm46.lit.shard_data import PACKINGS
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
+from glm46.planning.sizing import composed_plan
+from glm46.rl.prompts import PromptDataModule
 from glm46.serve.compat import serving_problems
 
 log = rank_zero_logger(__name__)
@@ -155,13 +155,13 @@ def check_choices(cfg: DictConfig) -> None:
 
 def _prepared_domains(cfg: DictConfig) -> set[str] | None:
     """The domains of the prepared dataset at data.path (its tokens/shards.json), when it is on this machine and
-    not one the run prepares itself (auto_prepare); None otherwise (an unreadable index is the DataModule's to
+    not one the run prepares itself (its `source`); None otherwise (an unreadable index is the DataModule's to
     report)."""
     path = _get(cfg, "data.path")
     if not path:
         return None
-    auto = cfg.get("auto_prepare")
-    if auto and Path(str(auto.output_dir)).absolute() == Path(path).absolute():
+    source = cfg.get("source")
+    if source and Path(str(source.output_dir)).absolute() == Path(path).absolute():
         return None
     try:
         return set(json.loads((Path(path) / "tokens" / "shards.json").read_text())["domains"])
@@ -361,7 +361,9 @@ def validate(cfg: DictConfig) -> GLM46Config:
         return check_serve(cfg)
     refuse_missing(cfg)
     config = model_config(cfg)
-    if cfg.task == "prepare":  # reads its data source and the prepare settings only; the pipeline checks them
+    if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them
+        if cfg.get("source") is None:
+            raise ConfigError("task=prepare reads `source`, and none is chosen: source=embedded|jsonl|text|parquet")
         return config
     check_data(cfg, config)
     cluster = cfg.cluster

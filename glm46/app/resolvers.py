@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
-from glm46.parallel.parallelize import policy_for_precision
+from glm46.parallel.parallelize import fsdp_policy as parallel_fsdp_policy
 
 _START = time.time()
 
@@ -93,9 +93,8 @@ def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_paralle
 def fsdp_policy(precision: str, mixed_precision: DictConfig) -> dict | None:
     """`${fsdp_policy:${trainer.precision},${..mixed_precision}}`: parallelism.mixed_precision when either dtype
     is set (glm46.app.checks refuses one that contradicts trainer.precision), else the policy trainer.precision
-    implies (glm46.parallel.parallelize.policy_for_precision)."""
-    explicit = OmegaConf.to_container(mixed_precision)
-    return explicit if any(explicit.values()) else policy_for_precision(precision)
+    implies (glm46.parallel.parallelize.fsdp_policy)."""
+    return parallel_fsdp_policy(precision, OmegaConf.to_container(mixed_precision))
 
 
 def matmul_dtype(precision: str) -> str:

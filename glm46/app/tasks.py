@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,15 +13,15 @@ from omegaconf import DictConfig
 from glm46.app.checks import validate
 from glm46.app.curriculum import train_stages
 from glm46.app.logs import rank_zero_logger
-from glm46.app.preparation import prepare_once, prepare_source
-from glm46.app.sizing import composed_plan
-from glm46.app.timeline import format_timeline, phase_compositions, timeline
+from glm46.app.preparation import prepare_cached, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.errors import ConfigError
-from glm46.estimate import count_parameters, format_counts
 from glm46.eval import evaluate, summarize
 from glm46.modules import GLM46Config
-from glm46.plan import format_plan
+from glm46.planning.counts import count_parameters, format_counts
+from glm46.planning.plan import format_plan
+from glm46.planning.sizing import composed_plan
+from glm46.planning.timeline import format_timeline, phase_compositions, timeline
 from glm46.serve.command import engine_command, format_command, launch
 
 log = rank_zero_logger(__name__)
@@ -35,17 +36,15 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
 
 
 def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
-    """Read the `data` source, deduplicate, filter, tokenize and write a dataset folder with its manifest. On a
-    composition that trains (a DataModule as `data`), build its `auto_prepare` source, as `train` would first."""
-    if "reader" not in cfg.data:
-        prepare_once(cfg)
-        return {}
-    return prepare_source(cfg.data, cfg.prepare)
+    """Read the `source`, deduplicate, filter, tokenize and write a dataset folder with its manifest (reused while
+    its fingerprint holds)."""
+    prepare_cached(cfg.source, cfg.prepare)
+    return json.loads((Path(cfg.source.output_dir) / "manifest.json").read_text())
 
 
 def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
-    """The composed job's plan (glm46.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU; then the
-    recipe's timeline (glm46.app.timeline)."""
+    """The composed job's plan (glm46.planning.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU; then the
+    recipe's timeline (glm46.planning.timeline)."""
     result, hardware, layout = composed_plan(cfg, config)
     log.info(format_plan(result, hardware, layout))
     rows = timeline(phase_compositions(cfg))
@@ -54,8 +53,8 @@ def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:
-    """One rank of the composed job at its real world size on this CPU (glm46.app.dryrun); no data, no GPU."""
-    from glm46.app.dryrun import check, dry_run, format_dry_run
+    """One rank of the composed job at its real world size on this CPU (glm46.planning.dryrun); no data, no GPU."""
+    from glm46.planning.dryrun import check, dry_run, format_dry_run
 
     result, hardware, layout = composed_plan(cfg, config)
     run = dry_run(cfg, config, hardware, layout)
@@ -65,7 +64,7 @@ def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 def train(cfg: DictConfig, config: GLM46Config) -> dict:
-    """Build the `auto_prepare` dataset unless it is cached by fingerprint, then train the experiment's `stages`
+    """Build the `source` dataset unless it is cached by fingerprint, then train the experiment's `stages`
     and the composition itself (glm46.app.curriculum)."""
     prepare_once(cfg)
     return train_stages(cfg, config)

@@ -21,8 +21,8 @@ from glm46.errors import ConfigError
 from glm46.eval import evaluate
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
-from glm46.lit.grpo import GRPOLitModule
 from glm46.modules import GLM46Config
+from glm46.rl.grpo_module import GRPOLitModule
 from glm46.serve.compat import serving_problems
 
 log = rank_zero_logger(__name__)

@@ -1,7 +1,7 @@
 """GLM's chat format for SFT: `[gMASK]<sop><|system|>\n...<|user|>\n...<|assistant|>\n...`, with a loss mask
 on what the model must produce: everything after each `<|assistant|>` (the newline, the content) and the
 token that ends the turn (the next role token, or <|endoftext|> at the end; GLM-4.6 stops generating at
-<|user|>, <|observation|> or <|endoftext|>). A prompt ends at `<|assistant|>` (glm46.lit.rl_data, the eval
+<|user|>, <|observation|> or <|endoftext|>). A prompt ends at `<|assistant|>` (glm46.rl.prompts, the eval
 tasks), so the newline is the first token the model generates: it is trained too.
 
 Chat documents are stored as their rendered text (`render_chat`), so deduplication, quality rules,

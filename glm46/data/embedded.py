@@ -8,7 +8,7 @@
 - sft: chat-formatted conversations (GLM's template, glm46.data.chat) asking those questions, with
   system-prompt variants, thinking and non-thinking (`/nothink`) replies and some two-turn follow-ups;
 - rl: chat prompts of one-digit arithmetic (varied wordings) with a reference reply whose final `Answer:`
-  line is the integer that glm46.data.rl.verify checks; half of the sft conversations ask the same way.
+  line is the integer that glm46.rl.rewards.verify checks; half of the sft conversations ask the same way.
 Everything is deterministic given the seed; each generated domain draws from its own random stream.
 """
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 from glm46.errors import ConfigError
 
-from .boxes import EOS, write_shards
 from .documents import Ledger
 from .prepare import READERS, prepare
 from .quality import QualityRules
+from .shards import EOS, write_shards
 from .tokenizer import GLMTokenizer, train_tokenizer
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ def prepare_dataset(
     is trained on the kept documents."""
     if reader not in READERS:
         raise ConfigError(
-            f"data.reader={reader!r}: task=prepare reads one of {sorted(READERS)} "
-            f"(data=embedded, jsonl, text or parquet)"
+            f"source.reader={reader!r}: task=prepare reads one of {sorted(READERS)} "
+            f"(source=embedded, jsonl, text or parquet)"
         )
     own_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
     ledger = Ledger()

@@ -31,12 +31,12 @@ def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
             if not found:
-                raise FileNotFoundError(f"data.paths: {path} holds no {' or '.join(suffixes)} files")
+                raise FileNotFoundError(f"source.paths: {path} holds no {' or '.join(suffixes)} files")
             files += found
         elif path.exists():
             files.append(path)
         else:
-            raise FileNotFoundError(f"data.paths: {path} does not exist")
+            raise FileNotFoundError(f"source.paths: {path} does not exist")
     return files
 
 
@@ -115,7 +115,7 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
         try:
             pq.read_metadata(file)
         except (pa.ArrowException, OSError) as error:
-            raise ValueError(f"data.paths: {file} is not a readable parquet file ({error})") from None
+            raise ValueError(f"source.paths: {file} is not a readable parquet file ({error})") from None
     for file in files:
         before = ledger.documents_in
         parquet = pq.ParquetFile(file)

@@ -1,7 +1,7 @@
 """Evaluate a model's weights with lm-evaluation-harness, offline: task=eval, and any code that evaluates a
 run (glm46.eval.evaluate).
 
-`evaluate` writes the dataset's tasks (glm46.eval.tasks) into <output dir>/eval/tasks/, refuses a task it
+`evaluate` writes the dataset's tasks (glm46.eval.lm_eval_tasks) into <output dir>/eval/tasks/, refuses a task it
 cannot run (unknown, or reading its data from the Hub) before loading anything, runs `lm_eval.simple_evaluate`
 with the `glm46` model (glm46.eval.harness), then writes <output dir>/eval/results.json (lm-eval's results, as
 its CLI writes them) and samples_<task>.jsonl (every request and response), prints lm-eval's tables and logs
@@ -21,7 +21,7 @@ from omegaconf import DictConfig
 
 from glm46.app.logs import rank_zero_logger
 from glm46.errors import ConfigError
-from glm46.eval.tasks import write_tasks
+from glm46.eval.lm_eval_tasks import write_tasks
 
 log = rank_zero_logger(__name__)
 

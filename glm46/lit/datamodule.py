@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 from glm46.data.byte_tokenizer import ByteTokenizer
 from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
-from glm46.lit.shard_data import MixtureWindows, samples_consumed, window
+from glm46.data.windows import MixtureWindows, window
+from glm46.lit.shard_data import samples_consumed
 from glm46.parallel.strategies import data_parallel_rank_and_size
 
 
@@ -37,7 +38,7 @@ class StdlibDataModule(L.LightningDataModule):
     """The Python standard library as a byte-level token stream: a corpus every machine has.
 
     The last `val_fraction` of the stream is held out for validation. Training windows start at random
-    offsets drawn from (seed, sample index), as glm46.lit.shard_data draws them, so the data position saved
+    offsets drawn from (seed, sample index), as glm46.data.windows draws them, so the data position saved
     in a checkpoint (samples consumed) makes a resume read exactly what the interrupted run would have.
     """
 

@@ -8,6 +8,8 @@ Order matters and follows torchtitan: TP, EP, activation checkpointing, FSDP.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -115,9 +117,12 @@ def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
         checkpoint(layer)
 
 
-def policy_for_precision(precision: str | int) -> dict[str, str] | None:
-    """The FSDP2 policy that matches Lightning's `trainer.precision`: "*-mixed" keeps fp32 parameters and
-    computes in the low dtype with fp32 gradient reductions; the "*-true" precisions (and fp32) need none."""
+def fsdp_policy(precision: str | int, explicit: Mapping[str, str | None]) -> dict[str, str] | None:
+    """The FSDP2 policy: `explicit` (param_dtype, reduce_dtype) when either dtype is set, else the one that matches
+    Lightning's `trainer.precision`: "*-mixed" keeps fp32 parameters and computes in the low dtype with fp32
+    gradient reductions; the "*-true" precisions (and fp32) need none."""
+    if any(explicit.values()):
+        return dict(explicit)
     low = {"bf16-mixed": "bfloat16", "16-mixed": "float16"}.get(str(precision))
     return {"param_dtype": low, "reduce_dtype": "float32"} if low else None
 

@@ -22,11 +22,11 @@ GROUP_SCHEMAS = {
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
     "schedule/schema": {"warmup_cosine": WarmupCosine, "warmup_stable_decay": WarmupStableDecay},
     "data": {
-        "source_schema": SourceData,
         "shards_schema": ShardData,
         "prompts_schema": PromptData,
         "stdlib_schema": StdlibData,
     },
+    "source": {"schema": SourceData},
     "phase": {"schema": Phase, "rl_schema": RLPhase},
     "parallelism": {"schema": ParallelismConfig, "deepspeed_schema": DeepSpeedParallelism},
     "callbacks/schema": CALLBACKS,

@@ -1,7 +1,7 @@
-"""Schemas of the data side. Two families share the `data` group:
+"""Schemas of the data side:
 
-- sources (`data=embedded|jsonl|text|parquet`): what `task=prepare` reads and where it writes the dataset;
-- DataModules (`data=shards|sft|rl|stdlib` and the `embedded_*` members): what training reads.
+- `source` (`source=embedded|jsonl|text|parquet`): what `task=prepare` reads and where it writes the dataset;
+- `data` (`data=shards|sft|rl|stdlib` and the `embedded_*` members): the DataModule training reads.
 
 `phase` (sequence length, mixture, token budget of a curriculum stage) and `prepare` (dedup, filters,
 tokenizer) complete them.
@@ -64,9 +64,9 @@ class ShardData(WindowData):
 
 @dataclass
 class PromptData(WindowData):
-    """glm46.lit.rl_data.PromptDataModule: prompts with a verifiable answer (always padded, one per row)."""
+    """glm46.rl.prompts.PromptDataModule: prompts with a verifiable answer (always padded, one per row)."""
 
-    _target_: str = "glm46.lit.rl_data.PromptDataModule"
+    _target_: str = "glm46.rl.prompts.PromptDataModule"
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
-from .data import PrepareConfig
+from .data import PrepareConfig, SourceData
 from .launch import ClusterConfig, PathsConfig
 from .training import GuardConfig, RecipeConfig, ScheduleConfig, TrainerConfig
 
@@ -95,12 +95,12 @@ class RunConfig:
     global_batch_tokens: int = MISSING  # tokens per optimizer step over all ranks (conf/config.yaml)
     dryrun: DryRun = field(default_factory=DryRun)
     stages: Optional[Dict[str, List[str]]] = field(default_factory=dict)  # earlier stages: name -> overrides
-    auto_prepare: Any = None  # a `data` source the run prepares first, when its data reads it
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
     optim: Any = MISSING
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    source: Optional[SourceData] = None  # what task=prepare reads; train prepares it first when data reads it
     data: Any = MISSING
     phase: Any = MISSING
     prepare: PrepareConfig = field(default_factory=PrepareConfig)

@@ -19,7 +19,7 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
-from glm46.estimate import training_flops_per_token
+from glm46.planning.counts import training_flops_per_token
 
 
 def measured_matmul_flops(device: torch.device, dtype: torch.dtype, size: int = 2048, repeats: int = 4) -> float:
@@ -72,7 +72,7 @@ class Throughput(L.Callback):
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs, batch, batch_idx) -> None:
         if "input_ids" not in batch:
-            return  # prompts: an RL step (glm46.lit.grpo) logs its rollout and update rates itself
+            return  # prompts: an RL step (glm46.rl.grpo_module) logs its rollout and update rates itself
         self._step_seconds += _now(pl_module.device) - self._batch_start
         if trainer.global_step == self._last[0]:
             return  # still accumulating

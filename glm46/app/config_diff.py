@@ -33,6 +33,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from glm46.app.aliases import renamed_overrides
 from glm46.app.schema import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -70,7 +71,7 @@ def compose_from(spec: str, config_dir: str | Path | None = None) -> tuple[dict,
             f"{spec}: not a run directory (no {Path(spec) / '.hydra' / 'config.yaml'}) nor an override list"
         )
     try:
-        overrides = shlex.split(spec)
+        overrides = renamed_overrides(shlex.split(spec))
     except ValueError as e:
         raise SpecError(f"cannot split the override list {spec!r}: {e}") from None
     config_dir = Path(config_dir) if config_dir is not None else default_config_dir()

@@ -1,4 +1,4 @@
-"""The composed job's hardware, parallel layout and plan (glm46.plan), read from the config."""
+"""The composed job's hardware, parallel layout and plan (glm46.planning.plan), read from the config."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import Layout, is_muon, layout_from_config
-from glm46.plan import Hardware, plan
+from glm46.planning.plan import Hardware, plan
 
 
 def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
@@ -24,7 +24,7 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
 
 
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
-    """glm46.plan of the composed model, phase, layout and cluster."""
+    """glm46.planning.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
     optimizer = "muon" if is_muon(cfg.optim.optimizer._target_) else "adamw"
     result = plan(

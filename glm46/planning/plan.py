@@ -1,7 +1,7 @@
 """The plan of a composed job, before anything is spent: parameters, FLOPs, time, cost and memory per GPU.
 
 Conventions:
-- FLOPs per token are glm46.estimate.training_flops_per_token (6 x active matmul parameters, lm_head
+- FLOPs per token are glm46.planning.counts.training_flops_per_token (6 x active matmul parameters, lm_head
   and MTP included, plus attention); the headline "6 x active x tokens" is printed beside it.
 - Memory per GPU for bf16 mixed precision with fp32 master weights, on the most loaded rank: weights,
   gradients (fp32) and optimizer state (Muon: one fp32 momentum per matrix entry; AdamW: two fp32
@@ -21,10 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
-from glm46.estimate import count_parameters, training_flops_per_token
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
 from glm46.parallel.layout import Layout, largest_shard_shape, parameter_splits
+from glm46.planning.counts import count_parameters, training_flops_per_token
 
 GIB = 2**30
 MARGIN = 0.9  # a layout fits when the estimate stays under 90% of the device memory (allocator, NCCL buffers)

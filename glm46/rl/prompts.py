@@ -1,14 +1,14 @@
 """Prompt batches for RL on verifiable answers (the embedded `rl` domain, or any chat documents that end
 with a reference assistant reply): each sample is the conversation's ids up to and including its last
 `<|assistant|>` (where the policy starts its reply), right-padded to seq_len, with its length and the
-reference answer, the integer that glm46.data.rl.verify checks completions against.
+reference answer, the integer that glm46.rl.rewards.verify checks completions against.
 
     batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B]}
     prompt = batch["prompt_ids"][i, : batch["prompt_length"][i]]        # ends with <|assistant|>
     reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
 
 Sampling, the rank split, the held-out prompts (validation) and the resumable position are
-ShardDataModule's; the position counts prompts over the data-parallel ranks, as glm46.lit.grpo.GRPOLitModule
+ShardDataModule's; the position counts prompts over the data-parallel ranks, as glm46.rl.grpo_module.GRPOLitModule
 (the RL step that consumes these batches) counts them in `prompts_seen`.
 """
 
@@ -19,9 +19,10 @@ from functools import partial
 import numpy as np
 
 from glm46.data.chat import ChatTokens
-from glm46.data.rl import extract_answer
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.lit.shard_data import MixtureWindows, ShardDataModule
+from glm46.data.windows import MixtureWindows
+from glm46.lit.shard_data import ShardDataModule
+from glm46.rl.rewards import extract_answer
 
 
 class Prompts(MixtureWindows):
@@ -38,7 +39,7 @@ class Prompts(MixtureWindows):
         reply = self.tokenizer.decode(document[end:-1].tolist())  # the reference reply, without <|endoftext|>
         answer = extract_answer(reply)
         if answer is None:
-            raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.data.rl)")
+            raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.rl.rewards)")
         prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
         prompt[:end] = document[:end]
         return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer)}

@@ -2,10 +2,10 @@
 that they always match the dataset it reads (glm46.eval.evaluate writes them into <output dir>/eval/tasks/).
 
 Held out means exactly what the DataModules hold out: the last `val_fraction` of each domain's documents
-(glm46.lit.shard_data.DomainStream; 0.02 by default, as theirs), read from the token shards and decoded.
+(glm46.data.windows.DomainStream; 0.02 by default, as theirs), read from the token shards and decoded.
 
 - `glm46_arithmetic` (generate_until, exact_match): the `rl` domain's chat prompts, up to and including
-  <|assistant|>; a reply scores 1 when its final answer (glm46.data.rl.extract_answer) is the reference's integer.
+  <|assistant|>; a reply scores 1 when its final answer (glm46.rl.rewards.extract_answer) is the reference's integer.
 - `glm46_arithmetic_mc` (multiple_choice, acc): the `math` domain's questions as `Question: What is a + b?\\nAnswer:`,
   the right integer among three seeded distractors (the other operations' results, off by one or by ten).
 - `glm46_ppl_<domain>` (loglikelihood_rolling; word_perplexity, byte_perplexity, bits_per_byte): the first
@@ -29,10 +29,10 @@ import yaml
 from omegaconf import DictConfig
 
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS
-from glm46.data.rl import extract_answer, verify
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.lit.shard_data import DomainStream
+from glm46.data.windows import DomainStream
+from glm46.rl.rewards import extract_answer, verify
 
 GROUP = "glm46"
 PPL_METRICS = {  # lm-eval's metric -> its aggregation
@@ -117,7 +117,7 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
     if not (tokens_dir / "shards.json").is_file():
         raise FileNotFoundError(
             f"eval.dataset={settings.dataset} is not a prepared dataset ({tokens_dir / 'shards.json'} not found): "
-            f"prepare it with `python run.py task=prepare data=embedded`, or set eval.dataset"
+            f"prepare it with `python run.py task=prepare source=embedded`, or set eval.dataset"
         )
     tokenizer = GLMTokenizer.from_file(Path(settings.dataset) / "tokenizer.json")
     domains = {d: held_out(tokens_dir, d, settings.val_fraction) for d in read_index(tokens_dir)["domains"]}

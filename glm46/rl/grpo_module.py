@@ -5,10 +5,10 @@ in slime (github.com/THUDM/slime). One rollout batch per training step:
 1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` with the model's
    KV-cache `generate` (prompts of different lengths left-padded in one batch); a completion ends at
    GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
-2. Rewards come from glm46.data.rl.verify (1 for the right final integer, else 0); advantages are normalised
-   within each prompt's group (glm46.rl.grpo.group_advantages).
+2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0); advantages are normalised
+   within each prompt's group (glm46.rl.grpo_loss.group_advantages).
 3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
-   against the rollout policy's log-probs (glm46.rl.grpo.policy_loss), token mean over completion tokens.
+   against the rollout policy's log-probs (glm46.rl.grpo_loss.policy_loss), token mean over completion tokens.
 
 Rollouts and updates alternate within a step, so the module optimizes manually (Lightning's
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from glm46.data.chat import STOP_TOKENS, ChatTokens
-from glm46.data.rl import verify
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.strategies import data_parallel_rank_and_size
-from glm46.rl.grpo import group_advantages, policy_loss, token_logprobs
+from glm46.rl.grpo_loss import group_advantages, policy_loss, token_logprobs
+from glm46.rl.rewards import verify
 
 
 @dataclass
@@ -90,7 +90,7 @@ class GRPOLitModule(GLM46LitModule):
         self.scale_rewards, self.loss_aggregation = scale_rewards, loss_aggregation
         self.updates_per_rollout, self.gradient_clip_val, self.seed = updates_per_rollout, gradient_clip_val, seed
         self.reward = reward
-        self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.lit.rl_data)
+        self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.rollouts = 0  # rollout batches so far: seeds the sampling
         self.val_rewards: list[torch.Tensor] = []
 

@@ -20,18 +20,26 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch.distributed.tensor import DTensor
 
-from glm46.app.resolvers import fsdp_policy
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
 from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
-from glm46.parallel.parallelize import parallelize
-from glm46.plan import GIB, GROUPS, MARGIN, Hardware, parameter_group, planned_parameters, state_by_group, state_bytes
+from glm46.parallel.parallelize import fsdp_policy, parallelize
+from glm46.planning.plan import (
+    GIB,
+    GROUPS,
+    MARGIN,
+    Hardware,
+    parameter_group,
+    planned_parameters,
+    state_by_group,
+    state_bytes,
+)
 
 SPLIT_BEFORE_FSDP = ("tp", "ep")  # mesh dims that split a tensor before FSDP2; its all-gather leaves them split
 
@@ -92,7 +100,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         with torch.device("meta"):
             model = GLM46ForCausalLM(config)
         parallelism = cfg.parallelism
-        policy = fsdp_policy(cfg.trainer.precision, parallelism.mixed_precision)
+        policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
         parallelize(
             model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward
         )
