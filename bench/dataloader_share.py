@@ -17,7 +17,7 @@ It prints our loader against the peer (each on its own, ms per batch) and the lo
 step, wait / (wait + step), which the project holds under 2%. With --workers 0 (the default, as the configs
 run) the loader runs in the training process and its whole time is waited for; with workers (data.num_workers)
 batches are built ahead in other processes, in the same order.
-Needs a prepared dataset: python run.py task=prepare data=embedded (or the default run) writes the default path.
+Needs a prepared dataset: python run.py task=prepare source=embedded (or the default run) writes the default path.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     path, device = Path(args.path), torch.device(args.device)
     if not (path / "tokens" / "shards.json").is_file():
-        sys.exit(f"{path} is not a prepared dataset: run `python run.py task=prepare data=embedded` first")
+        sys.exit(f"{path} is not a prepared dataset: run `python run.py task=prepare source=embedded` first")
     dtype = torch.bfloat16 if device.type == "cuda" else None
     fields = MODELS[args.preset]
     print(

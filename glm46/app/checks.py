@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from glm46.app.logs import rank_zero_logger
 from glm46.app.resolvers import phase_steps, recipe_start
 from glm46.checkpoint import find_weights
+from glm46.checkpoint.engine_limits import serving_problems
 from glm46.checkpoint.hub_config import config_from_hf
 from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
@@ -28,7 +29,6 @@ from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
 from glm46.planning.sizing import composed_plan
 from glm46.rl.prompts import PromptDataModule
-from glm46.serve.compat import serving_problems
 
 log = rank_zero_logger(__name__)
 

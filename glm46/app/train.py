@@ -23,7 +23,6 @@ from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.modules import GLM46Config
 from glm46.rl.grpo_module import GRPOLitModule
-from glm46.serve.compat import serving_problems
 
 log = rank_zero_logger(__name__)
 
@@ -115,8 +114,6 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None
     save_hf(module.model, output_dir / "hf", tokenizer=tokenizer)
     if trainer.is_global_zero:
-        for problem in serving_problems(module.model.config):
-            log.warning(f"{output_dir / 'hf'}: {problem}")
         if cfg.eval.after_train:
             evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)
         for path in plot_run(output_dir):

@@ -11,6 +11,7 @@ and resuming under another layout.
 | weights.py | `load_weights`: a model's weights from an HF directory or a checkpoint (`init_from`) |
 | atomic.py | checkpoint files and folders written under a temporary name; `ckpt_path=last` |
 | reshard.py | resuming under another layout or world size |
+| engine_limits.py | what vLLM or SGLang refuses in an export, said before it is launched |
 """
 
 from .hf_read import find_weights, load_hf

@@ -32,7 +32,7 @@ def save_hf(
     """Write `model` in the Hub layout (per-expert keys, MTP as the last decoder layers), sharded with an index.
 
     `transformers.AutoModelForCausalLM.from_pretrained(path)` loads every main-model tensor, and vLLM serves it
-    (what it would refuse, glm46.serve.compat says). With `tokenizer` (the one the model was trained
+    (what it would refuse is logged, glm46.checkpoint.engine_limits). With `tokenizer` (the one the model was trained
     with), its files go beside the weights and the stop ids come from it when the config names none.
     A whole model is written by global rank 0 (other callers return). A model sharded over processes (FSDP2,
     tensor or expert parallel DTensors, DeepSpeed ZeRO-3): every rank must call save_hf. Output file k is

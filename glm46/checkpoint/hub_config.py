@@ -16,6 +16,8 @@ import torch
 from glm46.data.chat import CHAT_TEMPLATE, EOS, STOP_TOKENS
 from glm46.modules import GLM46Config
 
+from .engine_limits import serving_problems
+
 if TYPE_CHECKING:
     from glm46.data.tokenizer import GLMTokenizer
 
@@ -89,6 +91,8 @@ def write_configs(config: GLM46Config, dtype: torch.dtype, path: Path, tokenizer
     if tokenizer is not None:
         tokenizer.save(path / "tokenizer.json")
         (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(config), indent=2))
+    for problem in serving_problems(config):
+        log.warning("%s: %s", path, problem)
 
 
 def tokenizer_config(config: GLM46Config) -> dict:

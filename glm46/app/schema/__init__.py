@@ -13,14 +13,14 @@ from glm46.modules import GLM46Config
 from .data import Phase, PromptData, RLPhase, ShardData, SourceData, StdlibData
 from .launch import DeepSpeedParallelism, ParallelismConfig
 from .root import RunConfig, Task
-from .training import CALLBACKS, LOGGERS, AdamWOptim, MuonOptim, WarmupCosine, WarmupStableDecay
+from .training import CALLBACKS, LOGGERS, AdamWOptim, MuonOptim, WarmupCosineSchema, WarmupStableDecaySchema
 
 __all__ = ["RunConfig", "Task", "register_configs"]
 
 GROUP_SCHEMAS = {
     "model": {"schema": GLM46Config},
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
-    "schedule/schema": {"warmup_cosine": WarmupCosine, "warmup_stable_decay": WarmupStableDecay},
+    "schedule/schema": {"warmup_cosine": WarmupCosineSchema, "warmup_stable_decay": WarmupStableDecaySchema},
     "data": {
         "shards_schema": ShardData,
         "prompts_schema": PromptData,

@@ -10,9 +10,16 @@ tokenizer) complete them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 from omegaconf import MISSING
+
+from glm46.data.quality import QualityRules
+from glm46.lit import StdlibDataModule
+from glm46.lit.shard_data import ShardDataModule
+from glm46.rl.prompts import PromptDataModule
+
+from .derive import target_schema
 
 
 @dataclass
@@ -37,49 +44,9 @@ class SourceData:
     options: Optional[EmbeddedOptions] = None
 
 
-@dataclass
-class WindowData:
-    """What every DataModule over a prepared dataset takes (glm46.lit.shard_data.ShardDataModule and subclasses)."""
-
-    _target_: str = MISSING
-    path: str = MISSING
-    # domain -> weight, `${phase.mixture}`; Any: Hydra cannot override a typed dict holding an interpolation
-    mixture: Any = MISSING
-    seq_len: int = MISSING
-    batch_size: int = MISSING
-    seed: int = MISSING
-    val_fraction: float = MISSING
-    val_windows: int = MISSING
-    phase: str = MISSING
-    num_workers: int = MISSING
-
-
-@dataclass
-class ShardData(WindowData):
-    """glm46.lit.shard_data.ShardDataModule and glm46.lit.sft_data.SFTDataModule: a prepared dataset."""
-
-    _target_: str = "glm46.lit.shard_data.ShardDataModule"
-    packing: str = MISSING
-
-
-@dataclass
-class PromptData(WindowData):
-    """glm46.rl.prompts.PromptDataModule: prompts with a verifiable answer (always padded, one per row)."""
-
-    _target_: str = "glm46.rl.prompts.PromptDataModule"
-
-
-@dataclass
-class StdlibData:
-    """glm46.lit.StdlibDataModule: the standard library's bytes, no preparation."""
-
-    _target_: str = "glm46.lit.StdlibDataModule"
-    seq_len: int = MISSING
-    batch_size: int = MISSING
-    max_bytes: int = MISSING
-    val_fraction: float = MISSING
-    num_workers: int = MISSING
-    seed: int = MISSING
+ShardData = target_schema(ShardDataModule, path="glm46.lit.shard_data.ShardDataModule")  # and data=sft's subclass
+PromptData = target_schema(PromptDataModule, path="glm46.rl.prompts.PromptDataModule")
+StdlibData = target_schema(StdlibDataModule, path="glm46.lit.StdlibDataModule")
 
 
 @dataclass
@@ -131,20 +98,7 @@ class DedupSettings:
     seed: int = MISSING  # of the MinHash permutations
 
 
-@dataclass
-class QualitySettings:
-    _target_: str = "glm46.data.quality.QualityRules"
-    min_chars: int = MISSING
-    max_chars: int = MISSING
-    max_duplicate_line_fraction: float = MISSING
-    max_top_bigram_fraction: float = MISSING
-    min_words: int = MISSING
-    min_mean_word_length: float = MISSING
-    max_mean_word_length: float = MISSING
-    max_symbol_word_ratio: float = MISSING
-    max_digit_fraction: float = MISSING
-    max_bullet_line_fraction: float = MISSING
-    prose_domains: List[str] = MISSING
+QualitySettings = target_schema(QualityRules, path="glm46.data.quality.QualityRules")
 
 
 @dataclass

@@ -1,64 +1,30 @@
 """Schemas of the groups that build the training loop: trainer, optim, schedule, recipe, guard, callbacks, logger.
 
-Each `_target_` node lists the constructor arguments the configs set; Hydra refuses any other key while
-composing, naming it (`schedule.val_check_interval`). Values of `${...}` interpolations are checked when
-resolved, before anything runs (glm46.app.checks).
+A `_target_` node's schema is derived from its constructor (glm46.app.schema.derive), so Hydra refuses any key the
+constructor does not take while composing, naming it; only the nodes without a target (optim, schedule, recipe)
+are written here. Values of `${...}` interpolations are checked when resolved, before anything runs
+(glm46.app.checks).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
+import lightning.pytorch as pl
+import torch
 from omegaconf import II, MISSING
 
+from glm46.lit.callbacks import BatchSizeWarmup, ExpertBalancer, ModelCheckpoint, Preemption, Throughput
+from glm46.lit.csv_logger import AppendingCSVLogger
+from glm46.lit.guard import StepGuard
+from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
 
-@dataclass
-class TrainerConfig:
-    """The Lightning Trainer arguments glm46 sets (lightning.pytorch.Trainer)."""
+from .derive import target_schema
 
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = MISSING
-    devices: int = MISSING
-    num_nodes: int = MISSING
-    strategy: Any = MISSING
-    precision: str = MISSING  # Lightning's names: 32-true, bf16-mixed, bf16-true, ...
-    max_steps: int = MISSING
-    max_epochs: int = MISSING
-    accumulate_grad_batches: int = MISSING
-    gradient_clip_val: Optional[float] = None
-    val_check_interval: Any = MISSING  # steps (int) or a fraction of an epoch (float): Lightning reads the type
-    limit_val_batches: Any = MISSING
-    log_every_n_steps: int = MISSING
-    num_sanity_val_steps: int = MISSING
-    deterministic: Any = MISSING  # true | false | "warn"
-
-
-@dataclass
-class MuonArgs:
-    """glm46.optim.Muon: Muon for matrices, AdamW (betas, eps) for the groups with use_muon=False."""
-
-    _target_: str = "glm46.optim.Muon"
-    _partial_: bool = True  # the LightningModule passes the parameter groups
-    lr: float = MISSING
-    weight_decay: float = MISSING
-    momentum: float = MISSING
-    nesterov: bool = MISSING
-    ns_steps: int = MISSING
-    ns_dtype: str = MISSING
-    update_rms: float = MISSING
-    betas: List[float] = MISSING
-    eps: float = MISSING
-
-
-@dataclass
-class AdamWArgs:
-    _target_: str = "torch.optim.AdamW"
-    _partial_: bool = True
-    lr: float = MISSING
-    weight_decay: float = MISSING
-    betas: List[float] = MISSING
-    eps: float = MISSING
+TrainerConfig = target_schema(pl.Trainer, path="lightning.pytorch.Trainer", name="TrainerConfig")
+MuonArgs = target_schema(Muon, path="glm46.optim.Muon", partial=True, exclude=["params"])
+AdamWArgs = target_schema(torch.optim.AdamW, path="torch.optim.AdamW", partial=True, exclude=["params"])
 
 
 @dataclass
@@ -73,36 +39,12 @@ class AdamWOptim:
     min_lr: float = MISSING
 
 
-@dataclass
-class WarmupCosine:
-    _target_: str = "glm46.optim.WarmupCosine"
-    peak: float = MISSING
-    floor: float = MISSING
-    warmup_tokens: int = MISSING
-    total_tokens: int = MISSING
-
-
-@dataclass
-class WarmupStableDecay(WarmupCosine):
-    _target_: str = "glm46.optim.WarmupStableDecay"
-    decay_tokens: int = MISSING
-
-
-@dataclass
-class Piecewise:
-    """A value that steps at token boundaries (glm46.optim.Piecewise)."""
-
-    _target_: str = "glm46.optim.Piecewise"
-    values: List[float] = MISSING
-    boundaries: List[int] = MISSING
-
-
-@dataclass
-class LinearRamp:
-    _target_: str = "glm46.optim.LinearRamp"
-    start: float = MISSING
-    end: float = MISSING
-    ramp_tokens: int = MISSING
+WarmupCosineSchema = target_schema(WarmupCosine, path="glm46.optim.WarmupCosine")
+WarmupStableDecaySchema = target_schema(
+    WarmupStableDecay, path="glm46.optim.WarmupStableDecay", base=WarmupCosineSchema
+)
+PiecewiseSchema = target_schema(Piecewise, path="glm46.optim.Piecewise")
+LinearRampSchema = target_schema(LinearRamp, path="glm46.optim.LinearRamp")
 
 
 @dataclass
@@ -131,101 +73,25 @@ class ScheduleConfig:
     decay_fraction: Optional[float] = None  # the WSD schedule's decay share of the clock
     balance_loss_alpha: float = MISSING
     lr: Any = MISSING  # WarmupCosine or WarmupStableDecay (their schemas: schedule/schema/*)
-    mtp_weight: Piecewise = field(default_factory=Piecewise)
-    balancer_rate: Piecewise = field(default_factory=Piecewise)
+    mtp_weight: PiecewiseSchema = field(default_factory=PiecewiseSchema)
+    balancer_rate: PiecewiseSchema = field(default_factory=PiecewiseSchema)
 
 
-@dataclass
-class GuardConfig:
-    """glm46.lit.guard.StepGuard (conf/guard/default.yaml explains each key)."""
-
-    _target_: str = "glm46.lit.guard.StepGuard"
-    spike_factor: float = MISSING
-    warmup_steps: int = MISSING
-    ema_decay: float = MISSING
-    max_bad_steps: int = MISSING
-    on_repeated: str = MISSING
-    max_rollbacks: int = MISSING
-
-
-@dataclass
-class ModelCheckpointCallback:
-    _target_: str = "glm46.lit.callbacks.ModelCheckpoint"
-    dirpath: str = MISSING
-    filename: str = MISSING
-    auto_insert_metric_name: bool = MISSING
-    every_n_train_steps: int = MISSING
-    save_top_k: int = MISSING
-    monitor: Optional[str] = None
-    mode: str = MISSING
-    save_last: bool = MISSING
-    enable_version_counter: bool = MISSING
-
-
-@dataclass
-class ExpertBalancerCallback:
-    _target_: str = "glm46.lit.callbacks.ExpertBalancer"
-    rate: Any = MISSING
-    rule: str = MISSING
-
-
-@dataclass
-class ThroughputCallback:
-    _target_: str = "glm46.lit.callbacks.Throughput"
-    peak_flops: Optional[float] = None
-    window_size: int = 10  # optimizer steps averaged, as Lightning's ThroughputMonitor
-
-
-@dataclass
-class ProgressBarCallback:
-    _target_: str = "lightning.pytorch.callbacks.TQDMProgressBar"
-    refresh_rate: int = MISSING
-
-
-@dataclass
-class PreemptionCallback:
-    _target_: str = "glm46.lit.callbacks.Preemption"
-    signals: List[str] = MISSING
-    requeue: bool = MISSING
-
-
-@dataclass
-class BatchSizeWarmupCallback:
-    _target_: str = "glm46.lit.callbacks.BatchSizeWarmup"
-    tokens_per_step: LinearRamp = field(default_factory=LinearRamp)
-
-
-@dataclass
-class CSVLoggerConfig:
-    _target_: str = "glm46.lit.csv_logger.AppendingCSVLogger"
-    save_dir: str = MISSING
-    name: str = MISSING
-    version: str = MISSING
-
-
-@dataclass
-class TensorBoardLoggerConfig:
-    _target_: str = "lightning.pytorch.loggers.TensorBoardLogger"
-    save_dir: str = MISSING
-    name: str = MISSING
-    version: str = MISSING
-
-
-@dataclass
-class WandbLoggerConfig:
-    _target_: str = "lightning.pytorch.loggers.WandbLogger"
-    save_dir: str = MISSING
-    project: str = MISSING
-    name: str = MISSING
-    offline: bool = MISSING
-
-
+GuardConfig = target_schema(StepGuard, path="glm46.lit.guard.StepGuard", name="GuardConfig")
 CALLBACKS = {
-    "model_checkpoint": ModelCheckpointCallback,
-    "expert_balancer": ExpertBalancerCallback,
-    "throughput": ThroughputCallback,
-    "progress_bar": ProgressBarCallback,
-    "preemption": PreemptionCallback,
-    "batch_size_warmup": BatchSizeWarmupCallback,
+    "model_checkpoint": target_schema(
+        ModelCheckpoint, path="glm46.lit.callbacks.ModelCheckpoint", name="ModelCheckpointCallback"
+    ),
+    "expert_balancer": target_schema(ExpertBalancer, path="glm46.lit.callbacks.ExpertBalancer"),
+    "throughput": target_schema(Throughput, path="glm46.lit.callbacks.Throughput"),
+    "progress_bar": target_schema(pl.callbacks.TQDMProgressBar, path="lightning.pytorch.callbacks.TQDMProgressBar"),
+    "preemption": target_schema(Preemption, path="glm46.lit.callbacks.Preemption"),
+    "batch_size_warmup": target_schema(
+        BatchSizeWarmup, path="glm46.lit.callbacks.BatchSizeWarmup", nested={"tokens_per_step": LinearRampSchema}
+    ),
 }
-LOGGERS = {"csv": CSVLoggerConfig, "tensorboard": TensorBoardLoggerConfig, "wandb": WandbLoggerConfig}
+LOGGERS = {
+    "csv": target_schema(AppendingCSVLogger, path="glm46.lit.csv_logger.AppendingCSVLogger"),
+    "tensorboard": target_schema(pl.loggers.TensorBoardLogger, path="lightning.pytorch.loggers.TensorBoardLogger"),
+    "wandb": target_schema(pl.loggers.WandbLogger, path="lightning.pytorch.loggers.WandbLogger"),
+}
