@@ -24,10 +24,11 @@ from glm46.checkpoint.engine_limits import serving_problems
 from glm46.checkpoint.hub_config import config_from_hf
 from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
-from glm46.lit.sft_data import SFTDataModule
+from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import validate_layout
 from glm46.planning.sizing import composed_plan
+from glm46.rl.grpo_module import check_grpo_settings
 from glm46.rl.prompts import PromptDataModule
 
 log = rank_zero_logger(__name__)
@@ -177,11 +178,8 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
             f"data.seq_len={seq_len} exceeds model.max_position_embeddings={config.max_position_embeddings}"
         )
     module = get_class(data._target_) if "_target_" in data else None
-    if module is not None and issubclass(module, SFTDataModule) and data.packing == "truncate":
-        raise ConfigError(
-            "data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations "
-            "at random: SFT takes packing best_fit or pad"
-        )
+    if module is not None and issubclass(module, SFTDataModule):
+        check_packing(data.packing)
     if data.get("mixture") is None:
         return
     mixture = OmegaConf.to_container(data.mixture, resolve=True)
@@ -319,13 +317,7 @@ def check_rl(cfg: DictConfig) -> None:
             f"phase.updates_per_rollout={phase.updates_per_rollout} must be >= 1 and divide the prompts of a "
             f"step (data.batch_size={cfg.data.batch_size}): each update takes whole prompt groups"
         )
-    if phase.loss_aggregation not in ("token_mean", "seq_mean"):
-        raise ConfigError(f"phase.loss_aggregation={phase.loss_aggregation!r}: expected token_mean or seq_mean")
-    if phase.kl_coef != 0:
-        raise ConfigError(
-            f"phase.kl_coef={phase.kl_coef}: the KL term needs a reference model, which this version does not keep "
-            f"(GLM-4.5 trains without it); set 0"
-        )
+    check_grpo_settings(phase.kl_coef, phase.loss_aggregation)
     if phase.samples_per_prompt < 2 and phase.scale_rewards:
         raise ConfigError("phase.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)")
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from glm46.data.chat import ChatTokens, assistant_mask
 from glm46.data.tokenizer import GLMTokenizer
+from glm46.errors import ConfigError
 from glm46.lit.shard_data import ShardDataModule
 
 
@@ -41,6 +42,15 @@ class ConversationTargets:
         return assistant_mask(self.tokens[first : start + count], self.chat)[start - first :]
 
 
+def check_packing(packing: str) -> None:
+    """SFT's rule on its `packing`, run by the constructor and, at composition, by glm46.app.checks."""
+    if packing == "truncate":
+        raise ConfigError(
+            "data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations at random: "
+            "SFT takes packing best_fit (whole conversations) or pad (one per row)"
+        )
+
+
 class SFTDataModule(ShardDataModule):
     def __init__(
         self,
@@ -55,11 +65,7 @@ class SFTDataModule(ShardDataModule):
         packing: str = "best_fit",
         num_workers: int = 0,
     ):
-        if packing == "truncate":
-            raise ValueError(
-                "data.packing=truncate would cut conversations at random: SFT packs whole "
-                "conversations (best_fit) or pads one per row (pad)"
-            )
+        check_packing(packing)
         super().__init__(
             path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing, num_workers
         )

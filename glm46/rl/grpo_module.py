@@ -28,10 +28,11 @@ import torch
 
 from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
+from glm46.errors import ConfigError
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.strategies import data_parallel_rank_and_size
-from glm46.rl.grpo_loss import group_advantages, policy_loss, token_logprobs
+from glm46.rl.grpo_loss import AGGREGATIONS, group_advantages, policy_loss, token_logprobs
 from glm46.rl.rewards import verify
 
 
@@ -57,6 +58,17 @@ class Rollout:
         ]
 
 
+def check_grpo_settings(kl_coef: float, loss_aggregation: str) -> None:
+    """GRPOLitModule's rules on its settings, run by the constructor and, at composition, by glm46.app.checks."""
+    if loss_aggregation not in AGGREGATIONS:
+        raise ConfigError(f"phase.loss_aggregation={loss_aggregation!r}: expected {' or '.join(AGGREGATIONS)}")
+    if kl_coef != 0:
+        raise ConfigError(
+            f"phase.kl_coef={kl_coef}: the KL term needs a reference model, which this version does not keep "
+            f"(GLM-4.5 trains without it); set 0"
+        )
+
+
 class GRPOLitModule(GLM46LitModule):
     def __init__(
         self,
@@ -79,8 +91,7 @@ class GRPOLitModule(GLM46LitModule):
         """The GLM46LitModule arguments, plus the GRPO settings of the `phase` (conf/phase/rl.yaml).
         reward(record, completion text) scores a completion of a prompt record {"answer": int}."""
         super().__init__(*args, **kwargs)
-        if kl_coef != 0:
-            raise ValueError(f"phase.kl_coef={kl_coef}: the KL term needs a reference model, which this version lacks")
+        check_grpo_settings(kl_coef, loss_aggregation)
         self.automatic_optimization = False
         self.tokenizer = GLMTokenizer.from_file(tokenizer_path)
         self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]

@@ -24,7 +24,22 @@ from .derive import target_schema
 
 TrainerConfig = target_schema(pl.Trainer, path="lightning.pytorch.Trainer", name="TrainerConfig")
 MuonArgs = target_schema(Muon, path="glm46.optim.Muon", partial=True, exclude=["params"])
-AdamWArgs = target_schema(torch.optim.AdamW, path="torch.optim.AdamW", partial=True, exclude=["params"])
+# torch's implementation switches (foreach, fused, ...) are left to torch: `+optim.optimizer.fused=true` adds one
+AdamWArgs = target_schema(
+    torch.optim.AdamW,
+    path="torch.optim.AdamW",
+    partial=True,
+    exclude=[
+        "params",
+        "amsgrad",
+        "maximize",
+        "foreach",
+        "capturable",
+        "differentiable",
+        "fused",
+        "decoupled_weight_decay",
+    ],
+)
 
 
 @dataclass
