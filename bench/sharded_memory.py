@@ -83,7 +83,7 @@ def worker(layout: str, steps: int, out: Path) -> None:
     module = GLM46LitModule(
         config,
         optimizer=functools.partial(torch.optim.AdamW, lr=1e-4),
-        lr_schedule=lambda tokens: 1e-4,
+        lr_schedule=lambda tokens: 1.0,  # a factor of the optimizer's LR
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
         empty_init=True,
     )

@@ -24,7 +24,7 @@ def lit_module(config, lr=1e-4):
     return GLM46LitModule(
         config,
         optimizer=lambda groups: Muon(groups, lr=lr, ns_dtype=torch.float32),
-        lr_schedule=WarmupCosine(peak=lr, floor=lr, warmup_tokens=0, total_tokens=1),
+        lr_schedule=WarmupCosine(warmup_tokens=0, total_tokens=1, min_factor=1.0),
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
     )
 

@@ -13,7 +13,7 @@ from glm46.optim.schedules import LinearRamp, steps_for
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1 = "experiment=pretrain_phase1 cluster=h800_1024n"  # its step count reads the data-parallel ranks
 
-# conf/optim/muon.yaml and adamw.yaml share lr, weight_decay, betas, eps and min_lr; AdamW has no
+# conf/optim/muon.yaml and adamw.yaml share lr, weight_decay, betas and eps; AdamW has no
 # Muon-only settings; the targets differ.
 ABLATION_KEYS = {
     "optim.optimizer._target_": {"a": "glm46.optim.Muon", "b": "torch.optim.AdamW"},
@@ -69,7 +69,7 @@ def test_the_ablation_changes_exactly_the_optimizer_keys():
     # steps: 16 micro-batches of 4M from 4), the lr schedule from the optimizer
     ramp = LinearRamp(start=16 * 2**20, end=64 * 2**20, ramp_tokens=500 * 10**9)
     assert cfg_a["trainer"]["max_steps"] == steps_for(15 * 10**12, ramp, 0, 4 * 2**20, 16) > 15 * 10**12 // 2**26
-    assert cfg_a["schedule"]["lr"]["peak"] == 2.5e-4
+    assert cfg_a["schedule"]["lr"]["scale"] == 1.0 and cfg_a["optim"]["optimizer"]["lr"] == 2.5e-4
     assert cfg_a["data"]["path"] == "???"  # a missing value does not stop the diff
     assert "hydra" not in cfg_a
 

@@ -91,7 +91,7 @@ def main(spec: dict) -> None:
         config,
         optimizer=factory,
         lr_schedule=WarmupCosine(
-            peak=lr, floor=lr / 10, warmup_tokens=0, total_tokens=4 * GLOBAL_BATCH * SEQ_LEN
+            warmup_tokens=0, total_tokens=4 * GLOBAL_BATCH * SEQ_LEN, min_factor=0.1
         ),  # driven by tokens seen: TP must not double them
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
         empty_init=cfg.parallelism.engine == "mesh",

@@ -109,7 +109,8 @@ def test_the_toy_recipe_stages_share_one_lr_curve(compose_config):
         end, start = recipe_values(before, before.phase.tokens - 1)["lr"], recipe_values(after, 0)["lr"]
         assert start == pytest.approx(end, rel=0.01)
     last = stages[-1]
-    assert recipe_values(last, last.phase.tokens)["lr"] == pytest.approx(last.optim.min_lr)
+    floor = last.optim.optimizer.lr * last.schedule.lr.min_factor
+    assert recipe_values(last, last.phase.tokens)["lr"] == pytest.approx(floor)
     sft = compose_config("experiment=toy_stage", "phase=toy_sft", "data=embedded_sft")
     assert sft.schedule.start_tokens == 0 and recipe_values(sft, 0)["lr"] == 0.0  # SFT warms up on its own
 

@@ -10,18 +10,28 @@ from glm46.optim.schedules import accumulation_for
 
 
 def test_warmup_cosine_glm45_values():
-    s = WarmupCosine(peak=2.5e-4, floor=2.5e-5, warmup_tokens=1000, total_tokens=11000)
+    lr = 2.5e-4  # the optimizer's; the schedule is a factor of it, with GLM-4.5's floor of 2.5e-5
+    s = WarmupCosine(warmup_tokens=1000, total_tokens=11000, min_factor=0.1)
     assert s(0) == 0.0
-    assert s(500) == pytest.approx(1.25e-4)
-    assert s(1000) == pytest.approx(2.5e-4)
-    assert s(6000) == pytest.approx(2.5e-5 + 0.5 * (2.5e-4 - 2.5e-5))  # half-way down the cosine
-    assert s(11000) == pytest.approx(2.5e-5)
-    assert s(50000) == pytest.approx(2.5e-5)
+    assert lr * s(500) == pytest.approx(1.25e-4)
+    assert lr * s(1000) == pytest.approx(2.5e-4)
+    assert lr * s(6000) == pytest.approx(2.5e-5 + 0.5 * (2.5e-4 - 2.5e-5))  # half-way down the cosine
+    assert lr * s(11000) == pytest.approx(2.5e-5)
+    assert lr * s(50000) == pytest.approx(2.5e-5)
+    scaled = WarmupCosine(warmup_tokens=1000, total_tokens=11000, min_factor=0.1, scale=0.01)  # an RL stage
+    assert [scaled(t) for t in (500, 6000, 50000)] == pytest.approx([0.01 * s(t) for t in (500, 6000, 50000)])
 
 
 def test_wsd_values():
-    s = WarmupStableDecay(peak=1.0, floor=0.1, warmup_tokens=10, total_tokens=100, decay_tokens=20)
+    s = WarmupStableDecay(warmup_tokens=10, total_tokens=100, decay_tokens=20, min_factor=0.1)
     assert [s(5), s(10), s(79), s(90), s(100), s(200)] == pytest.approx([0.5, 1.0, 1.0, 0.55, 0.1, 0.1])
+
+
+def test_an_lr_factor_outside_its_range_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"schedule\.lr\.min_factor=1\.5 must be in \[0, 1\]"):
+        WarmupCosine(warmup_tokens=0, total_tokens=1, min_factor=1.5)
+    with pytest.raises(ValueError, match=r"schedule\.lr\.scale=0 \(phase\.lr_scale\) must be > 0"):
+        WarmupStableDecay(warmup_tokens=0, total_tokens=1, decay_tokens=1, scale=0)
 
 
 def test_piecewise_mtp_weight_and_balancer_rate():
@@ -46,9 +56,8 @@ def test_a_run_off_the_recipes_clock_scales_its_positions_to_its_own_tokens(comp
     assert cfg.phase.name == "toy_rl" and cfg.phase.name not in cfg.recipe.phases  # RL: a clock of its own
     assert cfg.schedule.run_tokens == run_tokens and cfg.schedule.start_tokens == 0
     lr = instantiate(cfg.schedule.lr)
-    assert lr.total_tokens == run_tokens and lr.peak == pytest.approx(cfg.optim.optimizer.lr * cfg.phase.lr_scale)
-    assert cfg.phase.lr_scale < 1  # the default run ends with RL, at a lower LR
-    assert instantiate(compose_config("phase=toy_sft", "data=embedded_sft").schedule.lr).peak == cfg.optim.optimizer.lr
+    assert lr.total_tokens == run_tokens and lr.scale == cfg.phase.lr_scale < 1  # the default run ends with RL, lower
+    assert instantiate(compose_config("phase=toy_sft", "data=embedded_sft").schedule.lr).scale == 1.0
     share = run_tokens / cfg.recipe.tokens  # the recipe's positions, scaled to the run
     assert lr.warmup_tokens == round(cfg.recipe.warmup_tokens * share)
     mtp = instantiate(cfg.schedule.mtp_weight)

@@ -269,10 +269,6 @@ def check_training(cfg: DictConfig) -> None:
         ) from None
     if not optimizer.lr > 0:
         raise ConfigError(f"optim.optimizer.lr={optimizer.lr!r} must be a number > 0")
-    if not 0 <= cfg.optim.min_lr <= optimizer.lr:
-        raise ConfigError(
-            f"optim.min_lr={cfg.optim.min_lr!r} must be a number in [0, optim.optimizer.lr={optimizer.lr}]"
-        )
     if optimizer.weight_decay < 0:
         raise ConfigError(f"optim.optimizer.weight_decay={optimizer.weight_decay!r} must be a number >= 0")
     explicit = cfg.parallelism.mixed_precision
@@ -282,11 +278,12 @@ def check_training(cfg: DictConfig) -> None:
             f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
             f"null follows trainer.precision) or choose trainer.precision=bf16-mixed"
         )
-    if cfg.guard is not None:
-        try:
-            instantiate(cfg.guard)  # StepGuard checks its own settings
-        except Exception as error:
-            raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
+    for node in (cfg.schedule.lr, cfg.guard):  # components that check their own arguments: built once, here
+        if node is not None:
+            try:
+                instantiate(node)
+            except Exception as error:
+                raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
     check_rl(cfg)
 
 

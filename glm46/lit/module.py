@@ -44,7 +44,7 @@ class GLM46LitModule(L.LightningModule):
         self,
         model_config: GLM46Config,
         optimizer: Callable[[list[dict]], torch.optim.Optimizer],
-        lr_schedule: Callable[[int], float],
+        lr_schedule: Callable[[int], float],  # recipe tokens -> factor of the optimizer's lr
         mtp_weight: Callable[[int], float],
         balance_loss_alpha: float = 1e-4,
         guard: StepGuard | None = None,
@@ -198,8 +198,7 @@ class GLM46LitModule(L.LightningModule):
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(muon_param_groups(self.model))
-        peak = optimizer.param_groups[0]["lr"]
-        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens) / peak)
+        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens))  # a factor of each group's lr
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

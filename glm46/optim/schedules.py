@@ -1,10 +1,11 @@
 """Schedules driven by tokens, so they survive a change of batch size or a resume on other hardware.
 
-Each is a small callable `schedule(tokens) -> value`, built from config with `_target_`. The tokens are those of the
-recipe's clock (the `recipe` config group): pre-training and mid-training phases are one run of the schedules, each
-phase starting where the phases before it end (GLM-4.5 runs one LR warm-up and one cosine "until the end of
-mid-training", and switches the MTP weight and the balancer rate once, at 15T tokens). `recipe_values` gives the
-values the trainer uses at a point of a composed config's phase.
+Each is a small callable `schedule(tokens) -> value`, built from config with `_target_`. The LR schedules return a
+factor of the optimizer's LR, as torchtitan's do: the LR is stated once, in the optimizer, and `LambdaLR` multiplies.
+The tokens are those of the recipe's clock (the `recipe` config group): pre-training and mid-training phases are one
+run of the schedules, each phase starting where the phases before it end (GLM-4.5 runs one LR warm-up and one cosine
+"until the end of mid-training", and switches the MTP weight and the balancer rate once, at 15T tokens).
+`recipe_values` gives the values the trainer uses at a point of a composed config's phase.
 """
 
 from __future__ import annotations
@@ -16,42 +17,60 @@ from dataclasses import dataclass
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from glm46.errors import ConfigError
+
+
+def check_factors(min_factor: float, scale: float) -> None:
+    """The LR schedules' own rule on their factors (glm46.app.checks runs it at composition, naming the keys)."""
+    if not 0 <= min_factor <= 1:
+        raise ConfigError(f"schedule.lr.min_factor={min_factor!r} must be in [0, 1]: the floor as a share of the peak")
+    if not scale > 0:
+        raise ConfigError(f"schedule.lr.scale={scale!r} (phase.lr_scale) must be > 0")
+
 
 @dataclass
 class WarmupCosine:
-    """Linear warm-up 0 -> peak over warmup_tokens, cosine decay to floor at total_tokens, then floor.
-    GLM-4.5: 0 -> 2.5e-4 -> 2.5e-5."""
+    """LR factor: linear warm-up 0 -> 1 over warmup_tokens, cosine decay to min_factor at total_tokens, then
+    min_factor; all times `scale` (a stage's share of the optimizer's LR). GLM-4.5: 0 -> 2.5e-4 -> 2.5e-5, i.e.
+    min_factor 0.1 of the optimizer's 2.5e-4."""
 
-    peak: float
-    floor: float
     warmup_tokens: int
     total_tokens: int
+    min_factor: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self):
+        check_factors(self.min_factor, self.scale)
 
     def __call__(self, tokens: int) -> float:
         if tokens < self.warmup_tokens:
-            return self.peak * tokens / self.warmup_tokens
+            return self.scale * tokens / self.warmup_tokens
         progress = min(1.0, (tokens - self.warmup_tokens) / max(1, self.total_tokens - self.warmup_tokens))
-        return self.floor + 0.5 * (self.peak - self.floor) * (1 + math.cos(math.pi * progress))
+        return self.scale * (self.min_factor + 0.5 * (1 - self.min_factor) * (1 + math.cos(math.pi * progress)))
 
 
 @dataclass
 class WarmupStableDecay:
-    """WSD: linear warm-up, constant peak, then linear decay to floor over the last decay_tokens."""
+    """LR factor of WSD: linear warm-up to 1, constant, then linear decay to min_factor over the last decay_tokens;
+    all times `scale`."""
 
-    peak: float
-    floor: float
     warmup_tokens: int
     total_tokens: int
     decay_tokens: int
+    min_factor: float = 0.0
+    scale: float = 1.0
+
+    def __post_init__(self):
+        check_factors(self.min_factor, self.scale)
 
     def __call__(self, tokens: int) -> float:
         if tokens < self.warmup_tokens:
-            return self.peak * tokens / self.warmup_tokens
+            return self.scale * tokens / self.warmup_tokens
         decay_start = self.total_tokens - self.decay_tokens
         if tokens < decay_start:
-            return self.peak
+            return self.scale
         progress = min(1.0, (tokens - decay_start) / max(1, self.decay_tokens))
-        return self.peak + (self.floor - self.peak) * progress
+        return self.scale * (1 + (self.min_factor - 1) * progress)
 
 
 @dataclass
@@ -135,9 +154,9 @@ def steps_for(budget: int, ramp: LinearRamp | None, start_tokens: int, micro_bat
 
 def recipe_values(cfg: DictConfig, tokens_into_phase: int) -> dict[str, float]:
     """The values the trainer uses for the composed config `cfg` once it has seen `tokens_into_phase` tokens of its
-    phase: `lr`, `global_batch_tokens` (under the batch-size warm-up, the global batch of the step that starts
-    there), `mtp_weight` and `balancer_rate`. The schedules read the recipe's tokens: the phase's start on the
-    clock (`schedule.start_tokens`) plus `tokens_into_phase`."""
+    phase: `lr` (the optimizer's LR times the schedule's factor), `global_batch_tokens` (under the batch-size
+    warm-up, the global batch of the step that starts there), `mtp_weight` and `balancer_rate`. The schedules read
+    the recipe's tokens: the phase's start on the clock (`schedule.start_tokens`) plus `tokens_into_phase`."""
     start = cfg.schedule.start_tokens
     callbacks = cfg.get("callbacks") or {}
     balancer, warmup = callbacks.get("expert_balancer"), callbacks.get("batch_size_warmup")
@@ -153,7 +172,7 @@ def recipe_values(cfg: DictConfig, tokens_into_phase: int) -> dict[str, float]:
             global_batch = accumulation * micro_batch_tokens
     recipe_tokens = start + tokens_into_phase
     return {
-        "lr": instantiate(cfg.schedule.lr)(recipe_tokens),
+        "lr": cfg.optim.optimizer.lr * instantiate(cfg.schedule.lr)(recipe_tokens),
         "global_batch_tokens": global_batch,
         "mtp_weight": instantiate(cfg.schedule.mtp_weight)(recipe_tokens),
         "balancer_rate": instantiate(balancer.rate)(recipe_tokens) if balancer is not None else 0.0,

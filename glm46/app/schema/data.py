@@ -60,7 +60,7 @@ class Phase:
     rope_theta: float = MISSING
     mixture: Dict[str, float] = MISSING
     global_batch_tokens: Optional[int] = None  # set: trainer.accumulate_grad_batches follows from it
-    lr_scale: float = 1.0  # the stage's LR (peak and floor) relative to optim's: RL runs far below pre-training
+    lr_scale: float = 1.0  # the stage's share of optim's LR (schedule.lr.scale): RL runs far below pre-training
 
 
 @dataclass

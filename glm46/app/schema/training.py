@@ -45,13 +45,11 @@ AdamWArgs = target_schema(
 @dataclass
 class MuonOptim:
     optimizer: MuonArgs = field(default_factory=MuonArgs)
-    min_lr: float = MISSING  # the floor of the LR schedule
 
 
 @dataclass
 class AdamWOptim:
     optimizer: AdamWArgs = field(default_factory=AdamWArgs)
-    min_lr: float = MISSING
 
 
 WarmupCosineSchema = target_schema(WarmupCosine, path="glm46.optim.WarmupCosine")
