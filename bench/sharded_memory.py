@@ -68,7 +68,7 @@ def worker(layout: str, steps: int, out: Path) -> None:
     from glm46.lit import GLM46LitModule
     from glm46.modules import GLM46Config
     from glm46.optim import Piecewise
-    from glm46.parallel import MeshParallelStrategy
+    from glm46.parallel import Layout, MeshParallelStrategy
 
     config = GLM46Config(**FIELDS)
     peaks = {"start": peak_rss()}
@@ -98,10 +98,9 @@ def worker(layout: str, steps: int, out: Path) -> None:
         for t in tokens
     ]
     strategy = MeshParallelStrategy(
-        data_parallel_shard=-1,
+        Layout(WORLD, expert_parallel=LAYOUTS[layout]["expert_parallel"], data_parallel_shard=WORLD),
         mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "float32"},
         activation_checkpointing=True,
-        **LAYOUTS[layout],
     )
     trainer = L.Trainer(
         accelerator="cpu",

@@ -16,8 +16,10 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from hydra.utils import instantiate
 from safetensors.torch import load_file
+
+from glm46.parallel import build_strategy
+from glm46.planning.sizing import composed_layout
 
 from .helpers import launcher_env
 
@@ -149,4 +151,5 @@ def test_a_killed_rank_ends_the_job_within_seconds_and_it_resumes_to_the_same_we
 @pytest.mark.parametrize("overrides, seconds", [([], 600), (["parallelism.timeout_s=45"], 45)])
 def test_the_strategy_carries_parallelism_timeout_s(compose_config, layout, overrides, seconds):
     cfg = compose_config("experiment=tiny_bytes", f"parallelism={layout}", "cluster.devices=2", *overrides)
-    assert instantiate(cfg.trainer.strategy)._timeout == timedelta(seconds=seconds)
+    strategy = build_strategy(cfg.parallelism, composed_layout(cfg))
+    assert strategy._timeout == timedelta(seconds=seconds)

@@ -121,15 +121,12 @@ def test_yaml_output(capsys):
     assert set(doc) == {"defaults", "changed"}
     assert doc["defaults"] == {"optim": {"a": "muon", "b": "adamw"}}
     # FSDP2's policy follows trainer.precision: bf16 parameters with fp32 reductions under bf16-mixed, none at 32-true
+    # (once, in parallelism.strategy: the trainer no longer copies the strategy node)
     policy = {"": {"b": None}, ".param_dtype": {"a": "bfloat16"}, ".reduce_dtype": {"a": "float32"}}
     assert doc["changed"] == {
         **ABLATION_KEYS,
         "trainer.precision": {"a": "bf16-mixed", "b": "32-true"},
-        **{
-            f"{node}.strategy.mixed_precision{key}": change
-            for node in ("parallelism", "trainer")
-            for key, change in policy.items()
-        },
+        **{f"parallelism.strategy.mixed_precision{key}": change for key, change in policy.items()},
     }
     assert yaml.safe_load(run_main(capsys, "", "", "--yaml")[1]) == {"defaults": {}, "changed": {}}
 

@@ -61,14 +61,14 @@ def samples(vocab_size: int, count: int) -> list[dict[str, torch.Tensor]]:
 
 def main(spec: dict) -> None:
     import lightning as L
-    from hydra.utils import instantiate
     from torch.utils.data import DataLoader
 
     from glm46.hf import save_hf
     from glm46.lit import GLM46LitModule
     from glm46.lit.callbacks import ExpertBalancer
     from glm46.optim import Muon, Piecewise, WarmupCosine
-    from glm46.parallel import data_parallel_group, validate_layout
+    from glm46.parallel import Layout, build_strategy, data_parallel_group
+    from glm46.parallel.layout import model_problems
     from glm46.parallel.state import full_state_items, is_writer
     from tests.helpers import tiny_config
 
@@ -76,8 +76,8 @@ def main(spec: dict) -> None:
     cfg = compose_layout(spec["layout"], spec.get("overrides", []))
     config = tiny_config(**spec.get("model", {}))
     optimizer = spec.get("optimizer", "muon")
-    optimizer_node = {"_target_": "glm46.optim.Muon" if optimizer == "muon" else "torch.optim.AdamW"}
-    validate_layout(cfg.parallelism, config, devices, optimizer_node)
+    layout = Layout.from_config(cfg.parallelism, devices)
+    assert not model_problems(layout, config)
     steps = spec.get("steps", STEPS)
 
     torch.manual_seed(0)
@@ -138,8 +138,7 @@ def main(spec: dict) -> None:
             )
         )
     balancer = ExpertBalancer(rate=Piecewise(values=[0.01], boundaries=[]), history_every=1, history_file=None)
-    strategy = cfg.parallelism.strategy
-    strategy = instantiate(strategy) if not isinstance(strategy, str) else strategy
+    strategy = build_strategy(cfg.parallelism, layout)
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,

@@ -4,11 +4,26 @@ rules name their keys and numbers (no processes started)."""
 import pytest
 from omegaconf import OmegaConf
 
+from glm46.app.checks import check_layout
 from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
+from glm46.app.schema.launch import DeepSpeedParallelism, ParallelismConfig
 from glm46.errors import ConfigError
-from glm46.parallel import Layout, layout_from_config, validate_layout
+from glm46.parallel import Layout, build_strategy
+from glm46.parallel.layout import model_problems
 
 from .helpers import tiny_config
+
+
+def layout_of(world: int, model=None, deepspeed: bool = False, **keys) -> Layout:
+    """Layout.from_config of a typed `parallelism` node with `keys`, then the model against it, as checks does."""
+    schema = DeepSpeedParallelism(stage=3) if deepspeed else ParallelismConfig()
+    node = OmegaConf.merge(OmegaConf.structured(schema), keys)
+    layout = Layout.from_config(node, world)
+    problems = model_problems(layout, model or tiny_config())
+    if problems:
+        raise ConfigError("; ".join(problems))
+    return layout
+
 
 # member -> (world size it is meant for, model), the sizes its test (or the plan) runs it at
 MEMBERS = {
@@ -29,21 +44,24 @@ def test_every_parallelism_member_composes_and_validates(compose_config, member)
     optim = "adamw" if member.startswith("deepspeed") else "muon"
     cfg = compose_config(f"parallelism={member}", f"model={model}", f"optim={optim}")
     config = OmegaConf.to_object(cfg.model)
-    validate_layout(cfg.parallelism, config, world, cfg.optim.optimizer)
+    layout = Layout.from_config(cfg.parallelism, world)
+    check_layout(cfg, config, layout)
     assert cfg.parallelism.name == member
-    assert cfg.parallelism.pipeline_parallel == 1
-    strategy = cfg.parallelism.strategy
-    assert strategy == "auto" if member == "single" else strategy._target_
+    assert layout.pipeline_parallel == 1 and layout.engine == cfg.parallelism.engine
+    strategy = build_strategy(cfg.parallelism, layout)  # the strategy is built, with the Layout for the mesh's
+    assert strategy == "auto" if member == "single" else type(strategy).__name__.endswith("Strategy")
+    if layout.engine == "mesh":
+        assert strategy.layout is layout
 
 
 def test_the_production_layout_is_tp8_x_ep32_with_fsdp_instead_of_pipeline_stages(compose_config):
     cfg = compose_config("parallelism=production", "model=glm46_355b")
-    layout = layout_from_config(cfg.parallelism, 1024 * 8)
+    layout = Layout.from_config(cfg.parallelism, 1024 * 8)
     assert (layout.tensor_parallel, layout.expert_parallel, layout.data_parallel) == (8, 32, 1024)
     assert layout.data_parallel_shard == 1024 and layout.expert_data_parallel == 32
-    config = OmegaConf.to_object(cfg.model)
+    cfg.parallelism.pipeline_parallel = 16
     with pytest.raises(ConfigError, match=r"pipeline_parallel=16: Lightning offers no pipeline parallelism"):
-        validate_layout({**cfg.parallelism, "pipeline_parallel": 16}, config, 1024 * 8)
+        Layout.from_config(cfg.parallelism, 1024 * 8)
 
 
 @pytest.mark.parametrize(
@@ -65,22 +83,21 @@ def test_the_production_layout_is_tp8_x_ep32_with_fsdp_instead_of_pipeline_stage
     ],
 )
 def test_mesh_layouts_that_cannot_run_name_their_keys(keys, world, message):
-    parallelism = {"name": "fsdp2", "engine": "mesh", "data_parallel_shard": -1, **keys}
     with pytest.raises(ConfigError, match=message):
-        validate_layout(parallelism, tiny_config(), world)
+        layout_of(world, **{"name": "fsdp2", "engine": "mesh", "data_parallel_shard": -1, **keys})
 
 
-def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon():
+def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon(compose_config):
     with pytest.raises(ConfigError, match=r"engine=ddp cannot split tensors or experts: tensor_parallel=2"):
-        validate_layout({"name": "ddp", "engine": "ddp", "tensor_parallel": 2}, tiny_config(), 2)
+        layout_of(2, name="ddp", engine="ddp", tensor_parallel=2)
     with pytest.raises(ConfigError, match=r"parallelism=single runs one process, but the cluster has world size 2"):
-        validate_layout({"name": "single", "engine": "single"}, tiny_config(), 2)
+        layout_of(2, name="single", engine="single")
     with pytest.raises(ConfigError, match=r"activation_checkpointing=true is applied by engine=mesh"):
-        validate_layout({"name": "ddp", "engine": "ddp", "activation_checkpointing": True}, tiny_config(), 2)
+        layout_of(2, name="ddp", engine="ddp", activation_checkpointing=True)
+    assert layout_of(2, deepspeed=True, name="deepspeed_zero3", engine="deepspeed", data_parallel_shard=-1)
+    cfg = compose_config("experiment=tiny_bytes", "parallelism=deepspeed_zero3", "cluster.devices=2")  # Muon
     with pytest.raises(ConfigError, match=r"Muon's Newton-Schulz needs whole matrices; use optim=adamw"):
-        validate_layout(
-            {"name": "deepspeed_zero3", "engine": "deepspeed"}, tiny_config(), 2, {"_target_": "glm46.optim.Muon"}
-        )
+        check_layout(cfg, tiny_config(), Layout.from_config(cfg.parallelism, 2))
 
 
 @pytest.mark.parametrize(

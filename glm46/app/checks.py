@@ -26,8 +26,8 @@ from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
-from glm46.parallel.layout import validate_layout
-from glm46.planning.sizing import composed_plan
+from glm46.parallel.layout import Layout, is_muon, model_problems
+from glm46.planning.sizing import composed_layout, composed_plan
 from glm46.rl.grpo_module import check_grpo_settings
 from glm46.rl.prompts import PromptDataModule
 
@@ -343,6 +343,20 @@ def check_serve(cfg: DictConfig) -> GLM46Config:
     return config
 
 
+def check_layout(cfg: DictConfig, config: GLM46Config, layout: Layout) -> None:
+    """The model and the optimizer against the layout (its own rules ran in Layout.from_config)."""
+    problems = model_problems(layout, config)
+    optimizer = cfg.optim.get("optimizer")
+    if layout.engine == "deepspeed" and optimizer is not None and is_muon(str(optimizer._target_)):
+        problems.append(
+            f"optim.optimizer={optimizer._target_} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
+            f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
+            f"with DeepSpeed, or parallelism=fsdp2 (Muon divides its Newton-Schulz work over the shards there)"
+        )
+    if problems:
+        raise ConfigError(f"parallelism={cfg.parallelism.name}: " + "; ".join(problems))
+
+
 def validate(cfg: DictConfig) -> GLM46Config:
     """Reject a composition that cannot run, before any work starts; return its model config (task=serve: the
     export's)."""
@@ -359,7 +373,7 @@ def validate(cfg: DictConfig) -> GLM46Config:
     check_at_least_one(cfg, ("cluster.num_nodes", "cluster.devices"))
     if cluster.scheduler == "slurm" and not cluster.partition:
         raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
-    validate_layout(cfg.parallelism, config, cluster.num_nodes * cluster.devices, cfg.optim.get("optimizer"))
+    check_layout(cfg, config, composed_layout(cfg))
     if not cfg.parallelism.timeout_s > 0:
         raise ConfigError(
             f"parallelism.timeout_s={cfg.parallelism.timeout_s!r} must be a number of seconds > 0 (how long a rank "

@@ -22,6 +22,8 @@ from glm46.eval import evaluate
 from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import Preemption
 from glm46.modules import GLM46Config
+from glm46.parallel import build_strategy
+from glm46.planning.sizing import composed_layout
 from glm46.rl.grpo_module import GRPOLitModule
 
 log = rank_zero_logger(__name__)
@@ -83,7 +85,13 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
     # GRPOLitModule optimizes manually (rollouts and updates alternate) and clips gradients itself.
     clip = {"gradient_clip_val": None} if is_rl(cfg) else {}
     return instantiate(
-        cfg.trainer, callbacks=callbacks, logger=loggers, plugins=plugins, default_root_dir=str(output_dir), **clip
+        cfg.trainer,
+        strategy=build_strategy(cfg.parallelism, composed_layout(cfg)),
+        callbacks=callbacks,
+        logger=loggers,
+        plugins=plugins,
+        default_root_dir=str(output_dir),
+        **clip,
     )
 
 

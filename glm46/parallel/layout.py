@@ -10,13 +10,15 @@ Sizes (the `parallelism` config group's keys):
   experts are split over ep ranks, which exchange tokens all-to-all; every ep rank still sees its
   own batch, so the experts' data-parallel degree is dp / ep;
 - `pipeline_parallel` must be 1: Lightning offers no pipeline parallelism.
+
+`Layout.from_config` checks the layout's own rules (sizes, world size, what each engine can split);
+`model_problems` the model against it (glm46.app.checks runs both before anything is queued).
 """
 
 from __future__ import annotations
 
 import importlib
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,10 +32,33 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class Layout:
+    """The one object that says how a job is laid out, as torchtitan's ParallelDims: built once from the typed
+    `parallelism` node (`Layout.from_config`) and handed to the strategy, the plan, the dry run and the checks."""
+
     world_size: int
     tensor_parallel: int = 1
     expert_parallel: int = 1
     data_parallel_shard: int = 1  # resolved: a divisor of data_parallel (never -1)
+    pipeline_parallel: int = 1
+    engine: str = "mesh"
+
+    @classmethod
+    def from_config(cls, parallelism: Any, world_size: int) -> Layout:
+        """The layout of a `parallelism` node (schema glm46.app.schema.launch.ParallelismConfig) on `world_size`
+        processes; ConfigError naming the keys and values when the sizes cannot run together."""
+        problems = layout_problems(parallelism, world_size)
+        if problems:
+            raise ConfigError(f"parallelism={parallelism.name}: " + "; ".join(problems))
+        shard = parallelism.data_parallel_shard
+        dp = world_size // parallelism.tensor_parallel
+        return cls(
+            world_size,
+            parallelism.tensor_parallel,
+            parallelism.expert_parallel,
+            dp if shard == -1 else shard,
+            parallelism.pipeline_parallel,
+            parallelism.engine,
+        )
 
     @property
     def data_parallel(self) -> int:
@@ -60,11 +85,6 @@ class Layout:
         return (replicate // outer, outer, 1, shard, self.tensor_parallel)
 
 
-def _get(cfg: Mapping[str, Any] | Any, key: str, default: Any) -> Any:
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
-
-
 def is_muon(target: str) -> bool:
     """Whether the optimizer `_target_` names glm46's Muon (or a subclass); False when it cannot be imported."""
     from glm46.optim import Muon
@@ -77,149 +97,129 @@ def is_muon(target: str) -> bool:
     return isinstance(found, type) and issubclass(found, Muon)
 
 
-def layout_from_config(parallelism: Mapping[str, Any], world_size: int) -> Layout:
-    """The Layout of a `parallelism` config (validated sizes only; see validate_layout for the model)."""
-    tp = int(_get(parallelism, "tensor_parallel", 1))
-    ep = int(_get(parallelism, "expert_parallel", 1))
-    shard = int(_get(parallelism, "data_parallel_shard", 1))
-    dp = world_size // tp if tp >= 1 and world_size % tp == 0 else 0
-    return Layout(world_size, tp, ep, dp if shard == -1 else shard)
-
-
-def validate_layout(
-    parallelism: Mapping[str, Any],
-    model: GLM46Config | Mapping[str, Any],
-    world_size: int,
-    optimizer: Mapping[str, Any] | None = None,
-) -> None:
-    """Raise ConfigError, naming the keys and their values, when the layout cannot run this model on
-    `world_size` processes (cluster.num_nodes x cluster.devices). `optimizer` (the `optim.optimizer`
-    node, optional) is checked against the engine: ZeRO-3 hands the optimizer flat partitions."""
-    name = _get(parallelism, "name", "?")
-    engine = _get(parallelism, "engine", "single")
-    tp = _get(parallelism, "tensor_parallel", 1)
-    ep = _get(parallelism, "expert_parallel", 1)
-    pp = _get(parallelism, "pipeline_parallel", 1)
-    shard = _get(parallelism, "data_parallel_shard", 1)
-    problems: list[str] = []
-
-    def check(ok: bool, message: str) -> None:
-        if not ok:
-            problems.append(message)
-
-    def fail() -> None:
-        if problems:
-            raise ConfigError(f"parallelism={name}: " + "; ".join(problems))
-
-    check(engine in ENGINES, f"parallelism.engine={engine!r} is not one of {list(ENGINES)}")
-    for key, value in (("tensor_parallel", tp), ("expert_parallel", ep), ("pipeline_parallel", pp)):
-        check(isinstance(value, int) and value >= 1, f"parallelism.{key}={value!r} must be an integer >= 1")
-    check(
-        isinstance(shard, int) and (shard >= 1 or shard == -1),
-        f"parallelism.data_parallel_shard={shard!r} must be an integer >= 1, or -1 for all data-parallel ranks",
-    )
-    check(isinstance(world_size, int) and world_size >= 1, f"world size {world_size!r} must be an integer >= 1")
-    fail()
-    check(
-        pp == 1,
-        f"parallelism.pipeline_parallel={pp}: Lightning offers no pipeline parallelism (no strategy "
-        f"splits layers into stages), so only 1 runs; spread the model with tensor_parallel, "
-        f"expert_parallel and data_parallel_shard (FSDP2) instead",
-    )
-    if engine != "mesh":
-        check(
-            tp == 1 and ep == 1,
+def layout_problems(parallelism: Any, world_size: int) -> list[str]:
+    """What keeps the sizes and switches of a `parallelism` node from running on `world_size` processes (empty:
+    nothing). Checked in order, each group of rules only once the one before it holds."""
+    engine, tp, ep = parallelism.engine, parallelism.tensor_parallel, parallelism.expert_parallel
+    pp, shard = parallelism.pipeline_parallel, parallelism.data_parallel_shard
+    basics = [
+        (engine in ENGINES, f"parallelism.engine={engine!r} is not one of {list(ENGINES)}"),
+        *(
+            (value >= 1, f"parallelism.{key}={value!r} must be an integer >= 1")
+            for key, value in (("tensor_parallel", tp), ("expert_parallel", ep), ("pipeline_parallel", pp))
+        ),
+        (
+            shard >= 1 or shard == -1,
+            f"parallelism.data_parallel_shard={shard!r} must be an integer >= 1, or -1 for all data-parallel ranks",
+        ),
+        (world_size >= 1, f"world size {world_size!r} must be an integer >= 1"),
+    ]
+    engines = [
+        (
+            pp == 1,
+            f"parallelism.pipeline_parallel={pp}: Lightning offers no pipeline parallelism (no strategy "
+            f"splits layers into stages), so only 1 runs; spread the model with tensor_parallel, "
+            f"expert_parallel and data_parallel_shard (FSDP2) instead",
+        ),
+        (
+            engine == "mesh" or (tp == 1 and ep == 1),
             f"parallelism.engine={engine} cannot split tensors or experts: tensor_parallel="
             f"{tp}, expert_parallel={ep} need engine=mesh (parallelism=tp, ep, fsdp2_ep)",
-        )
-        check(
-            shard in (1, -1) or engine == "deepspeed",
+        ),
+        (
+            engine == "mesh" or shard in (1, -1) or engine == "deepspeed",
             f"parallelism.engine={engine} has no data_parallel_shard={shard} (use engine=mesh for HSDP)",
-        )
-    check(
-        not _get(parallelism, "activation_checkpointing", False) or engine == "mesh",
-        f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
-    )
-    if engine == "single":
-        check(
-            world_size == 1,
+        ),
+        (
+            not parallelism.activation_checkpointing or engine == "mesh",
+            f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
+        ),
+        (
+            engine != "single" or world_size == 1,
             f"parallelism=single runs one process, but the cluster has world size {world_size} "
             f"(cluster.num_nodes x cluster.devices): choose ddp, fsdp2, ... or devices=1",
-        )
-    fail()
-
-    check(
-        world_size % tp == 0,
-        f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
-        f"parallelism.tensor_parallel={tp}",
-    )
-    fail()
+        ),
+    ]
+    for rules in (basics, engines):
+        problems = [message for ok, message in rules if not ok]
+        if problems:
+            return problems
+    if world_size % tp:
+        return [
+            f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
+            f"parallelism.tensor_parallel={tp}"
+        ]
     dp = world_size // tp
-    check(
-        dp % ep == 0,
-        f"world size {world_size} must be divisible by tensor_parallel x expert_parallel = {tp} x {ep} = {tp * ep} "
-        f"(experts are split over ep of the {dp} data-parallel ranks)",
-    )
-    if engine == "mesh":
-        resolved = dp if shard == -1 else shard
-        check(
-            dp % resolved == 0,
+    resolved = dp if shard == -1 else shard
+    sizes = [
+        (
+            dp % ep == 0,
+            f"world size {world_size} must be divisible by tensor_parallel x expert_parallel = {tp} x {ep} = "
+            f"{tp * ep} (experts are split over ep of the {dp} data-parallel ranks)",
+        ),
+        (
+            engine != "mesh" or dp % resolved == 0,
             f"parallelism.data_parallel_shard={shard} must divide the data-parallel size world size / "
             f"tensor_parallel = {world_size} / {tp} = {dp}",
-        )
-        if dp % resolved == 0 and dp % ep == 0:
-            check(
-                resolved % ep == 0 or ep % resolved == 0,
-                f"parallelism.expert_parallel={ep} and data_parallel_shard={resolved} must divide one another "
-                f"(ep groups lie inside a shard group, or span whole shard groups)",
+        ),
+        (
+            engine != "mesh" or dp % resolved or dp % ep or resolved % ep == 0 or ep % resolved == 0,
+            f"parallelism.expert_parallel={ep} and data_parallel_shard={resolved} must divide one another "
+            f"(ep groups lie inside a shard group, or span whole shard groups)",
+        ),
+    ]
+    mixed = parallelism.mixed_precision
+    if mixed and (mixed.param_dtype or mixed.reduce_dtype):
+        sizes += [
+            (value in (None, *DTYPES), f"parallelism.mixed_precision.{key}={value!r} is not one of {list(DTYPES)}")
+            for key, value in (("param_dtype", mixed.param_dtype), ("reduce_dtype", mixed.reduce_dtype))
+        ]
+        sizes.append(
+            (
+                engine == "mesh",
+                f"parallelism.mixed_precision is FSDP2's policy (engine=mesh); engine={engine} takes trainer.precision",
             )
-
-    mixed = _get(parallelism, "mixed_precision", None)
-    if mixed and any(_get(mixed, key, None) for key in ("param_dtype", "reduce_dtype")):
-        for key in ("param_dtype", "reduce_dtype"):
-            value = _get(mixed, key, None)
-            check(value in (None, *DTYPES), f"parallelism.mixed_precision.{key}={value!r} is not one of {list(DTYPES)}")
-        check(
-            engine == "mesh",
-            f"parallelism.mixed_precision is FSDP2's policy (engine=mesh); engine={engine} takes trainer.precision",
         )
     if engine == "deepspeed":
-        stage = _get(parallelism, "stage", 3)
-        check(stage in (1, 2, 3), f"parallelism.stage={stage!r} must be a ZeRO stage 1, 2 or 3")
-        target = str(_get(optimizer or {}, "_target_", ""))
-        check(
-            not is_muon(target),
-            f"optim.optimizer={target} with parallelism.engine=deepspeed: ZeRO hands the optimizer flat "
-            f"partitions of the parameters, and Muon's Newton-Schulz needs whole matrices; use optim=adamw "
-            f"with DeepSpeed, or parallelism=fsdp2 (Muon divides its Newton-Schulz work over the shards there)",
+        sizes.append(
+            (parallelism.stage in (1, 2, 3), f"parallelism.stage={parallelism.stage!r} must be a ZeRO stage 1, 2 or 3")
         )
-    fail()
+    return [message for ok, message in sizes if not ok]
 
-    config = model if isinstance(model, GLM46Config) else None
-    get = (lambda k: getattr(config, k)) if config is not None else (lambda k: model[k])
-    heads, kv_heads = get("num_attention_heads"), get("num_key_value_heads")
-    check(heads % tp == 0, f"model.num_attention_heads={heads} must be divisible by parallelism.tensor_parallel={tp}")
-    check(
-        kv_heads % tp == 0,
-        f"model.num_key_value_heads={kv_heads} must be divisible by parallelism.tensor_parallel={tp}",
-    )
-    intermediate = get("intermediate_size")
-    shared = get("moe_intermediate_size") * get("n_shared_experts")
-    if get("first_k_dense_replace") > 0:
-        check(
-            intermediate % tp == 0,
-            f"model.intermediate_size={intermediate} must be divisible by parallelism.tensor_parallel={tp}",
-        )
-    check(
-        shared % tp == 0,
-        f"the shared experts' width model.moe_intermediate_size x n_shared_experts = {shared} "
-        f"must be divisible by parallelism.tensor_parallel={tp}",
-    )
-    experts = get("n_routed_experts")
-    check(experts % ep == 0, f"model.n_routed_experts={experts} must be divisible by parallelism.expert_parallel={ep}")
-    has_moe = get("first_k_dense_replace") < get("num_hidden_layers") or get("num_nextn_predict_layers") > 0
-    check(ep == 1 or has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer")
-    fail()
+
+def model_problems(layout: Layout, model: GLM46Config) -> list[str]:
+    """What keeps `model` from being split by `layout`: heads, widths and experts against the tensor and expert
+    parallel sizes."""
+    tp, ep = layout.tensor_parallel, layout.expert_parallel
+    shared = model.moe_intermediate_size * model.n_shared_experts
+    has_moe = model.first_k_dense_replace < model.num_hidden_layers or model.num_nextn_predict_layers > 0
+    rules = [
+        (
+            model.num_attention_heads % tp == 0,
+            f"model.num_attention_heads={model.num_attention_heads} must be divisible by "
+            f"parallelism.tensor_parallel={tp}",
+        ),
+        (
+            model.num_key_value_heads % tp == 0,
+            f"model.num_key_value_heads={model.num_key_value_heads} must be divisible by "
+            f"parallelism.tensor_parallel={tp}",
+        ),
+        (
+            model.first_k_dense_replace == 0 or model.intermediate_size % tp == 0,
+            f"model.intermediate_size={model.intermediate_size} must be divisible by parallelism.tensor_parallel={tp}",
+        ),
+        (
+            shared % tp == 0,
+            f"the shared experts' width model.moe_intermediate_size x n_shared_experts = {shared} "
+            f"must be divisible by parallelism.tensor_parallel={tp}",
+        ),
+        (
+            model.n_routed_experts % ep == 0,
+            f"model.n_routed_experts={model.n_routed_experts} must be divisible by parallelism.expert_parallel={ep}",
+        ),
+        (ep == 1 or has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer"),
+    ]
+    return [message for ok, message in rules if not ok]
 
 
 # ---------------------------------------------------------------- what each parameter is split by

@@ -16,10 +16,11 @@ from datetime import timedelta
 from typing import Any
 
 import torch
+from hydra.utils import instantiate
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
 from lightning.pytorch.accelerators.cuda import CUDAAccelerator
-from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
 
 from glm46.lightning_private import (
@@ -29,7 +30,7 @@ from glm46.lightning_private import (
     init_model_parallel_processes,
 )
 
-from .layout import Layout, layout_from_config, validate_layout
+from .layout import Layout
 from .mesh import build_mesh
 from .parallelize import parallelize
 
@@ -37,17 +38,15 @@ from .parallelize import parallelize
 class MeshParallelStrategy(ModelParallelStrategy):
     """FSDP2 / HSDP x expert parallel x tensor parallel over one device mesh (see glm46.parallel.layout).
 
-    data_parallel_shard: FSDP2 shard degree among the data-parallel ranks (-1: all of them, plain FSDP;
-    1: replicate only); tensor_parallel, expert_parallel: sizes; activation_checkpointing: recompute
-    each decoder layer; mixed_precision: FSDP2's policy ({param_dtype, reduce_dtype} names, or None);
-    save_distributed_checkpoint: DCP folders (True) or one full file written by rank 0.
+    layout: the sizes (glm46.parallel.Layout, built once from the `parallelism` node: build_strategy);
+    activation_checkpointing: recompute each decoder layer; mixed_precision: FSDP2's policy ({param_dtype,
+    reduce_dtype} names, or None); save_distributed_checkpoint: DCP folders (True) or one full file written by
+    rank 0.
     """
 
     def __init__(
         self,
-        data_parallel_shard: int = -1,
-        tensor_parallel: int = 1,
-        expert_parallel: int = 1,
+        layout: Layout,
         activation_checkpointing: bool = False,
         mixed_precision: dict | None = None,
         reshard_after_forward: bool = True,
@@ -57,30 +56,23 @@ class MeshParallelStrategy(ModelParallelStrategy):
     ) -> None:
         super().__init__(
             data_parallel_size="auto",
-            tensor_parallel_size=tensor_parallel,
+            tensor_parallel_size=layout.tensor_parallel,
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
-        self.parallelism = {
-            "name": "mesh",
-            "engine": "mesh",
-            "data_parallel_shard": data_parallel_shard,
-            "tensor_parallel": tensor_parallel,
-            "expert_parallel": expert_parallel,
-            "pipeline_parallel": 1,
-            "mixed_precision": dict(mixed_precision) if mixed_precision else None,
-        }
+        self.layout = layout
         self.activation_checkpointing = activation_checkpointing
+        self.mixed_precision = dict(mixed_precision) if mixed_precision else None
         self.reshard_after_forward = reshard_after_forward
-        self.layout: Layout | None = None
 
     def setup_environment(self) -> None:
         init_model_parallel_processes(self)
-        config = getattr(self.lightning_module, "config", None)
-        if config is not None:
-            validate_layout(self.parallelism, config, self.world_size)
-        self.layout = layout_from_config(self.parallelism, self.world_size)
+        if self.world_size != self.layout.world_size:
+            raise RuntimeError(
+                f"the job has {self.world_size} processes, its layout was built for {self.layout.world_size} "
+                f"(cluster.num_nodes x cluster.devices)"
+            )
         attach_device_mesh(self, build_mesh(self.layout, self.root_device.type))
 
     @property
@@ -100,7 +92,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
             self.layout,
             self.device_mesh,
             self.activation_checkpointing,
-            self.parallelism["mixed_precision"],
+            self.mixed_precision,
             self.reshard_after_forward,
         )
 
@@ -161,6 +153,17 @@ def register_external_parameters(module: torch.nn.Module) -> None:
 
     for parameter in getattr(module, "external_parameters", list)():
         deepspeed.zero.register_external_parameter(module, parameter)
+
+
+def build_strategy(parallelism: Any, layout: Layout) -> Strategy | str:
+    """The Lightning strategy of a `parallelism` node: a Lightning name ("auto"), or its `strategy` node built,
+    the mesh's with the job's Layout."""
+    node = parallelism.strategy
+    if isinstance(node, str):
+        return node
+    if parallelism.engine == "mesh":
+        return instantiate(node, _partial_=True)(layout=layout)  # the Layout object itself, not a config copy
+    return instantiate(node)
 
 
 def data_parallel_group(strategy) -> torch.distributed.ProcessGroup | None:

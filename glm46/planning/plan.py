@@ -210,7 +210,6 @@ def plan(
     micro_batch: int,
     optimizer: str,
     activation_checkpointing: bool,
-    pipeline_parallel: int = 1,
 ) -> dict:
     counts = count_parameters(config)
     flops_per_token = training_flops_per_token(config, seq_len)
@@ -220,11 +219,6 @@ def plan(
     memory = memory_per_gpu(config, layout, micro_batch * seq_len, optimizer, activation_checkpointing)
     capacity = hardware.memory_gib * GIB * MARGIN
     notes = []
-    if pipeline_parallel > 1:
-        notes.append(
-            f"pipeline_parallel={pipeline_parallel} is not offered by Lightning (no strategy splits layers "
-            f"into stages); this plan uses pipeline_parallel=1"
-        )
     if memory["total"] > capacity:
         floor = memory["activations"] + memory["gathered (FSDP2)"] + memory["unsharded gradient (FSDP2)"]
         if floor > capacity:

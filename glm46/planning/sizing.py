@@ -5,8 +5,13 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
-from glm46.parallel.layout import Layout, is_muon, layout_from_config
+from glm46.parallel.layout import Layout, is_muon
 from glm46.planning.plan import Hardware, plan
+
+
+def composed_layout(cfg: DictConfig) -> Layout:
+    """The job's Layout: the `parallelism` node on cluster.num_nodes x cluster.devices processes."""
+    return Layout.from_config(cfg.parallelism, cfg.cluster.num_nodes * cfg.cluster.devices)
 
 
 def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
@@ -20,7 +25,7 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
         cluster.mfu,
         cluster.price_per_gpu_hour,
     )
-    return hardware, layout_from_config(cfg.parallelism, hardware.world_size)
+    return hardware, composed_layout(cfg)
 
 
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
@@ -36,6 +41,5 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         cfg.data.batch_size,
         optimizer,
         cfg.parallelism.activation_checkpointing,
-        cfg.parallelism.pipeline_parallel,
     )
     return result, hardware, layout
