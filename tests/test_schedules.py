@@ -71,6 +71,7 @@ def test_wsd_schedule_member_composes(compose_config):
     cfg = compose_config("schedule=wsd", "trainer.max_steps=100", "data.batch_size=2", "data.seq_len=10")
     lr = instantiate(cfg.schedule.lr)
     assert isinstance(lr, WarmupStableDecay) and lr.decay_tokens == 400 and lr.total_tokens == 2000
+    assert lr.min_factor == 0.1 and lr.scale == cfg.phase.lr_scale  # glm45's, not the WSD signature's defaults
 
 
 def test_batch_warmup_callbacks_member_ramps_a_quarter_to_the_full_batch(compose_config):

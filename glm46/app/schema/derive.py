@@ -13,6 +13,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import field, make_dataclass
+from dataclasses import fields as dataclass_fields
 from enum import Enum
 from typing import Any, List, Optional, Union
 
@@ -66,10 +67,12 @@ def target_schema(
 
     path: the `_target_` string (default: where the target is defined); partial: the node builds a
     `functools.partial` (`_partial_: true`), the caller passes `exclude`d arguments; nested: argument -> schema of
-    a node inside this one; base: the schema of a node this one may replace (Hydra merges a schema only over its
-    own base classes: a WSD LR schedule over the default cosine's); name: the schema's, as errors name it."""
+    a node inside this one; base: the schema of a node this one is merged over (Hydra merges a schema only over its
+    own base classes: a WSD LR schedule over the default cosine's), whose arguments stay as that node set them;
+    name: the schema's, as errors name it."""
     nested = dict(nested or {})
     annotations = _annotations(target)
+    inherited = {f.name for f in dataclass_fields(base)} if base else set()
     fields: list[tuple] = [("_target_", str, field(default=path or f"{target.__module__}.{target.__qualname__}"))]
     if partial:
         fields.append(("_partial_", bool, field(default=True)))
@@ -82,6 +85,9 @@ def target_schema(
         kind, default = omegaconf_type(annotations[argument]), parameter.default
         if isinstance(default, (tuple, list)) and all(isinstance(item, PLAIN) for item in default):
             fields.append((argument, kind, field(default_factory=lambda value=list(default): list(value))))
+            continue
+        if argument in inherited:  # merged over the base's node: keep the values it holds (a merged ??? keeps them)
+            fields.append((argument, kind, field(default=MISSING)))
             continue
         if default is parameter.empty or not (default is None or isinstance(default, PLAIN)):
             default = MISSING  # no default, or one a config cannot hold (a dtype, an object): the config sets it
