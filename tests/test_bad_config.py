@@ -33,7 +33,7 @@ TP16 = [*TINY, "parallelism=tp", "cluster.devices=16"]
 EP6 = [*TINY, "parallelism=ep", "cluster.devices=6"]  # expert parallel 2 over 6 ranks
 DATASET = [*TOY, "data.path={dataset}"]  # a prepared dataset with the toy_pretrain1 domains only
 SFT = [*TOY, "phase=toy_sft", "data=embedded_sft", "data.path={dataset}"]  # the default run's SFT stage
-RL = [*TOY, "phase=toy_rl", "data=embedded_rl", "data.path={dataset}"]  # the default run's GRPO stage
+RL = [*TOY, "phase=toy_rl", "data=embedded_rl", "module=grpo", "data.path={dataset}"]  # the default run's GRPO stage
 COMPOSE, VALIDATE = "compose", "validate"
 
 # One row per line reads as a table:
@@ -173,20 +173,24 @@ TABLE = [
     ("guard-action-unknown", TINY, ["guard.on_repeated=retry"], VALIDATE,
      [r"guard\.on_repeated='retry': expected 'rollback' or 'stop'"]),
     ("guard-spike-factor-below-1", TINY, ["guard.spike_factor=0.5"], VALIDATE, [r"spike_factor=0\.5 must be > 1"]),
-    # -- RL: prompts and an RL phase together, on one process, whole prompt groups per update
-    ("rl-phase-on-language-modelling-data", DATASET, ["phase=toy_rl"], VALIDATE,
-     [r"data=glm46\.lit\.shard_data\.ShardDataModule with phase=toy_rl: RL needs both the prompts",
-      r"phase=rl, toy_rl"]),
+    # -- RL: prompts, an RL phase and the GRPO module together, on one process, whole prompt groups per update
+    ("rl-phase-on-language-modelling-data", DATASET, ["phase=toy_rl", "module=grpo"], VALIDATE,
+     [r"data=glm46\.lit\.shard_data\.ShardDataModule, phase=toy_rl, module=glm46\.rl\.grpo_module\.GRPOLitModule: "
+      r"RL needs the prompts", r"phase=rl, toy_rl\) and module=grpo together"]),
+    ("rl-phase-without-the-grpo-module", RL, ["module=causal_lm"], VALIDATE,
+     [r"module=glm46\.lit\.GLM46LitModule: RL needs the prompts .* and module=grpo together \(experiment=rl\)"]),
     ("rl-on-several-processes", RL, ["parallelism=ddp", "cluster.devices=2"], VALIDATE,
      [r"parallelism=ddp: RL samples its rollouts with the training model's own generate, on one process"]),
     ("rl-with-accumulation", RL, ["trainer.accumulate_grad_batches=2"], VALIDATE,
      [r"trainer\.accumulate_grad_batches=2: an RL step is one rollout batch"]),
-    ("rl-updates-split-a-group", RL, ["phase.updates_per_rollout=3"], VALIDATE,
-     [r"phase\.updates_per_rollout=3 must be >= 1 and divide the prompts of a step \(data\.batch_size=8\)"]),
-    ("rl-unknown-loss-aggregation", RL, ["phase.loss_aggregation=sum"], VALIDATE,
-     [r"phase\.loss_aggregation='sum': expected token_mean or seq_mean"]),
-    ("rl-kl-without-reference-model", RL, ["phase.kl_coef=0.1"], VALIDATE,
-     [r"phase\.kl_coef=0\.1: the KL term needs a reference model"]),
+    ("rl-updates-split-a-group", RL, ["phase.grpo.updates_per_rollout=3"], VALIDATE,
+     [r"phase\.grpo\.updates_per_rollout=3 must divide the prompts of a step \(data\.batch_size=8\)"]),
+    ("rl-unknown-loss-aggregation", RL, ["phase.grpo.loss_aggregation=sum"], VALIDATE,
+     [r"phase\.grpo\.loss_aggregation='sum': expected token_mean or seq_mean"]),
+    ("rl-kl-without-reference-model", RL, ["phase.grpo.kl_coef=0.1"], VALIDATE,
+     [r"phase\.grpo\.kl_coef=0\.1: the KL term needs a reference model"]),
+    ("rl-a-group-of-one", RL, ["phase.grpo.samples_per_prompt=1"], VALIDATE,
+     [r"phase\.grpo\.samples_per_prompt=1 leaves no group to normalise over"]),
 ]
 # fmt: on
 

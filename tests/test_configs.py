@@ -38,6 +38,7 @@ BUILT = {  # group -> the `_target_` nodes of its members that build cheaply (th
 MEMBERS = [
     (group, path.stem)
     for group in (
+        "module",
         "optim",
         "schedule",
         "recipe",

@@ -9,7 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from glm46.modules.loss import IGNORE_INDEX
-from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 
 from .helpers import tiny_config
@@ -29,22 +29,18 @@ def starts_with_a_digit(record, completion: str) -> float:
 
 
 def module(dataset, **overrides) -> GRPOLitModule:
-    settings = dict(
-        tokenizer_path=str(dataset / "tokenizer.json"),
-        samples_per_prompt=8,
-        max_new_tokens=4,
-        temperature=1.0,
-        reward=starts_with_a_digit,
-        seed=0,
-    )
-    settings.update(overrides)
+    """GRPOLitModule with GRPO settings (GRPOSettings fields) overridden by `overrides`."""
+    settings = dict(samples_per_prompt=8, max_new_tokens=4, temperature=1.0) | overrides
     L.seed_everything(0)
     return GRPOLitModule(
         tiny_config(vocab_size=400),
         optimizer=partial(torch.optim.AdamW, lr=LR),
         lr_schedule=lambda tokens: 1.0,  # a factor of the optimizer's LR
         mtp_weight=lambda tokens: 0.0,
-        **settings,
+        tokenizer_path=str(dataset / "tokenizer.json"),
+        grpo=GRPOSettings(**settings),
+        reward=starts_with_a_digit,
+        seed=0,
     )
 
 

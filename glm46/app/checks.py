@@ -28,7 +28,7 @@ from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import Layout, is_muon, model_problems
 from glm46.planning.sizing import composed_layout, composed_plan
-from glm46.rl.grpo_module import check_grpo_settings
+from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule
 
 log = rank_zero_logger(__name__)
@@ -278,27 +278,37 @@ def check_training(cfg: DictConfig) -> None:
             f"trainer.precision={trainer.precision}: drop the policy (parallelism.mixed_precision="
             f"null follows trainer.precision) or choose trainer.precision=bf16-mixed"
         )
-    for node in (cfg.schedule.lr, cfg.guard):  # components that check their own arguments: built once, here
+    # components that check their own arguments: built once, here
+    for build, node in ((instantiate, cfg.schedule.lr), (instantiate, cfg.guard), (OmegaConf.to_object, grpo(cfg))):
         if node is not None:
             try:
-                instantiate(node)
+                build(node)
             except Exception as error:
                 raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
     check_rl(cfg)
 
 
+def grpo(cfg: DictConfig) -> DictConfig | None:
+    """The GRPO settings of an RL phase (phase.grpo), None for other phases."""
+    return cfg.phase.get("grpo")
+
+
 def check_rl(cfg: DictConfig) -> None:
-    """RL trains prompts (data=rl) under an RL phase, on one process with whole rollout batches."""
-    prompts = issubclass(get_class(cfg.data._target_), PromptDataModule)
-    rl_phase = "samples_per_prompt" in cfg.phase
-    if prompts != rl_phase:
+    """RL: the prompts (data=rl), an RL phase and the GRPO module go together; on one process, whole rollouts."""
+    kinds = {
+        "data": issubclass(get_class(cfg.data._target_), PromptDataModule),
+        "phase": grpo(cfg) is not None,
+        "module": issubclass(get_class(cfg.module._target_), GRPOLitModule),
+    }
+    if len(set(kinds.values())) > 1:
         raise ConfigError(
-            f"data={cfg.data._target_} with phase={cfg.phase.name}: RL needs both the prompts (data=rl, "
-            f"data=embedded_rl) and an RL phase (phase=rl, toy_rl), and other training neither"
+            f"data={cfg.data._target_}, phase={cfg.phase.name}, module={cfg.module._target_}: RL needs the prompts "
+            f"(data=rl, embedded_rl), an RL phase (phase=rl, toy_rl) and module=grpo together (experiment=rl), "
+            f"and other training none of them"
         )
-    if not prompts or cfg.task != "train":
+    if not kinds["data"] or cfg.task != "train":
         return
-    phase = cfg.phase
+    settings = grpo(cfg)
     if cfg.parallelism.name != "single":
         raise ConfigError(
             f"parallelism={cfg.parallelism.name}: RL samples its rollouts with the training model's own generate, "
@@ -307,16 +317,13 @@ def check_rl(cfg: DictConfig) -> None:
     if cfg.trainer.accumulate_grad_batches != 1:
         raise ConfigError(
             f"trainer.accumulate_grad_batches={cfg.trainer.accumulate_grad_batches}: an RL step is one rollout "
-            f"batch and its phase.updates_per_rollout updates; set it to 1"
+            f"batch and its phase.grpo.updates_per_rollout updates; set it to 1"
         )
-    if phase.updates_per_rollout < 1 or cfg.data.batch_size % phase.updates_per_rollout:
+    if cfg.data.batch_size % settings.updates_per_rollout:
         raise ConfigError(
-            f"phase.updates_per_rollout={phase.updates_per_rollout} must be >= 1 and divide the prompts of a "
+            f"phase.grpo.updates_per_rollout={settings.updates_per_rollout} must divide the prompts of a "
             f"step (data.batch_size={cfg.data.batch_size}): each update takes whole prompt groups"
         )
-    check_grpo_settings(phase.kl_coef, phase.loss_aggregation)
-    if phase.samples_per_prompt < 2 and phase.scale_rewards:
-        raise ConfigError("phase.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)")
 
 
 def check_serve(cfg: DictConfig) -> GLM46Config:

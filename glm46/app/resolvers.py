@@ -21,9 +21,9 @@ def tokens(*factors: float) -> int:
     return int(math.prod(factors))
 
 
-def product(*factors: float) -> float:
-    """`${product:a,b,...}`: a real-valued product (e.g. the optimizer's LR scaled by the phase's lr_scale)."""
-    return float(math.prod(factors))
+def eq(a, b) -> bool:
+    """`${eq:a,b}`: whether two values are equal (e.g. `${eq:${parallelism.engine},mesh}`)."""
+    return a == b
 
 
 def steps(budget: float, *per_step: float) -> int:
@@ -114,7 +114,7 @@ def register_resolvers() -> None:
     """Register them (uncached: `${job_id:}` in a config pickled for a Slurm job resolves inside the job)."""
     for function in (
         tokens,
-        product,
+        eq,
         steps,
         recipe_length,
         recipe_start,

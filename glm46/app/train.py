@@ -24,56 +24,18 @@ from glm46.lit.callbacks import Preemption
 from glm46.modules import GLM46Config
 from glm46.parallel import build_strategy
 from glm46.planning.sizing import composed_layout
-from glm46.rl.grpo_module import GRPOLitModule
 
 log = rank_zero_logger(__name__)
 
 
-def is_rl(cfg: DictConfig) -> bool:
-    """An RL phase (conf/phase/rl.yaml): GRPOLitModule trains it."""
-    return "samples_per_prompt" in cfg.phase
-
-
 def build_module(cfg: DictConfig, config: GLM46Config) -> GLM46LitModule:
-    """Under the mesh layouts (FSDP2, HSDP, TP, EP) the model is built on the meta device and each rank
-    materialises only its shards (GLM46LitModule.configure_model); one process, DDP and DeepSpeed build it whole.
-    An RL phase gets GRPOLitModule with the phase's GRPO settings."""
-    common = dict(
-        optimizer=instantiate(cfg.optim.optimizer),
-        lr_schedule=instantiate(cfg.schedule.lr),
-        mtp_weight=instantiate(cfg.schedule.mtp_weight),
-        init_from=str(cfg.init_from) if cfg.init_from else None,
-        recipe_start=cfg.schedule.start_tokens,
-    )
-    if is_rl(cfg):
-        phase = cfg.phase
-        return GRPOLitModule(
-            config,
-            **common,
-            tokenizer_path=str(Path(cfg.data.path) / "tokenizer.json"),
-            samples_per_prompt=phase.samples_per_prompt,
-            max_new_tokens=phase.max_new_tokens,
-            temperature=phase.temperature,
-            eps_clip=phase.eps_clip,
-            eps_clip_high=phase.eps_clip_high,
-            scale_rewards=phase.scale_rewards,
-            loss_aggregation=phase.loss_aggregation,
-            kl_coef=phase.kl_coef,
-            updates_per_rollout=phase.updates_per_rollout,
-            gradient_clip_val=cfg.trainer.gradient_clip_val,
-            seed=cfg.seed,
-        )
-    return GLM46LitModule(
-        config,
-        **common,
-        balance_loss_alpha=cfg.schedule.balance_loss_alpha,
-        # DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself.
-        guard=instantiate(cfg.guard) if cfg.get("guard") and cfg.parallelism.engine != "deepspeed" else None,
-        empty_init=cfg.parallelism.engine == "mesh",
-    )
+    """The `module` node (conf/module: causal_lm, or grpo for RL), given the validated model config. Under the mesh
+    layouts the model is built on the meta device and each rank materialises only its shards
+    (GLM46LitModule.configure_model); one process, DDP and DeepSpeed build it whole."""
+    return instantiate(cfg.module, model_config=config, _convert_="object")
 
 
-def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
+def build_trainer(cfg: DictConfig, output_dir: Path, module: L.LightningModule) -> L.Trainer:
     callbacks = [instantiate(c) for c in cfg.callbacks.values() if c is not None]
     callbacks.append(LayoutRecord(cfg.parallelism.name, cfg.global_batch_tokens))  # what a resume checks against
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
@@ -82,8 +44,8 @@ def build_trainer(cfg: DictConfig, output_dir: Path) -> L.Trainer:
         plugins.append(SLURMEnvironment(auto_requeue=False))
     if cfg.parallelism.engine != "deepspeed":  # DeepSpeed writes its own folders (with a `latest` marker)
         plugins.append(AtomicCheckpointIO())
-    # GRPOLitModule optimizes manually (rollouts and updates alternate) and clips gradients itself.
-    clip = {"gradient_clip_val": None} if is_rl(cfg) else {}
+    # A module that optimizes by hand (GRPO: rollouts and updates alternate) clips gradients itself.
+    clip = {} if module.automatic_optimization else {"gradient_clip_val": None}
     return instantiate(
         cfg.trainer,
         strategy=build_strategy(cfg.parallelism, composed_layout(cfg)),
@@ -104,7 +66,7 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
             f"data: the tokenizer has {datamodule.vocab_size} tokens but model.vocab_size={config.vocab_size}"
         )
     module = build_module(cfg, config)
-    trainer = build_trainer(cfg, output_dir)
+    trainer = build_trainer(cfg, output_dir, module)
     checkpoint_dir = Path(getattr(trainer.checkpoint_callback, "dirpath", None) or output_dir / "checkpoints")
     ckpt_path = resume_path(cfg.ckpt_path, checkpoint_dir)
     if ckpt_path:  # another layout or world size may continue it; what none can is refused here, before training

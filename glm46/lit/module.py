@@ -21,7 +21,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
@@ -91,6 +91,12 @@ class GLM46LitModule(L.LightningModule):
         if self.init_from:
             load_weights(self.model, self.init_from)
         self._configured = True
+
+    def setup(self, stage: str) -> None:
+        """DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself: no guard."""
+        if self.guard is not None and isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            log.info("step guard off: DeepSpeed's engine skips overflowing steps itself")
+            self.guard = None
 
     @property
     def recipe_tokens(self) -> int:

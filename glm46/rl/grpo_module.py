@@ -58,15 +58,37 @@ class Rollout:
         ]
 
 
-def check_grpo_settings(kl_coef: float, loss_aggregation: str) -> None:
-    """GRPOLitModule's rules on its settings, run by the constructor and, at composition, by glm46.app.checks."""
-    if loss_aggregation not in AGGREGATIONS:
-        raise ConfigError(f"phase.loss_aggregation={loss_aggregation!r}: expected {' or '.join(AGGREGATIONS)}")
-    if kl_coef != 0:
-        raise ConfigError(
-            f"phase.kl_coef={kl_coef}: the KL term needs a reference model, which this version does not keep "
-            f"(GLM-4.5 trains without it); set 0"
-        )
+@dataclass
+class GRPOSettings:
+    """The GRPO settings of an RL phase (`phase.grpo`, conf/phase/rl.yaml), declared once: the phase's schema is this
+    class, and GRPOLitModule takes it whole. Its own rules run when it is built (at composition, by the checks)."""
+
+    samples_per_prompt: int = 16  # the group size
+    max_new_tokens: int = 65536
+    temperature: float = 1.0
+    updates_per_rollout: int = 1  # optimizer updates per rollout batch, each on its share of the groups
+    eps_clip: float = 0.2
+    eps_clip_high: float | None = None  # None: eps_clip
+    scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
+    loss_aggregation: str = "token_mean"  # token_mean | seq_mean
+    kl_coef: float = 0.0  # must be 0: no reference model is kept
+
+    def __post_init__(self):
+        if self.loss_aggregation not in AGGREGATIONS:
+            raise ConfigError(
+                f"phase.grpo.loss_aggregation={self.loss_aggregation!r}: expected {' or '.join(AGGREGATIONS)}"
+            )
+        if self.kl_coef != 0:
+            raise ConfigError(
+                f"phase.grpo.kl_coef={self.kl_coef}: the KL term needs a reference model, which this version does not "
+                f"keep (GLM-4.5 trains without it); set 0"
+            )
+        if self.samples_per_prompt < 2 and self.scale_rewards:
+            raise ConfigError(
+                "phase.grpo.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)"
+            )
+        if self.updates_per_rollout < 1:
+            raise ConfigError(f"phase.grpo.updates_per_rollout={self.updates_per_rollout} must be >= 1")
 
 
 class GRPOLitModule(GLM46LitModule):
@@ -74,32 +96,21 @@ class GRPOLitModule(GLM46LitModule):
         self,
         *args,
         tokenizer_path: str,
-        samples_per_prompt: int,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        eps_clip: float = 0.2,
-        eps_clip_high: float | None = None,
-        scale_rewards: bool = True,
-        loss_aggregation: str = "token_mean",
-        kl_coef: float = 0.0,
-        updates_per_rollout: int = 1,
+        grpo: GRPOSettings,
         gradient_clip_val: float | None = None,
         seed: int = 0,
         reward: Callable[[Mapping, str], float] = verify,
         **kwargs,
     ):
-        """The GLM46LitModule arguments, plus the GRPO settings of the `phase` (conf/phase/rl.yaml).
+        """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml).
         reward(record, completion text) scores a completion of a prompt record {"answer": int}."""
         super().__init__(*args, **kwargs)
-        check_grpo_settings(kl_coef, loss_aggregation)
         self.automatic_optimization = False
         self.tokenizer = GLMTokenizer.from_file(tokenizer_path)
         self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]
         self.pad_id = ChatTokens(self.tokenizer).eos
-        self.group_size, self.max_new_tokens, self.temperature = samples_per_prompt, max_new_tokens, temperature
-        self.eps_clip, self.eps_clip_high = eps_clip, eps_clip_high
-        self.scale_rewards, self.loss_aggregation = scale_rewards, loss_aggregation
-        self.updates_per_rollout, self.gradient_clip_val, self.seed = updates_per_rollout, gradient_clip_val, seed
+        self.grpo = grpo
+        self.gradient_clip_val, self.seed = gradient_clip_val, seed
         self.reward = reward
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.rollouts = 0  # rollout batches so far: seeds the sampling
@@ -132,7 +143,12 @@ class GRPOLitModule(GLM46LitModule):
         ids, mask = self.left_padded(batch)
         ids, mask = ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0)
         out = self.model.generate(
-            ids, self.max_new_tokens, temperature, eos_token_id=self.stop_ids, generator=generator, attention_mask=mask
+            ids,
+            self.grpo.max_new_tokens,
+            temperature,
+            eos_token_id=self.stop_ids,
+            generator=generator,
+            attention_mask=mask,
         )
         completions = out[:, ids.shape[1] :]
         return (
@@ -167,17 +183,19 @@ class GRPOLitModule(GLM46LitModule):
         rank, _ = data_parallel_rank_and_size(self.trainer)
         generator = torch.Generator(self.device).manual_seed(hash((self.seed, self.rollouts, rank)) % 2**63)
         started = time.perf_counter()
-        prompt_lengths, completions, lengths = self.sample(batch, self.group_size, self.temperature, generator)
+        prompt_lengths, completions, lengths = self.sample(
+            batch, self.grpo.samples_per_prompt, self.grpo.temperature, generator
+        )
         seconds = time.perf_counter() - started
-        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(self.group_size))
+        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(self.grpo.samples_per_prompt))
         input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
-        advantages = group_advantages(rewards, self.group_size, self.scale_rewards)
+        advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
         self.log("rl/accuracy", (rewards == 1).float().mean())
         self.log("rl/completion_length", lengths.float().mean())
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds)
         rollout = Rollout(input_ids, targets, mask, advantages)
-        if self.updates_per_rollout > 1:  # later updates compare against the policy that sampled
+        if self.grpo.updates_per_rollout > 1:  # later updates compare against the policy that sampled
             with torch.no_grad():
                 rollout.old_logprobs = self.logprobs(input_ids, targets)[0]
         return rollout
@@ -188,13 +206,19 @@ class GRPOLitModule(GLM46LitModule):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         hidden, _ = self.model.model(input_ids, positions)
         weight, chunk = self.model.lm_head.weight, self.model.loss_chunk_size
-        return token_logprobs(hidden, weight, targets, self.temperature, chunk, return_entropy=True)
+        return token_logprobs(hidden, weight, targets, self.grpo.temperature, chunk, return_entropy=True)
 
     def update(self, part: Rollout) -> dict[str, torch.Tensor]:
         logprobs, entropy = self.logprobs(part.input_ids, part.targets)
         old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
         loss, stats = policy_loss(
-            logprobs, old, part.advantages, part.mask, self.eps_clip, self.eps_clip_high, self.loss_aggregation
+            logprobs,
+            old,
+            part.advantages,
+            part.mask,
+            self.grpo.eps_clip,
+            self.grpo.eps_clip_high,
+            self.grpo.loss_aggregation,
         )
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         self.manual_backward(loss)
@@ -210,10 +234,10 @@ class GRPOLitModule(GLM46LitModule):
         _, ranks = data_parallel_rank_and_size(self.trainer)
         rollout = self.rollout(batch)
         started = time.perf_counter()
-        for part in rollout.split(self.updates_per_rollout):
+        for part in rollout.split(self.grpo.updates_per_rollout):
             stats = self.update(part)
             # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
-            self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.updates_per_rollout
+            self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout
         seconds = time.perf_counter() - started
         self.rollouts += 1
         self.prompts_seen += len(batch["prompt_ids"]) * ranks
@@ -222,7 +246,7 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/entropy", stats["entropy"])
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
-        self.log("perf/train_tokens_per_sec", float(rollout.mask.sum() * self.updates_per_rollout) / seconds)
+        self.log("perf/train_tokens_per_sec", float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds)
 
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:

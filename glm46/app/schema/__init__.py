@@ -13,12 +13,22 @@ from glm46.modules import GLM46Config
 from .data import Phase, PromptData, RLPhase, ShardData, SourceData, StdlibData
 from .launch import DeepSpeedParallelism, ParallelismConfig
 from .root import RunConfig, Task
-from .training import CALLBACKS, LOGGERS, AdamWOptim, MuonOptim, WarmupCosineSchema, WarmupStableDecaySchema
+from .training import (
+    CALLBACKS,
+    LOGGERS,
+    AdamWOptim,
+    CausalLMModule,
+    GRPOModule,
+    MuonOptim,
+    WarmupCosineSchema,
+    WarmupStableDecaySchema,
+)
 
 __all__ = ["RunConfig", "Task", "register_configs"]
 
 GROUP_SCHEMAS = {
     "model": {"schema": GLM46Config},
+    "module": {"causal_lm_schema": CausalLMModule, "grpo_schema": GRPOModule},
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
     "schedule/schema": {"warmup_cosine": WarmupCosineSchema, "warmup_stable_decay": WarmupStableDecaySchema},
     "data": {

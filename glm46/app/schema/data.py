@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from glm46.data.quality import QualityRules
 from glm46.lit import StdlibDataModule
 from glm46.lit.shard_data import ShardDataModule
+from glm46.rl.grpo_module import GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 
 from .derive import target_schema
@@ -65,20 +66,12 @@ class Phase:
 
 @dataclass
 class RLPhase(Phase):
-    """An RL stage: prompts, GRPO group size, sampling."""
+    """An RL stage: its prompts, and the GRPO settings GRPOLitModule takes whole (their schema is their class)."""
 
     prompts: int = MISSING
     prompts_per_step: int = MISSING
     max_prompt_len: int = MISSING
-    max_new_tokens: int = MISSING
-    samples_per_prompt: int = MISSING
-    temperature: float = MISSING
-    updates_per_rollout: int = MISSING
-    eps_clip: float = MISSING
-    eps_clip_high: Optional[float] = None
-    scale_rewards: bool = MISSING
-    loss_aggregation: str = MISSING  # token_mean | seq_mean
-    kl_coef: float = MISSING
+    grpo: GRPOSettings = field(default_factory=GRPOSettings)
 
 
 @dataclass

@@ -97,6 +97,7 @@ class RunConfig:
     stages: Optional[Dict[str, List[str]]] = field(default_factory=dict)  # earlier stages: name -> overrides
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
+    module: Any = MISSING  # the LightningModule (conf/module: causal_lm, grpo)
     optim: Any = MISSING
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)

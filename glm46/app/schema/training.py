@@ -15,10 +15,12 @@ import lightning.pytorch as pl
 import torch
 from omegaconf import II, MISSING
 
+from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import BatchSizeWarmup, ExpertBalancer, ModelCheckpoint, Preemption, Throughput
 from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.lit.guard import StepGuard
 from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
+from glm46.rl.grpo_module import GRPOLitModule
 
 from .derive import target_schema
 
@@ -90,6 +92,10 @@ class ScheduleConfig:
     balancer_rate: PiecewiseSchema = field(default_factory=PiecewiseSchema)
 
 
+CausalLMModule = target_schema(GLM46LitModule, path="glm46.lit.GLM46LitModule", exclude=["model_config"])
+GRPOModule = target_schema(  # the reward function is passed in code; `grpo` is typed where it is set (phase.grpo)
+    GRPOLitModule, path="glm46.rl.grpo_module.GRPOLitModule", exclude=["reward"], base=CausalLMModule, name="GRPOModule"
+)
 GuardConfig = target_schema(StepGuard, path="glm46.lit.guard.StepGuard", name="GuardConfig")
 CALLBACKS = {
     "model_checkpoint": target_schema(
