@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import enum
 import math
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -36,8 +37,9 @@ from omegaconf.errors import OmegaConfBaseException
 from glm46.app.aliases import renamed_overrides
 from glm46.app.schema import register_configs
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 _ABSENT = object()
+NODE_REFERENCE = re.compile(r"\$\{[\w.]+\}")  # `${group.key}`: a whole node of another group
 
 
 class SpecError(Exception):
@@ -155,6 +157,8 @@ def _resolve_child(node: DictConfig | ListConfig, key: Any) -> Any:
             return OmegaConf.to_container(child, resolve=False)
         return raw
     if isinstance(value, (DictConfig, ListConfig)):
+        if isinstance(raw, str) and NODE_REFERENCE.fullmatch(raw):
+            return raw  # another node, passed on (`module.optimizer: ${optim.optimizer}`): its keys differ there
         return _resolve_node(value)
     if isinstance(value, enum.Enum):
         return value.name
