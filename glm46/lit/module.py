@@ -13,21 +13,24 @@ layout (glm46.checkpoint.reshard) finds each parameter's Muon/AdamW state.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 
 import lightning as L
-import numpy as np
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from glm46.checkpoint.atomic import resume_path
+from glm46.checkpoint.training_state import (
+    align_accumulation,
+    key_optimizer_states_by_name,
+    restore_rng_states,
+    rng_states,
+)
 from glm46.checkpoint.weights import load_weights
-from glm46.lit.callbacks.batch_warmup import BatchSizeWarmup
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
@@ -208,64 +211,19 @@ class GLM46LitModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Beside the weights: the token clock, the accumulation, the generators' and the guard's states, and the
+        optimizer states keyed by parameter name (glm46.checkpoint.training_state)."""
         checkpoint["tokens_seen"] = self.tokens_seen
         checkpoint["accumulate_grad_batches"] = self.trainer.accumulate_grad_batches
-        name, keys, position, has_gauss, gauss = np.random.get_state()  # as tensors and numbers: weights_only loads
-        checkpoint["rng_states"] = {
-            "python": random.getstate(),
-            "numpy": (name, torch.from_numpy(keys.copy()), position, has_gauss, gauss),
-            "torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        }
+        checkpoint["rng_states"] = rng_states()
         if self.guard is not None:
             checkpoint["guard"] = self.guard.state_dict()
-        self._key_optimizer_states_by_name(checkpoint)
-
-    def _key_optimizer_states_by_name(self, checkpoint: dict) -> None:
-        """Full optimizer states come keyed by position: in the optimizer's order (torch), or, under the mesh
-        strategy, in the module's parameter order (Lightning). Neither order survives a change of engine (Muon's
-        groups list matrices first; Lightning's mesh loader assumes the module's order), so both become parameter
-        names, each group listing its names in the optimizer's order: torch's `Optimizer.load_state_dict` matches
-        them by position within the groups, Lightning's mesh loader by name. Sharded (DCP) states are keyed by name
-        already."""
-        names = {p: name for name, p in self.named_parameters()}
-        for optimizer, state in zip(self.trainer.optimizers, checkpoint.get("optimizer_states", [])):
-            if not state.get("state") or not all(isinstance(key, int) for key in state["state"]):
-                continue
-            if isinstance(self.trainer.strategy, ModelParallelStrategy):
-                order = list(self.parameters())
-            else:
-                order = [p for group in optimizer.param_groups for p in group["params"]]
-            state["state"] = {names[order[key]]: value for key, value in state["state"].items()}
-            for saved, group in zip(state["param_groups"], optimizer.param_groups):
-                saved["params"] = [names[p] for p in group["params"]]
+        key_optimizer_states_by_name(checkpoint, self.trainer, self)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self._align_accumulation(checkpoint)
+        align_accumulation(checkpoint, self.trainer)
         self.tokens_seen = checkpoint["tokens_seen"]
         if "rng_states" in checkpoint:
-            rng = checkpoint["rng_states"]
-            random.setstate(rng["python"])
-            name, keys, position, has_gauss, gauss = rng["numpy"]
-            np.random.set_state((name, keys.numpy(), position, has_gauss, gauss))
-            torch.set_rng_state(rng["torch"])
-            if rng["cuda"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+            restore_rng_states(checkpoint["rng_states"])
         if self.guard is not None and "guard" in checkpoint:
             self.guard.load_state_dict(checkpoint["guard"])
-
-    def _align_accumulation(self, checkpoint: dict) -> None:
-        """A resume with another gradient accumulation (the same global batch on another number of data-parallel
-        ranks): Lightning steps when (batches this epoch) % accumulate_grad_batches == 0, so the epoch's batch
-        counters move up to the next multiple of the new accumulation, and the first step after the resume sums a
-        whole cycle. Data positions count samples, not these counters (glm46.lit.shard_data).
-        Under the batch-size warm-up the accumulation moves with the recipe's tokens: the resume takes the one the
-        checkpoint was written with, so that the run goes on as if uninterrupted (the warm-up then moves it again)."""
-        warmup = any(isinstance(c, BatchSizeWarmup) for c in self.trainer.callbacks)
-        if warmup and "accumulate_grad_batches" in checkpoint:
-            self.trainer.accumulate_grad_batches = checkpoint["accumulate_grad_batches"]
-        progress = checkpoint["loops"]["fit_loop"]["epoch_loop.batch_progress"]
-        shift = -progress["current"]["ready"] % self.trainer.accumulate_grad_batches
-        for counters in (progress["current"], progress["total"]):
-            for key in counters:
-                counters[key] += shift

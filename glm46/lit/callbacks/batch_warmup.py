@@ -18,6 +18,8 @@ class BatchSizeWarmup(L.Callback):
     `trainer.max_steps` of the production experiments counts the same steps (glm46.optim.schedules.steps_for).
     """
 
+    owns_accumulation = True  # a resume takes the checkpoint's accumulation (glm46.checkpoint.training_state)
+
     def __init__(self, tokens_per_step: LinearRamp):
         self.tokens_per_step = tokens_per_step
 
