@@ -10,7 +10,7 @@ from .helpers import random_model, tiny_config
 
 
 def generate_without_cache(model, x, steps, temperature=0.0, generator=None):
-    from glm46.modules.sampling import sample_next_token
+    from glm46.modules.generation import sample_next_token
 
     for _ in range(steps):
         logits = model(x).logits[:, -1]

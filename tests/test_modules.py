@@ -129,7 +129,7 @@ def test_meta_device_build_then_init_gives_a_working_model():
 
 
 def test_partial_rope_leaves_the_second_half_of_each_head_unrotated():
-    from glm46.modules.rope import RotaryEmbedding, apply_rotary_pos_emb
+    from glm46.modules.layers import RotaryEmbedding, apply_rotary_pos_emb
 
     rope = RotaryEmbedding(rotary_dim=16, theta=10000.0)
     x = torch.randn(1, 2, 5, 32)

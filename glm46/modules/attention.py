@@ -20,9 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GLM46Config
-from .kv_cache import KVCache
-from .norm import RMSNorm
-from .rope import apply_rotary_pos_emb
+from .generation import KVCache
+from .layers import RMSNorm, apply_rotary_pos_emb
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,9 @@ from torch import nn
 
 from .attention import Attention, Documents
 from .config import GLM46Config
-from .kv_cache import KVCache
-from .mlp import MLP
+from .generation import KVCache
+from .layers import MLP, RMSNorm
 from .moe import MoE, RoutingStats
-from .norm import RMSNorm
 
 
 class DecoderLayer(nn.Module):

@@ -65,6 +65,10 @@ class GroupedExperts(nn.Module):
         # and back (glm46.parallel.expert_dispatch.ExpertDispatch); None runs the experts here.
         self.dispatch: Callable[..., torch.Tensor] | None = None
 
+    def init_weights(self, std: float, normal_: Callable[[torch.Tensor, float], None]) -> None:
+        normal_(self.gate_up_proj, std)
+        normal_(self.down_proj, std)
+
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, hidden], rows sorted by expert; counts [E] rows per expert -> [M, hidden]."""
         gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)

@@ -16,13 +16,11 @@ from .attention import Documents
 from .config import GLM46Config
 from .decoder import DecoderLayer
 from .experts import GroupedExperts
-from .kv_cache import KVCache
+from .generation import KVCache, sample_next_token
+from .layers import RMSNorm, RotaryEmbedding
 from .loss import chunk_tokens, chunked_cross_entropy, shift_labels
 from .mtp import MTPLayer
-from .norm import RMSNorm
-from .rope import RotaryEmbedding
 from .router import TopkRouter
-from .sampling import sample_next_token
 
 
 @dataclass
@@ -39,25 +37,23 @@ def _normal_(tensor: torch.Tensor, std: float) -> None:
     nn.init.normal_(tensor, mean=0.0, std=std)
 
 
+OWN_INIT = (GroupedExperts, TopkRouter, RMSNorm, RotaryEmbedding)  # modules with an init_weights(std, normal_)
+
+
 @torch.no_grad()
 def initialize(
     modules: Iterable[nn.Module], std: float, normal_: Callable[[torch.Tensor, float], None] = _normal_
 ) -> None:
-    """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms.
-    `normal_(tensor, std)` draws in place (glm46.parallel.materialize passes one that draws sharded weights)."""
+    """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms, in `modules` order. torch's
+    layers are initialised here, glm46's own by their `init_weights` (OWN_INIT). `normal_(tensor, std)` draws in
+    place (glm46.parallel.materialize passes one that draws sharded weights)."""
     for module in modules:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             normal_(module.weight, std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        elif isinstance(module, GroupedExperts):
-            normal_(module.gate_up_proj, std)
-            normal_(module.down_proj, std)
-        elif isinstance(module, TopkRouter):
-            normal_(module.weight, std)
-            nn.init.zeros_(module.e_score_correction_bias)
-        elif isinstance(module, (RMSNorm, RotaryEmbedding)):
-            module.reset_parameters()
+        elif isinstance(module, OWN_INIT):
+            module.init_weights(std, normal_)
 
 
 def positions_after(cache: KVCache | None, input_ids: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ from torch import nn
 
 from .config import GLM46Config
 from .experts import GroupedExperts
-from .mlp import MLP
+from .layers import MLP
 from .router import TopkRouter
 
 

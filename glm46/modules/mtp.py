@@ -11,8 +11,8 @@ from torch import nn
 from .attention import Documents
 from .config import GLM46Config
 from .decoder import DecoderLayer
+from .layers import RMSNorm
 from .moe import RoutingStats
-from .norm import RMSNorm
 
 
 class MTPLayer(nn.Module):

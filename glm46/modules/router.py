@@ -4,6 +4,8 @@ The bias `e_score_correction_bias` is moved by the loss-free balancer (not by gr
 which experts a token goes to, while the gating weights stay the unbiased sigmoid scores.
 """
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -22,6 +24,10 @@ class TopkRouter(nn.Module):
         self.routed_scaling_factor = config.routed_scaling_factor
         self.weight = nn.Parameter(torch.empty(config.n_routed_experts, config.hidden_size))
         self.register_buffer("e_score_correction_bias", torch.zeros(config.n_routed_experts, dtype=torch.float32))
+
+    def init_weights(self, std: float, normal_: Callable[[torch.Tensor, float], None]) -> None:
+        normal_(self.weight, std)
+        nn.init.zeros_(self.e_score_correction_bias)  # the balancer moves it from 0
 
     def _apply(self, fn, recurse=True):
         """Keep the correction bias in fp32 when the model is cast (transformers keeps it fp32 too)."""

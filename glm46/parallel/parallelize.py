@@ -16,8 +16,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from glm46.modules.decoder import DecoderLayer
+from glm46.modules.layers import RMSNorm
 from glm46.modules.model import GLM46ForCausalLM
-from glm46.modules.norm import RMSNorm
 
 from .expert_dispatch import ExpertDispatch
 from .layout import Layout, expert_split_dim

@@ -1,4 +1,5 @@
-"""A preallocated key/value cache for all decoder layers, used by `generate()`."""
+"""What `generate()` needs beside the model: a preallocated key/value cache for all decoder layers, and the choice
+of the next token (greedy, or temperature sampling with optional top-k / top-p)."""
 
 import torch
 
@@ -6,6 +7,8 @@ from .config import GLM46Config
 
 
 class KVCache:
+    """A preallocated key/value cache for all decoder layers."""
+
     def __init__(self, config: GLM46Config, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device):
         shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
@@ -32,3 +35,26 @@ class KVCache:
 
     def advance(self, num_tokens: int) -> None:
         self.length += num_tokens
+
+
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]. temperature 0 is greedy."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None:
+        sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest prefix reaching top_p
+        logits = logits.scatter(1, sorted_idx, sorted_logits.masked_fill(drop, float("-inf")))
+    probs = logits.softmax(dim=-1)
+    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
