@@ -364,6 +364,65 @@ def check_layout(cfg: DictConfig, config: GLM46Config, layout: Layout) -> None:
         raise ConfigError(f"parallelism={cfg.parallelism.name}: " + "; ".join(problems))
 
 
+def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
+    check_layout(cfg, config, composed_layout(cfg))
+
+
+def check_cluster(cfg: DictConfig, config: GLM46Config) -> None:
+    check_at_least_one(cfg, ("cluster.num_nodes", "cluster.devices"))
+    if cfg.cluster.scheduler == "slurm" and not cfg.cluster.partition:
+        raise ConfigError(f"cluster={cfg.cluster.name} submits to Slurm but cluster.partition is not set")
+
+
+def check_engine(cfg: DictConfig, config: GLM46Config) -> None:
+    """The engine the layout runs on: its collectives' timeout, and DeepSpeed when it is chosen."""
+    if not cfg.parallelism.timeout_s > 0:
+        raise ConfigError(
+            f"parallelism.timeout_s={cfg.parallelism.timeout_s!r} must be a number of seconds > 0 (how long a rank "
+            f"waits for the others in a collective)"
+        )
+    if cfg.parallelism.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(
+            f"parallelism={cfg.parallelism.name} needs DeepSpeed, which is not installed: "
+            f"pip install 'glm46[deepspeed]' (make install does)"
+        )
+
+
+def check_values(cfg: DictConfig, config: GLM46Config) -> None:
+    check_at_least_one(cfg)
+    check_choices(cfg)
+
+
+def check_memory(cfg: DictConfig, config: GLM46Config) -> None:
+    """On GPUs: the plan's memory per GPU fits the cluster's (glm46.planning.plan)."""
+    if cfg.cluster.accelerator == "gpu":
+        result = composed_plan(cfg, config)[0]
+        if not result["fits"]:
+            raise ConfigError(f"cluster={cfg.cluster.name}, parallelism={cfg.parallelism.name}: " + result["notes"][-1])
+
+
+# What `validate` checks after the model and the missing values, in order: (the groups a check relates, the tasks it
+# applies to, the check). Each component checks its own arguments beside its class (built once in check_training);
+# these are the relations between groups.
+ALL, TRAIN = ("train", "estimate", "plan", "dryrun", "eval"), ("train",)
+CHECKS = (
+    ("data x model x phase", ALL, check_data),
+    ("cluster", ALL, check_cluster),
+    (
+        "parallelism x model x optimizer x cluster",
+        ALL,
+        lambda cfg, config: check_layout(cfg, config, composed_layout(cfg)),
+    ),
+    ("parallelism x installed engines", ALL, check_engine),
+    ("phase budget x trainer", TRAIN, lambda cfg, config: check_budget(cfg)),
+    ("sizes and names", ALL, check_values),
+    ("recipe x schedule x phase", ALL, lambda cfg, config: check_recipe(cfg)),
+    ("every interpolation training reads", TRAIN, lambda cfg, config: resolve(cfg, RESOLVED_BEFORE_TRAINING)),
+    ("optimizer x precision, components, RL", TRAIN, lambda cfg, config: check_training(cfg)),
+    ("memory per GPU x cluster", TRAIN, check_memory),
+)
+
+
 def validate(cfg: DictConfig) -> GLM46Config:
     """Reject a composition that cannot run, before any work starts; return its model config (task=serve: the
     export's)."""
@@ -375,32 +434,7 @@ def validate(cfg: DictConfig) -> GLM46Config:
         if cfg.get("source") is None:
             raise ConfigError("task=prepare reads `source`, and none is chosen: source=embedded|jsonl|text|parquet")
         return config
-    check_data(cfg, config)
-    cluster = cfg.cluster
-    check_at_least_one(cfg, ("cluster.num_nodes", "cluster.devices"))
-    if cluster.scheduler == "slurm" and not cluster.partition:
-        raise ConfigError(f"cluster={cluster.name} submits to Slurm but cluster.partition is not set")
-    check_layout(cfg, config, composed_layout(cfg))
-    if not cfg.parallelism.timeout_s > 0:
-        raise ConfigError(
-            f"parallelism.timeout_s={cfg.parallelism.timeout_s!r} must be a number of seconds > 0 (how long a rank "
-            f"waits for the others in a collective)"
-        )
-    if cfg.parallelism.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
-        raise ConfigError(
-            f"parallelism={cfg.parallelism.name} needs DeepSpeed, which is not installed: "
-            f"pip install 'glm46[deepspeed]' (make install does)"
-        )
-    if cfg.task == "train":
-        check_budget(cfg)
-    check_at_least_one(cfg)
-    check_choices(cfg)
-    check_recipe(cfg)
-    if cfg.task == "train":
-        resolve(cfg, RESOLVED_BEFORE_TRAINING)
-        check_training(cfg)
-        if cluster.accelerator == "gpu":
-            result = composed_plan(cfg, config)[0]
-            if not result["fits"]:
-                raise ConfigError(f"cluster={cluster.name}, parallelism={cfg.parallelism.name}: " + result["notes"][-1])
+    for _, tasks, check in CHECKS:
+        if str(cfg.task) in tasks:
+            check(cfg, config)
     return config

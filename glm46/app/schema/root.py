@@ -20,7 +20,7 @@ from .training import GuardConfig, RecipeConfig, ScheduleConfig, TrainerConfig
 
 class Task(StrEnum):
     train = "train"  # prepare the dataset if the experiment says so, then train (every stage of a curriculum)
-    prepare = "prepare"  # read, deduplicate and filter `data`, train a tokenizer, write token shards
+    prepare = "prepare"  # read, deduplicate and filter `source`, train a tokenizer, write token shards
     estimate = "estimate"  # parameter counts
     plan = "plan"  # FLOPs, memory per GPU, tokens/s, days and cost of the composed job
     dryrun = "dryrun"  # one rank of the job at its real world size, on this CPU
