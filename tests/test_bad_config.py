@@ -163,7 +163,8 @@ TABLE = [
      [r"trainer\.precision='fp8' is not one of Lightning's \['64-true', '32-true'.*'bf16-mixed'"]),
     ("optimizer-not-importable", TINY, ["optim.optimizer._target_=glm46.optim.Nope"], VALIDATE,
      [r"optim\.optimizer\._target_='glm46\.optim\.Nope' cannot be imported"]),
-    ("lr-negative", TINY, ["optim.optimizer.lr=-1"], VALIDATE, [r"optim\.optimizer\.lr=-1\.0 must be a number > 0"]),
+    ("lr-negative", TINY, ["optim.lr=-1"], VALIDATE, [r"optim\.lr=-1\.0 must be a number > 0"]),
+    ("lr-negative-inner", TINY, ["optim.optimizer.lr=-1"], VALIDATE, [r"optim\.lr=-1\.0 must be a number > 0"]),
     ("lr-floor-above-peak", TINY, ["schedule.lr.min_factor=1.5"], VALIDATE,
      [r"schedule\.lr\.min_factor=1\.5 must be in \[0, 1\]: the floor as a share of the peak"]),
     ("ns-dtype-unknown", TINY, ["optim.optimizer.ns_dtype=float8"], VALIDATE,
@@ -264,7 +265,7 @@ def test_run_py_refuses_before_submitting(tmp_path):
             str(REPO / "run.py"),
             "cluster=local_slurm",
             *TINY,
-            "optim.optimizer.lr=-1",
+            "optim.lr=-1",
             f"paths.sweep_dir={tmp_path}",
         ],
         capture_output=True,
@@ -273,6 +274,6 @@ def test_run_py_refuses_before_submitting(tmp_path):
         timeout=300,
     )
     assert result.returncode != 0
-    assert "optim.optimizer.lr=-1.0 must be a number > 0" in result.stderr and "Traceback" not in result.stderr
+    assert "optim.lr=-1.0 must be a number > 0" in result.stderr and "Traceback" not in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
     assert not list(tmp_path.rglob("*.ckpt"))

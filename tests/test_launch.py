@@ -251,13 +251,13 @@ def test_tiny_training_job_on_local_slurm_completes_with_checkpoint_and_export(t
 @pytest.mark.slow
 def test_sweep_runs_as_a_job_array_with_one_directory_per_point(tmp_path):
     require_slurm()
-    jobs = submit(tmp_path, "trainer.max_steps=3", "optim.optimizer.lr=0.001,0.003", multirun=True)
+    jobs = submit(tmp_path, "trainer.max_steps=3", "optim.lr=0.001,0.003", multirun=True)
     array = jobs[0].split("_")[0]
     assert jobs == [f"{array}_0", f"{array}_1"]
     assert sacct_states(array, records=2, timeout=300) == {job: "COMPLETED" for job in jobs}
     for job, lr in zip(jobs, ("0.001", "0.003")):
         run_dir = tmp_path / "train" / job
-        assert f"optim.optimizer.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+        assert f"optim.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
         assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
 
 

@@ -16,7 +16,7 @@ from .helpers import SHORT_RUN, kill_at, run_py
 
 # 6 optimizer steps of 2 micro-batches, a checkpoint every 2 steps, every step logged.
 RUN = [*SHORT_RUN, "trainer.max_steps=6", "trainer.accumulate_grad_batches=2"]
-STAGES = ['+stages.first=["optim.optimizer.lr=0.001"]']  # a first stage at another learning rate
+STAGES = ['+stages.first=["optim.lr=0.001"]']  # a first stage at another learning rate
 
 
 def run(run_dir: Path, *overrides: str, killed: bool = False) -> subprocess.CompletedProcess:

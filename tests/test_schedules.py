@@ -124,3 +124,10 @@ def test_a_sequence_longer_than_the_model_allows_is_refused(compose_config):
     )
     with pytest.raises(ConfigError, match="data.seq_len=300000 exceeds model.max_position_embeddings=202752"):
         validate(cfg)
+
+
+def test_the_lr_is_stated_once_in_optim_lr(compose_config):
+    """DESIGN's sweep spelling: `optim.lr` sets the optimizer's LR, and the schedules scale that."""
+    cfg = compose_config("experiment=smoke", "optim.lr=1e-3", "model.n_routed_experts=8")
+    assert cfg.optim.optimizer.lr == 1e-3 and instantiate(cfg.optim.optimizer).keywords["lr"] == 1e-3
+    assert compose_config("experiment=smoke", "optim=adamw", "optim.lr=2e-3").optim.optimizer.lr == 2e-3

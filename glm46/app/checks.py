@@ -268,7 +268,7 @@ def check_training(cfg: DictConfig) -> None:
             f"optim.optimizer._target_={optimizer._target_!r} cannot be imported (optim=muon or adamw)"
         ) from None
     if not optimizer.lr > 0:
-        raise ConfigError(f"optim.optimizer.lr={optimizer.lr!r} must be a number > 0")
+        raise ConfigError(f"optim.lr={optimizer.lr!r} must be a number > 0 (the peak LR, which optim.optimizer.lr is)")
     if optimizer.weight_decay < 0:
         raise ConfigError(f"optim.optimizer.weight_decay={optimizer.weight_decay!r} must be a number >= 0")
     explicit = cfg.parallelism.mixed_precision

@@ -46,11 +46,13 @@ AdamWArgs = target_schema(
 
 @dataclass
 class MuonOptim:
+    lr: float = MISSING  # the peak LR (`optim.lr`), which optimizer.lr refers to
     optimizer: MuonArgs = field(default_factory=MuonArgs)
 
 
 @dataclass
 class AdamWOptim:
+    lr: float = MISSING
     optimizer: AdamWArgs = field(default_factory=AdamWArgs)
 
 
