@@ -159,12 +159,13 @@ def main(spec: dict) -> None:
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)
     state = {name: None if t is None else t.clone() for name, t in full_state_items(module.model)}  # whole on rank 0
-    biases = torch.stack([router.e_score_correction_bias for router in module.model.routers()])
-    if torch.distributed.is_initialized():  # every rank must have applied the same bias updates
-        gathered = [torch.empty_like(biases) for _ in range(torch.distributed.get_world_size())]
-        torch.distributed.all_gather(gathered, biases)
-        assert all(torch.equal(g, biases) for g in gathered), "ranks disagree on the correction biases"
-    dispatch = module.model.model.layers[-1].mlp.experts.dispatch
+    biases = {n: b for n, b in module.model.named_buffers() if n.endswith("e_score_correction_bias")}
+    if torch.distributed.is_initialized():  # every rank holding a router must have applied the same bias updates
+        gathered = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, biases)
+        for other in gathered:
+            assert all(torch.equal(other[n], biases[n]) for n in other.keys() & biases.keys()), "ranks disagree"
+    dispatch = [*module.model.model.layers.values()][-1].mlp.experts.dispatch
     expert_parallel = 1 if dispatch is None else torch.distributed.get_world_size(dispatch.group)
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
@@ -429,3 +430,14 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initia
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1F1B", "GPipe"])
+def test_pipeline_parallel_equals_the_single_process_run(tmp_path, initial_weights, single_muon, schedule):
+    """Two stages on two processes (stage 0: embedding and the dense layer; stage 1: the MoE layers, MTP and the
+    head), the batch in two microbatches: the same losses, expert counts and final weights as one process."""
+    overrides = [f"parallelism.pipeline_schedule={schedule}"]
+    run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, overrides=overrides)
+    assert_same_run(run, single_muon)

@@ -101,20 +101,22 @@ def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon(com
 
 
 @pytest.mark.parametrize(
-    "world, tp, ep, shard, shape",
+    "world, tp, ep, shard, pp, shape",
     [
-        (2, 1, 1, 2, (1, 1, 2, 1, 1)),  # fsdp2
-        (2, 1, 2, 1, (1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
-        (4, 1, 2, 4, (1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
-        (4, 2, 2, 2, (1, 1, 1, 2, 2)),  # tp x ep
-        (16, 1, 4, 2, (4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
-        (8192, 8, 32, 1024, (1, 1, 32, 32, 8)),  # production
+        (2, 1, 1, 2, 1, (1, 1, 1, 2, 1, 1)),  # fsdp2
+        (2, 1, 2, 1, 1, (1, 1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
+        (4, 1, 2, 4, 1, (1, 1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
+        (4, 2, 2, 2, 1, (1, 1, 1, 1, 2, 2)),  # tp x ep
+        (16, 1, 4, 2, 1, (1, 4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
+        (8192, 8, 32, 1024, 1, (1, 1, 1, 32, 32, 8)),  # FSDP-only production
+        (4, 1, 2, 2, 2, (2, 1, 1, 1, 2, 1)),  # pp 2 x ep 2
+        (8192, 8, 32, 64, 16, (16, 1, 1, 2, 32, 8)),  # the seeds' TP 8 x PP 16 x EP 32
     ],
 )
-def test_mesh_shape_places_ep_inside_the_data_parallel_ranks(world, tp, ep, shard, shape):
-    layout = Layout(world, tp, ep, shard)
+def test_mesh_shape_places_ep_inside_the_data_parallel_ranks(world, tp, ep, shard, pp, shape):
+    layout = Layout(world, tp, ep, shard, pipeline_parallel=pp)
     assert layout.mesh_shape == shape
-    edp_replicate, ep_replicate, edp_shard, ep_shard, tensor = shape
-    assert ep_replicate * ep_shard == ep and tensor == tp
+    stages, edp_replicate, ep_replicate, edp_shard, ep_shard, tensor = shape
+    assert ep_replicate * ep_shard == ep and tensor == tp and stages == pp
     assert edp_replicate * edp_shard == layout.expert_data_parallel
     assert edp_shard * ep_shard == shard

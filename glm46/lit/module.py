@@ -37,6 +37,7 @@ from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
+from glm46.parallel.pipeline import step_totals
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class GLM46LitModule(L.LightningModule):
         self.tokens_seen = 0  # of this phase: the data position, and with recipe_start the schedules' clock
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
+        self.pipeline = None  # this rank's pipeline stages and schedule, under pipeline parallelism
         self._configured = False
 
     def configure_model(self) -> None:
@@ -93,6 +95,8 @@ class GLM46LitModule(L.LightningModule):
             materialize(self.model, self.trainer.strategy.root_device)
         if self.init_from:
             load_weights(self.model, self.init_from)
+        build_pipeline = getattr(self.trainer.strategy, "build_pipeline", None)
+        self.pipeline = build_pipeline() if build_pipeline is not None else None
         self._configured = True
 
     def setup(self, stage: str) -> None:
@@ -115,8 +119,18 @@ class GLM46LitModule(L.LightningModule):
         labels = batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)
         return self.model(batch["input_ids"], labels=labels, position_ids=batch.get("position_ids"))
 
+    def pipelined(self, batch: dict[str, torch.Tensor], train: bool):
+        """The batch through the pipeline schedule: every microbatch's forward, and with `train` its backward
+        (glm46.parallel.pipeline); the loss terms as `forward` returns them, without a graph."""
+        batch = {**batch, "labels": batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)}
+        accumulation = self.trainer.accumulate_grad_batches if train else 1
+        totals = step_totals(
+            batch, self.config, self.mtp_weight(self.recipe_tokens), self.balance_loss_alpha, accumulation
+        )
+        return self.pipeline.step(batch, totals, train)
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self(batch)
+        out = self(batch) if self.pipeline is None else self.pipelined(batch, train=True)
         mtp_weight = self.mtp_weight(self.recipe_tokens)
         loss = out.loss
         if out.mtp_loss is not None:
@@ -136,8 +150,24 @@ class GLM46LitModule(L.LightningModule):
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         return loss
 
+    def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
+        """Under pipeline parallelism the schedule already ran every microbatch's backward in training_step."""
+        if self.pipeline is None:
+            super().backward(loss, *args, **kwargs)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
+        """Lightning zeroes the gradients between training_step and backward, which would drop what the pipeline
+        schedule accumulated: under pipeline parallelism they are zeroed after each optimizer step instead."""
+        if self.pipeline is None:
+            super().optimizer_zero_grad(epoch, batch_idx, optimizer)
+
+    @property
+    def _pipeline_group(self):
+        return None if self.pipeline is None else self.pipeline.group
+
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        self.log("optim/grad_norm", self._grad_norm if self.guard is not None else total_grad_norm(self.parameters()))
+        norm = self._grad_norm if self.guard is not None else total_grad_norm(self.parameters(), self._pipeline_group)
+        self.log("optim/grad_norm", norm)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
         """Lightning's step, with the guard's verdict taken right after the last backward of the step,
@@ -149,11 +179,13 @@ class GLM46LitModule(L.LightningModule):
             return result
 
         optimizer.step(closure=closure if self.guard is not None else optimizer_closure)
+        if self.pipeline is not None:
+            optimizer.zero_grad(set_to_none=True)
 
     def _judge_step(self, optimizer) -> None:
         loss = self.trainer.strategy.reduce(self._step_loss / max(self._step_micro_batches, 1), reduce_op="mean")
         self._step_loss, self._step_micro_batches = torch.zeros(()), 0
-        self._grad_norm = total_grad_norm(self.parameters())
+        self._grad_norm = total_grad_norm(self.parameters(), self._pipeline_group)
         reason = self.guard.judge(float(loss), float(self._grad_norm))
         self.skipping_step = reason is not None
         if self.skipping_step:
@@ -191,13 +223,14 @@ class GLM46LitModule(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes."""
-        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and has_dtensor_parameters(self.model):
-            clip_grad_norm_(self.model.parameters(), gradient_clip_val)
+        sharded = has_dtensor_parameters(self.model) or self.pipeline is not None
+        if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and sharded:
+            clip_grad_norm_(self.model.parameters(), gradient_clip_val, self._pipeline_group)
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss.update(self(batch).loss)
+        self.val_loss.update(self(batch).loss if self.pipeline is None else self.pipelined(batch, train=False).loss)
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()

@@ -70,15 +70,21 @@ class LinearCrossEntropy(torch.autograd.Function):
 
 
 def chunked_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, chunk_size: int = 4096
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    chunk_size: int = 4096,
+    count: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean CE of `hidden @ weight.T` against labels over non-ignored tokens.
 
-    hidden [..., H], weight [V, H], labels [...] with IGNORE_INDEX for tokens without a target.
+    hidden [..., H], weight [V, H], labels [...] with IGNORE_INDEX for tokens without a target. count: what the
+    summed CE is divided by, when these tokens are a part (a pipeline microbatch) of the batch that is averaged over.
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
-    count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+    if count is None:
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
     keep_logits = hidden.shape[0] <= chunk_size  # one chunk: recomputing its logits would save nothing
     total = sum(
         LinearCrossEntropy.apply(h, weight, y, keep_logits)

@@ -80,7 +80,8 @@ class GLM46Model(nn.Module):
     def __init__(self, config: GLM46Config):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        # Keyed by index, as torchtitan's models: a pipeline stage keeps only its own layers, under the same names.
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i) for i in range(config.num_hidden_layers)})
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
 
@@ -96,7 +97,7 @@ class GLM46Model(nn.Module):
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
         stats = []
-        for layer in self.layers:
+        for layer in self.layers.values():
             h, layer_stats = layer(h, cos, sin, cache, documents)
             if layer_stats is not None:
                 stats.append(layer_stats)
@@ -121,7 +122,7 @@ class GLM46ForCausalLM(nn.Module):
 
     def routers(self) -> list[TopkRouter]:
         """The routers in the order of `expert_counts`: main-model MoE layers, then MTP layers."""
-        blocks = [*self.model.layers, *(mtp.block for mtp in self.mtp_layers)]
+        blocks = [*self.model.layers.values(), *(mtp.block for mtp in self.mtp_layers)]
         return [block.mlp.gate for block in blocks if block.is_moe]
 
     def forward(

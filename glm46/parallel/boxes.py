@@ -42,13 +42,14 @@ def shift(box: Box, origin: Box) -> Box:
     return tuple(slice(s.start - o.start, s.stop - o.start) for s, o in zip(box, origin))
 
 
-def is_canonical_holder(tensor: DTensor) -> bool:
+def is_canonical_holder(tensor: DTensor, first_rank: int = 0) -> bool:
     """Whether this rank is the one copy of its piece that counts: replicas of a piece live on the mesh dims
     where the DTensor is replicated and on the mesh (the root mesh's dims outside the DTensor's), so the piece
-    counts on coordinate 0 of the former within the sub-mesh that holds global rank 0."""
+    counts on coordinate 0 of the former within the sub-mesh that holds `first_rank`, the first global rank of
+    the ranks holding the tensor (0; under pipeline parallelism the first of its stage's)."""
     mesh = tensor.device_mesh
     coordinate = mesh.get_coordinate()
-    on_first_mesh = bool((mesh.mesh == 0).any())
+    on_first_mesh = bool((mesh.mesh == first_rank).any())
     return on_first_mesh and all(c == 0 for c, p in zip(coordinate, tensor.placements) if isinstance(p, Replicate))
 
 
@@ -58,11 +59,27 @@ def gather_box(tensor: torch.Tensor, box: Box, dst: int) -> torch.Tensor | None:
     its canonical holder (all other ranks add zeros), so memory holds one box-sized buffer beyond the shards."""
     if not isinstance(tensor, DTensor):
         return tensor.detach()[box] if not dist.is_initialized() or dist.get_rank() == dst else None
-    local = tensor.to_local().detach()
-    buffer = torch.zeros([s.stop - s.start for s in box], dtype=local.dtype, device=local.device)
-    mine = local_box(tensor)
-    common = intersect(mine, box)
-    if common is not None and is_canonical_holder(tensor):
-        buffer[shift(common, box)] = local[shift(common, mine)]
+    local = tensor.to_local()
+    return sum_box(tensor, box, dst, local.dtype, local.device)
+
+
+def sum_box(
+    tensor: torch.Tensor | None,
+    box: Box,
+    dst: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    first_rank: int = 0,
+) -> torch.Tensor | None:
+    """gather_box for a tensor that only some ranks hold (a pipeline stage's, first global rank `first_rank`):
+    `tensor` is None on the others, which add zeros. Collective over all ranks."""
+    buffer = torch.zeros([s.stop - s.start for s in box], dtype=dtype, device=device)
+    if tensor is not None:
+        local, mine = local_tensor(tensor).detach(), local_box(tensor)
+        common = intersect(mine, box)
+        sharded = isinstance(tensor, DTensor)
+        holder = is_canonical_holder(tensor, first_rank) if sharded else dist.get_rank() == first_rank
+        if common is not None and holder:
+            buffer[shift(common, box)] = local[shift(common, mine)]
     dist.reduce(buffer, dst=dst, op=dist.ReduceOp.SUM)
     return buffer if dist.get_rank() == dst else None

@@ -3,7 +3,8 @@
 
 torch.nn.utils.clip_grad_norm_ cannot stack norms of DTensors on different meshes, nor DTensors
 with plain tensors; here each (mesh, placements) group's norm is reduced to a full (replicated)
-value first. Every rank gets the same norm, so every rank scales alike.
+value first; under pipeline parallelism the squares are then summed over the stages (torchtitan's clip_grad_norm_
+does the same over its pp mesh). Every rank gets the same norm, so every rank scales alike.
 """
 
 from __future__ import annotations
@@ -18,9 +19,18 @@ def _grads(parameters: Iterable[torch.Tensor]) -> list[torch.Tensor]:
     return [p.grad for p in parameters if p.grad is not None]
 
 
-def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The global L2 norm of the gradients (a plain scalar tensor, the same on every rank)."""
+def total_grad_norm(parameters: Iterable[torch.Tensor], pipeline_group=None) -> torch.Tensor:
+    """The global L2 norm of the gradients (a plain scalar tensor, the same on every rank). pipeline_group: the
+    ranks holding the other stages, whose parameters are not in `parameters`."""
     grads = _grads(parameters)
+    if pipeline_group is not None:
+        square = _local_norm(grads).float().pow(2) if grads else torch.zeros(())
+        torch.distributed.all_reduce(square, group=pipeline_group)
+        return square.sqrt()
+    return _local_norm(grads)
+
+
+def _local_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     if not any(isinstance(g, DTensor) for g in grads):
         return torch.nn.utils.get_total_norm(grads)
     groups: dict[tuple, list[torch.Tensor]] = {}
@@ -36,13 +46,13 @@ def total_grad_norm(parameters: Iterable[torch.Tensor]) -> torch.Tensor:
     return torch.stack(squares).sum().sqrt()
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float) -> torch.Tensor:
+def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, pipeline_group=None) -> torch.Tensor:
     """Scale the gradients so their global L2 norm is at most max_norm; returns the norm before."""
     parameters = list(parameters)
     grads = _grads(parameters)
-    if not any(isinstance(g, DTensor) for g in grads):
+    if pipeline_group is None and not any(isinstance(g, DTensor) for g in grads):
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    norm = total_grad_norm(parameters)
+    norm = total_grad_norm(parameters, pipeline_group)
     coefficient = float((max_norm / (norm + 1e-6)).clamp(max=1.0))
     for g in grads:
         g.mul_(coefficient)

@@ -9,7 +9,9 @@ Sizes (the `parallelism` config group's keys):
 - `expert_parallel` (ep) is carved out of the data-parallel ranks (ep divides dp): the routed
   experts are split over ep ranks, which exchange tokens all-to-all; every ep rank still sees its
   own batch, so the experts' data-parallel degree is dp / ep;
-- `pipeline_parallel` must be 1: Lightning offers no pipeline parallelism.
+- `pipeline_parallel` (pp): the decoder split into pp x `virtual_stages` stages (torch.distributed.pipelining,
+  glm46.parallel.pipeline), the outermost mesh dim as in torchtitan; the pp ranks of one pipeline see the same
+  batch, split into `microbatches` by the schedule (`pipeline_schedule`). dp = world_size / (tp x pp).
 
 `Layout.from_config` checks the layout's own rules (sizes, world size, what each engine can split);
 `model_problems` the model against it (glm46.app.checks runs both before anything is queued).
@@ -26,7 +28,9 @@ from glm46.errors import ConfigError
 from glm46.modules.config import GLM46Config
 
 ENGINES = ("single", "ddp", "mesh", "deepspeed")
-MESH_DIMS = ("edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp")
+MESH_DIMS = ("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp")
+# torch.distributed.pipelining's schedules by name -> stages per rank (None: `virtual_stages`, at least 2)
+PIPELINE_SCHEDULES = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": None, "ZBVZeroBubble": 2, "DualPipeV": 2}
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -41,6 +45,10 @@ class Layout:
     data_parallel_shard: int = 1  # resolved: a divisor of data_parallel (never -1)
     pipeline_parallel: int = 1
     engine: str = "mesh"
+    pipeline_schedule: str = "1F1B"
+    virtual_stages: int = 1  # stages per pipeline rank
+    microbatches: int = 1  # pipeline microbatches per batch
+    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (glm46.parallel.pipeline.split_layers)
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -50,19 +58,29 @@ class Layout:
         if problems:
             raise ConfigError(f"parallelism={parallelism.name}: " + "; ".join(problems))
         shard = parallelism.data_parallel_shard
-        dp = world_size // parallelism.tensor_parallel
+        dp = world_size // (parallelism.tensor_parallel * parallelism.pipeline_parallel)
+        split = parallelism.get("layers_per_stage")
         return cls(
             world_size,
-            parallelism.tensor_parallel,
-            parallelism.expert_parallel,
-            dp if shard == -1 else shard,
-            parallelism.pipeline_parallel,
-            parallelism.engine,
+            tensor_parallel=parallelism.tensor_parallel,
+            expert_parallel=parallelism.expert_parallel,
+            data_parallel_shard=dp if shard == -1 else shard,
+            pipeline_parallel=parallelism.pipeline_parallel,
+            engine=parallelism.engine,
+            pipeline_schedule=parallelism.get("pipeline_schedule", "1F1B"),
+            virtual_stages=parallelism.get("virtual_stages", 1),
+            microbatches=parallelism.get("microbatches", 1),
+            layers_per_stage=tuple(split) if split else None,
         )
 
     @property
     def data_parallel(self) -> int:
-        return self.world_size // self.tensor_parallel
+        """Ranks that see different batches: all but the tensor- and pipeline-parallel ones."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    @property
+    def num_stages(self) -> int:
+        return self.pipeline_parallel * self.virtual_stages
 
     @property
     def data_parallel_replicate(self) -> int:
@@ -74,15 +92,16 @@ class Layout:
         return self.data_parallel // self.expert_parallel
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int, int, int]:
+    def mesh_shape(self) -> tuple[int, int, int, int, int, int]:
         """Sizes of MESH_DIMS. The data-parallel ranks are (replicate x shard); ep takes the innermost
         ep of them: from inside the shard groups when ep divides data_parallel_shard, otherwise all
         of each shard group and ep / data_parallel_shard shard groups."""
         shard, replicate, ep = self.data_parallel_shard, self.data_parallel_replicate, self.expert_parallel
+        pp, tp = self.pipeline_parallel, self.tensor_parallel
         if shard % ep == 0:
-            return (replicate, 1, shard // ep, ep, self.tensor_parallel)
+            return (pp, replicate, 1, shard // ep, ep, tp)
         outer = ep // shard
-        return (replicate // outer, outer, 1, shard, self.tensor_parallel)
+        return (pp, replicate // outer, outer, 1, shard, tp)
 
 
 def is_muon(target: str) -> bool:
@@ -116,10 +135,9 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
     ]
     engines = [
         (
-            pp == 1,
-            f"parallelism.pipeline_parallel={pp}: Lightning offers no pipeline parallelism (no strategy "
-            f"splits layers into stages), so only 1 runs; spread the model with tensor_parallel, "
-            f"expert_parallel and data_parallel_shard (FSDP2) instead",
+            pp == 1 or engine == "mesh",
+            f"parallelism.pipeline_parallel={pp} needs engine=mesh (fsdp2, tp, ep, production): "
+            f"engine={engine} cannot split the layers into stages",
         ),
         (
             engine == "mesh" or (tp == 1 and ep == 1),
@@ -140,27 +158,27 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"(cluster.num_nodes x cluster.devices): choose ddp, fsdp2, ... or devices=1",
         ),
     ]
-    for rules in (basics, engines):
+    for rules in (basics, engines, pipeline_problems(parallelism) if pp > 1 else []):
         problems = [message for ok, message in rules if not ok]
         if problems:
             return problems
-    if world_size % tp:
+    if world_size % (tp * pp):
         return [
             f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
-            f"parallelism.tensor_parallel={tp}"
+            f"parallelism.tensor_parallel x pipeline_parallel = {tp} x {pp}"
         ]
-    dp = world_size // tp
+    dp = world_size // (tp * pp)
     resolved = dp if shard == -1 else shard
     sizes = [
         (
             dp % ep == 0,
-            f"world size {world_size} must be divisible by tensor_parallel x expert_parallel = {tp} x {ep} = "
-            f"{tp * ep} (experts are split over ep of the {dp} data-parallel ranks)",
+            f"world size {world_size} must be divisible by tensor_parallel x pipeline_parallel x expert_parallel = "
+            f"{tp} x {pp} x {ep} = {tp * pp * ep} (experts are split over ep of the {dp} data-parallel ranks)",
         ),
         (
             engine != "mesh" or dp % resolved == 0,
             f"parallelism.data_parallel_shard={shard} must divide the data-parallel size world size / "
-            f"tensor_parallel = {world_size} / {tp} = {dp}",
+            f"(tensor_parallel x pipeline_parallel) = {world_size} / {tp * pp} = {dp}",
         ),
         (
             engine != "mesh" or dp % resolved or dp % ep or resolved % ep == 0 or ep % resolved == 0,
@@ -185,6 +203,37 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             (parallelism.stage in (1, 2, 3), f"parallelism.stage={parallelism.stage!r} must be a ZeRO stage 1, 2 or 3")
         )
     return [message for ok, message in sizes if not ok]
+
+
+def pipeline_problems(parallelism: Any) -> list[tuple[bool, str]]:
+    """The rules of a pipeline's own keys: a schedule torch has, its stages per rank, enough microbatches."""
+    pp, schedule = parallelism.pipeline_parallel, parallelism.pipeline_schedule
+    virtual, microbatches = parallelism.virtual_stages, parallelism.microbatches
+    if schedule not in PIPELINE_SCHEDULES:
+        return [(False, f"parallelism.pipeline_schedule={schedule!r} is not one of {list(PIPELINE_SCHEDULES)}")]
+    per_rank = PIPELINE_SCHEDULES[schedule]
+    stages = pp * virtual
+    return [
+        (
+            virtual == per_rank if per_rank else virtual >= 2,
+            f"parallelism.virtual_stages={virtual}: pipeline_schedule={schedule} runs "
+            + (f"{per_rank} stage(s) per rank" if per_rank else "2 or more stages per rank"),
+        ),
+        (
+            schedule == "GPipe" or microbatches >= pp,
+            f"parallelism.microbatches={microbatches} must be >= pipeline_parallel={pp} for {schedule} (fewer "
+            f"microbatches than stages leave stages idle the whole step)",
+        ),
+        (
+            schedule != "Interleaved1F1B" or microbatches % pp == 0,
+            f"parallelism.microbatches={microbatches} must be a multiple of pipeline_parallel={pp} for "
+            f"Interleaved1F1B (it runs the microbatches in rounds of pp)",
+        ),
+        (
+            schedule not in ("DualPipeV", "ZBVZeroBubble") or microbatches >= stages,
+            f"parallelism.microbatches={microbatches} must be >= the {stages} stages for {schedule}",
+        ),
+    ]
 
 
 def model_problems(layout: Layout, model: GLM46Config) -> list[str]:
@@ -219,7 +268,29 @@ def model_problems(layout: Layout, model: GLM46Config) -> list[str]:
         ),
         (ep == 1 or has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer"),
     ]
+    if layout.pipeline_parallel > 1:
+        rules += stage_problems(layout, model)
     return [message for ok, message in rules if not ok]
+
+
+def stage_problems(layout: Layout, model: GLM46Config) -> list[tuple[bool, str]]:
+    """The decoder layers against the stages: every stage needs at least one, and an explicit split must add up."""
+    stages, layers, split = layout.num_stages, model.num_hidden_layers, layout.layers_per_stage
+    if split is None:
+        return [
+            (
+                layers >= stages,
+                f"model.num_hidden_layers={layers} do not split into pipeline_parallel x virtual_stages = "
+                f"{layout.pipeline_parallel} x {layout.virtual_stages} = {stages} stages of at least one layer",
+            )
+        ]
+    return [
+        (
+            len(split) == stages and sum(split) == layers and min(split) >= 1,
+            f"parallelism.layers_per_stage={list(split)} must give each of the {stages} stages at least one layer "
+            f"and add up to model.num_hidden_layers={layers}",
+        )
+    ]
 
 
 # ---------------------------------------------------------------- what each parameter is split by

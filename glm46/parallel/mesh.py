@@ -1,11 +1,12 @@
 """The device mesh of a Layout, and its named sub-meshes.
 
-One 5-D mesh over all ranks, dims MESH_DIMS = (edp_replicate, ep_replicate, edp_shard, ep_shard, tp),
-outer to inner; the groups are flattened views of it:
+One 6-D mesh over all ranks, dims MESH_DIMS = (pp, edp_replicate, ep_replicate, edp_shard, ep_shard, tp),
+outer to inner (pipeline stages outermost, as in torchtitan); the groups are flattened views of it:
 
 | name | dims | what runs over it |
 |---|---|---|
-| `dp` | all but tp | data loading (rank and size), the balancer's count all-reduce |
+| `pp` | pp | pipeline stages: activations and their gradients point to point (glm46.parallel.pipeline) |
+| `dp` | all but pp and tp | data loading (rank and size), the balancer's count all-reduce |
 | `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP, non-expert weights |
 | `ep` | (ep_replicate, ep_shard) | the routed experts' all-to-all; experts sharded on dim 0 |
 | `edp_replicate`, `edp_shard` | themselves | FSDP2/HSDP of the expert weights (ranks holding the same experts) |

@@ -3,7 +3,8 @@ tensor parallelism (`parallelize_module`), expert parallelism (experts as DTenso
 tokens all-to-all in GroupedExperts), activation checkpointing (composable `checkpoint`, names
 unchanged) and FSDP2 (`fully_shard` per decoder layer, experts on their own mesh, then the root).
 
-Order matters and follows torchtitan: TP, EP, activation checkpointing, FSDP.
+Order matters and follows torchtitan: pipeline split (glm46.parallel.pipeline.split_model, on the meta model, before
+this), TP, EP, activation checkpointing, FSDP; under pipeline parallelism each stage is an FSDP root.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from .mesh import hsdp_mesh
 
 def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
     """Every decoder layer: the main model's, then each MTP layer's block."""
-    return [*model.model.layers, *(mtp.block for mtp in model.mtp_layers)]
+    return [*model.model.layers.values(), *(mtp.block for mtp in model.mtp_layers)]
 
 
 class _AllReduceGrad(torch.autograd.Function):
@@ -142,8 +143,10 @@ def apply_fsdp(
     expert_parallel: bool,
     mixed_precision=None,
     reshard_after_forward: bool = True,
+    roots: list[nn.Module] | None = None,
 ) -> None:
-    """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head).
+    """fully_shard per decoder layer and MTP layer, then the root (embedding, final norm, lm_head): the model, or
+    under pipeline parallelism each of this rank's stages (`roots`, whose forward the schedule calls).
     With expert parallelism the experts get their own fully_shard first, over the ranks holding the
     same experts (`edp_*`, split as layout.expert_split_dim says), so the layer's group over `dp_*`
     leaves them alone."""
@@ -158,11 +161,12 @@ def apply_fsdp(
         for layer in decoder_layers(model):
             if layer.is_moe:
                 fully_shard(layer.mlp.experts, mesh=expert_mesh, shard_placement_fn=lambda _: placement, **kwargs)
-    for layer in model.model.layers:
+    for layer in model.model.layers.values():
         fully_shard(layer, mesh=dense_mesh, **kwargs)
     for mtp in model.mtp_layers:
         fully_shard(mtp, mesh=dense_mesh, **kwargs)
-    fully_shard(model, mesh=dense_mesh, mp_policy=kwargs["mp_policy"], reshard_after_forward=False)
+    for root in roots or [model]:
+        fully_shard(root, mesh=dense_mesh, mp_policy=kwargs["mp_policy"], reshard_after_forward=False)
 
 
 def parallelize(
@@ -172,8 +176,10 @@ def parallelize(
     activation_checkpointing: bool = False,
     mixed_precision=None,
     reshard_after_forward: bool = True,
+    stages: list[nn.Module] | None = None,
 ) -> GLM46ForCausalLM:
-    """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place."""
+    """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `stages`: the pipeline
+    stages of this rank, when the model was split (their modules are the model's)."""
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"])
     if layout.expert_parallel > 1:
@@ -181,5 +187,5 @@ def parallelize(
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if layout.data_parallel > 1:
-        apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, reshard_after_forward)
+        apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, reshard_after_forward, stages)
     return model

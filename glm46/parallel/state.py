@@ -3,7 +3,9 @@ assembled on chosen ranks.
 
 `gathered_parts` assembles requested parts (boxes) of the model's tensors on chosen ranks, one part at a time
 (the HF export asks for one Hub tensor per part); `full_state_items` asks for whole tensors. Both are
-collective when the model is sharded: every rank iterates them to the end, in the same order.
+collective when the model is sharded: every rank iterates them to the end, in the same order. A pipeline part
+(glm46.parallel.pipeline.split_model) holds only its stages' tensors: the names and shapes of the others come from
+the ranks that hold them, and each part is summed in from its stage (glm46.parallel.boxes.sum_box).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from .boxes import Box, gather_box
+from .boxes import Box, gather_box, sum_box
 
 
 def _zero3_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
@@ -28,7 +30,23 @@ def state_shapes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dt
     for name, tensor in model.state_dict(keep_vars=True).items():
         shape = zero3[name].ds_shape if name in zero3 else tensor.shape  # DTensor.shape is the full shape
         shapes[name] = (torch.Size(shape), tensor.dtype)
-    return shapes
+    return _whole_model_shapes(model, shapes) if is_pipeline_part(model) else shapes
+
+
+def is_pipeline_part(model: torch.nn.Module) -> bool:
+    return hasattr(model, "pipeline_stages")
+
+
+def _whole_model_shapes(model: torch.nn.Module, own: dict) -> dict[str, tuple[torch.Size, torch.dtype]]:
+    """Every stage's entries, in the whole model's state-dict order (collective: the parts tell their shapes)."""
+    from glm46.modules import GLM46ForCausalLM
+
+    parts = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, own)
+    merged = {name: entry for part in parts for name, entry in part.items()}
+    with torch.device("meta"):
+        order = GLM46ForCausalLM(model.config).state_dict().keys()
+    return {name: merged[name] for name in order}
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -50,8 +68,14 @@ def gathered_parts(model: torch.nn.Module, requests: Iterable[tuple[str, Box, in
     state = model.state_dict(keep_vars=True)
     zero3 = _zero3_parameters(model)
     held_name, held = None, None
+    pipeline = is_pipeline_part(model)
+    if pipeline:
+        dtypes = {name: dtype for name, (_, dtype) in state_shapes(model).items()}
+        device = next(model.parameters()).device
     for name, box, dst in requests:
-        if name in zero3:
+        if pipeline:
+            yield sum_box(state.get(name), box, dst, dtypes[name], device, model.pipeline_first_rank)
+        elif name in zero3:
             if held_name != name:
                 import deepspeed
 

@@ -33,6 +33,7 @@ from glm46.lightning_private import (
 from .layout import Layout
 from .mesh import build_mesh
 from .parallelize import parallelize
+from .pipeline import Pipeline, split_model
 
 
 class MeshParallelStrategy(ModelParallelStrategy):
@@ -65,6 +66,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
         self.activation_checkpointing = activation_checkpointing
         self.mixed_precision = dict(mixed_precision) if mixed_precision else None
         self.reshard_after_forward = reshard_after_forward
+        self.stage_models: list[torch.nn.Module] = []  # this rank's pipeline stages (pipeline_parallel > 1)
 
     def setup_environment(self) -> None:
         init_model_parallel_processes(self)
@@ -86,7 +88,12 @@ class MeshParallelStrategy(ModelParallelStrategy):
         return self.device_mesh["dp"].get_group()
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
-        """Apply the layout to a plain GLM46ForCausalLM, in place (called from `configure_model`)."""
+        """Apply the layout to a plain GLM46ForCausalLM, in place (called from `configure_model`): under pipeline
+        parallelism first keep only this rank's stages."""
+        if self.layout.pipeline_parallel > 1:
+            pp_rank = self.device_mesh["pp"].get_local_rank()
+            first_rank = int(self.device_mesh.mesh[pp_rank].min())
+            self.stage_models = split_model(model, self.layout, pp_rank, first_rank)
         return parallelize(
             model,
             self.layout,
@@ -94,7 +101,14 @@ class MeshParallelStrategy(ModelParallelStrategy):
             self.activation_checkpointing,
             self.mixed_precision,
             self.reshard_after_forward,
+            self.stage_models,
         )
+
+    def build_pipeline(self) -> Pipeline | None:
+        """The schedule over this rank's stages, once they are materialised; None without pipeline parallelism."""
+        if not self.stage_models:
+            return None
+        return Pipeline(self.stage_models, self.layout, self.device_mesh, self.root_device)
 
 
 class DeepSpeedStrategy(DeepSpeedInitializeHook, _LightningDeepSpeedStrategy):

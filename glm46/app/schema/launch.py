@@ -26,7 +26,11 @@ class ParallelismConfig:
     data_parallel_shard: int = 1  # FSDP shard degree among data-parallel ranks; -1: all of them
     tensor_parallel: int = 1  # world size = data-parallel ranks x tensor_parallel
     expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
-    pipeline_parallel: int = 1  # Lightning offers no pipeline parallelism: only 1 runs
+    pipeline_parallel: int = 1  # stages the decoder is split into (torch.distributed.pipelining, engine=mesh)
+    pipeline_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble | DualPipeV | GPipe
+    virtual_stages: int = 1  # stages per rank: 1 for 1F1B/GPipe, >= 2 for Interleaved1F1B, 2 for the V schedules
+    microbatches: int = 1  # a rank's batch (data.batch_size) is split into this many for the pipeline
+    layers_per_stage: Optional[List[int]] = None  # decoder layers of each stage, in order; null: balanced by cost
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
     # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.app.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)

@@ -1,0 +1,336 @@
+"""Pipeline parallelism for GLM46ForCausalLM on torch.distributed.pipelining, as torchtitan's
+distributed/pipeline_parallel.py does it: the meta model is split into stages first (each pipeline rank keeps only
+its stages' modules, under their original names), then TP, EP, activation checkpointing and FSDP2 apply per stage
+(glm46.parallel.parallelize), and a torch schedule (1F1B, Interleaved1F1B, ZBVZeroBubble, DualPipeV, GPipe) runs the
+microbatches' forward and backward inside the LightningModule's training step.
+
+Stages (`split_layers`): the decoder layers in contiguous runs; stage 0 also holds the embedding, the last stage the
+final norm, the lm_head and the MTP layers. Without `parallelism.layers_per_stage` the runs balance the per-token
+matmul cost (active parameters: a dense layer's MLP, an MoE layer's router, shared and top-k experts; the last
+stage's lm_head and MTP layers count on it), minimising the costliest stage.
+
+The MTP layer needs the embeddings of the tokens ahead (depth k: token i+k). Megatron, for GLM and DeepSeek-V3, keeps
+a copy of the embedding on the last stage and all-reduces its gradient with stage 0's (the "embedding group"). Here
+stage 0 embeds them and they travel with the hidden states, each stage passing them on: the embedding stays one
+weight on one stage, its gradient arrives through the pipeline's own backward, and checkpoints need no dedup. The
+cost: each point-to-point message carries (1 + MTP depths) x [b, T, hidden] instead of one, and each stage keeps
+those inputs of its microbatches in flight.
+
+Losses are summed exactly as in one process: the schedule's grad scaling is off, and each microbatch's CE (and each
+MTP depth's) is divided by the labelled tokens of the whole batch, its sequence-wise balance loss weighted by its
+share of the batch's rows (the loss is a mean over sequences), all divided by the gradient accumulation. The balance
+loss of a stage without the head reaches the backward through the hidden states it sends (`_AttachLoss`, Megatron's
+MoEAuxLossAutoScaler). The logged terms are summed over the pipeline ranks once per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from glm46.modules.attention import Documents
+from glm46.modules.config import GLM46Config
+from glm46.modules.decoder import DecoderLayer
+from glm46.modules.loss import IGNORE_INDEX, chunked_cross_entropy, shift_labels
+from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after
+
+from .layout import PIPELINE_SCHEDULES, Layout
+
+# ---------------------------------------------------------------- which layers each stage holds
+
+
+def layer_costs(config: GLM46Config) -> tuple[list[int], int]:
+    """(per decoder layer, the head's) matmul parameters one token runs through: the split's cost model."""
+    with torch.device("meta"):
+        layers = [DecoderLayer(config, i) for i in (0, config.num_hidden_layers - 1)]
+
+    def active(layer: DecoderLayer) -> int:
+        total = sum(p.numel() for p in layer.parameters())
+        if not layer.is_moe:
+            return total
+        routed = sum(p.numel() for p in layer.mlp.experts.parameters())
+        return total - routed + routed // config.n_routed_experts * config.num_experts_per_tok
+
+    dense, moe = active(layers[0]), active(layers[1])
+    costs = [dense if i < config.first_k_dense_replace else moe for i in range(config.num_hidden_layers)]
+    mtp_depths = config.num_nextn_predict_layers
+    head = (1 + mtp_depths) * config.vocab_size * config.hidden_size + mtp_depths * (moe + 2 * config.hidden_size**2)
+    return costs, head
+
+
+def split_layers(config: GLM46Config, stages: int, layers_per_stage: tuple[int, ...] | None = None) -> list[range]:
+    """The decoder layers of each stage, in order: `layers_per_stage` when given, else the contiguous runs that
+    minimise the costliest stage (the head's cost on the last one)."""
+    if layers_per_stage:
+        starts = [sum(layers_per_stage[:s]) for s in range(stages + 1)]
+        return [range(starts[s], starts[s + 1]) for s in range(stages)]
+    costs, head = layer_costs(config)
+    n = len(costs)
+    prefix = [0]
+    for cost in costs:
+        prefix.append(prefix[-1] + cost)
+    # best[s][i]: the smallest possible costliest stage when stages s.. hold layers i.. (the head on the last)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(stages + 1)]
+    cut = [[n] * (n + 1) for _ in range(stages + 1)]
+    for i in range(n):
+        best[stages - 1][i] = prefix[n] - prefix[i] + head
+    for s in range(stages - 2, -1, -1):
+        for i in range(n - (stages - s) + 1):
+            for j in range(i + 1, n - (stages - s - 1) + 1):  # stage s holds layers i..j-1
+                worst = max(prefix[j] - prefix[i], best[s + 1][j])
+                if worst < best[s][i]:
+                    best[s][i], cut[s][i] = worst, j
+    bounds, i = [0], 0
+    for s in range(stages - 1):
+        i = cut[s][i]
+        bounds.append(i)
+    bounds.append(n)
+    return [range(bounds[s], bounds[s + 1]) for s in range(stages)]
+
+
+def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
+    """The stages pipeline rank `pp_rank` runs: one; `virtual_stages` in a loop (rank, rank + pp, ...) for the
+    interleaved schedule; two in a V (rank, 2 pp - 1 - rank) for ZBVZeroBubble and DualPipeV."""
+    pp = layout.pipeline_parallel
+    if layout.pipeline_schedule in ("ZBVZeroBubble", "DualPipeV"):
+        return [pp_rank, 2 * pp - 1 - pp_rank]
+    return [pp_rank + v * pp for v in range(layout.virtual_stages)]
+
+
+# ---------------------------------------------------------------- the stages' forward
+
+
+@dataclass
+class StepTotals:
+    """What each microbatch's loss terms are divided by, counted once over the whole batch of the step."""
+
+    labelled: torch.Tensor  # tokens with a target (the main loss's mean)
+    mtp_labelled: list[torch.Tensor]  # per MTP depth
+    rows: int  # sequences (the balance loss is a mean over them)
+    mtp_weight: float
+    balance_alpha: float
+    accumulation: int  # Lightning's accumulate_grad_batches: the step's loss is divided by it
+    packed: bool  # rows of packed documents (position ids given): attention and MTP targets stay in a document
+
+
+class _AttachLoss(torch.autograd.Function):
+    """Returns x; in backward also gives `loss` the gradient 1, so a loss computed on a stage without the head joins
+    the backward through the hidden states that stage sends on (Megatron's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(loss)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (loss,) = ctx.saved_tensors
+        return grad, torch.ones_like(loss)
+
+
+class StageModel(nn.Module):
+    """One pipeline stage of a GLM46ForCausalLM: its modules are the model's own (same parameters, and the model
+    keeps their names for checkpoints and the optimizer). Stage 0 takes input_ids [b, T]; every other stage the
+    hidden states [b, T, hidden] and the MTP depths' token embeddings; the last stage returns the microbatch's
+    share of the step's loss, the others (hidden, *embeddings)."""
+
+    def __init__(self, model: GLM46ForCausalLM, layers: range, is_first: bool, is_last: bool):
+        super().__init__()
+        inner = model.model
+        self.config = model.config
+        self.embed_tokens = inner.embed_tokens if is_first else None
+        self.layers = nn.ModuleDict({str(i): inner.layers[str(i)] for i in layers})
+        self.rotary_emb = inner.rotary_emb
+        self.norm = inner.norm if is_last else None
+        self.mtp_layers = model.mtp_layers if is_last else None
+        self.lm_head = model.lm_head if is_last else None
+        self.loss_chunk_size = model.loss_chunk_size
+        self.moe_layers = sum(layer.is_moe for layer in self.layers.values()) + len(self.mtp_layers or [])
+        self.totals: StepTotals | None = None  # set by Pipeline before each step
+        self.reset()
+
+    def reset(self) -> None:
+        # Per forward call: CE, MTP CE, balance loss (unweighted), and expert counts [this stage's MoE layers, E].
+        # On its first step torch's stage also runs one forward to learn the shapes it sends (on placeholder
+        # inputs after stage 0): `results` keeps only the schedule's microbatches, the last calls.
+        self.calls: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+
+    def results(self, microbatches: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """This step's loss terms and expert counts, summed over its microbatches."""
+        calls = self.calls[-microbatches:]
+        terms = torch.stack([terms for terms, _ in calls]).sum(0)
+        counts = None if calls[0][1] is None else torch.stack([counts for _, counts in calls]).sum(0)
+        return terms, counts
+
+    def forward(self, x: torch.Tensor, *embeds: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor):
+        totals = self.totals
+        self.calls.append((torch.zeros(3), None))
+        documents = Documents.from_positions(position_ids) if totals.packed else None
+        if self.embed_tokens is not None:
+            input_ids = x
+            x = self.embed_tokens(input_ids)
+            depths = range(1, self.config.num_nextn_predict_layers + 1)
+            embeds = tuple(self.embed_tokens(input_ids.roll(-k, dims=1)) for k in depths)
+        cos, sin = self.rotary_emb(position_ids, x.dtype)
+        stats = []
+        for layer in self.layers.values():
+            x, layer_stats = layer(x, cos, sin, None, documents)
+            if layer_stats is not None:
+                stats.append(layer_stats)
+        if self.norm is None:
+            balance = self._record(stats, x.shape[0])
+            if balance is not None:
+                x = _AttachLoss.apply(x, balance * totals.balance_alpha / totals.accumulation)
+            return (x, *(e.view_as(e) for e in embeds))
+
+        hidden = self.norm(x)
+        mtp_hidden, h = [], hidden
+        for k, mtp in enumerate(self.mtp_layers, start=1):
+            cos_k, sin_k = self.rotary_emb(position_ids + k, embeds[k - 1].dtype)
+            h, mtp_stats = mtp(h, embeds[k - 1], cos_k, sin_k, documents)
+            mtp_hidden.append(h)
+            stats.append(mtp_stats)
+        weight = self.lm_head.weight
+        loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size, count=totals.labelled)
+        self._add_term(0, loss)
+        ids = documents.ids if documents is not None else None
+        if mtp_hidden:
+            mtp_loss = torch.stack(
+                [
+                    chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size, count=n)
+                    for k, (h, n) in enumerate(zip(mtp_hidden, totals.mtp_labelled), start=1)
+                ]
+            ).mean()
+            self._add_term(1, mtp_loss)
+            loss = loss + totals.mtp_weight * mtp_loss
+        balance = self._record(stats, x.shape[0])
+        if balance is not None:
+            loss = loss + totals.balance_alpha * balance
+        return loss / totals.accumulation
+
+    def _record(self, stats: list, rows: int) -> torch.Tensor | None:
+        """Add the microbatch's expert counts and balance loss to the step's; the balance loss weighted by the
+        microbatch's share of the batch's sequences."""
+        if not stats:
+            return None
+        terms, _ = self.calls[-1]
+        self.calls[-1] = (terms, torch.stack([s.counts for s in stats]).detach())
+        balance = torch.stack([s.balance_loss for s in stats]).sum() * (rows / self.totals.rows)
+        self._add_term(2, balance)
+        return balance
+
+    def _add_term(self, index: int, value: torch.Tensor) -> None:
+        self.calls[-1][0][index] = value.detach().float().cpu()
+
+
+def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_rank: int) -> list[StageModel]:
+    """Keep only the modules of `pp_rank`'s stages in `model` (in place, names unchanged; meant for the meta
+    device, before the model is laid out) and return those stages, in stage order. first_rank: the first global
+    rank of the pipeline rank's slice of the mesh."""
+    ranges = split_layers(model.config, layout.num_stages, layout.layers_per_stage)
+    mine = sorted(stage_ids(layout, pp_rank))
+    last = layout.num_stages - 1
+    keep = {str(i) for s in mine for i in ranges[s]}
+    for name in [name for name in model.model.layers if name not in keep]:
+        del model.model.layers[name]
+    if 0 not in mine:
+        model.model.embed_tokens = None
+    if last not in mine:
+        model.model.norm, model.lm_head, model.mtp_layers = None, None, nn.ModuleList()
+    model.pipeline_stages = mine  # marks a part of a model: glm46.checkpoint.weights reads only its weights
+    model.pipeline_first_rank = first_rank  # the first global rank of this stage (glm46.parallel.state)
+    return [StageModel(model, ranges[s], s == 0, s == last) for s in mine]
+
+
+# ---------------------------------------------------------------- the schedule
+
+
+def _loss_is_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return output  # the last stage already returns the microbatch's share of the step's loss
+
+
+class Pipeline:
+    """This rank's stages and the schedule that runs them; `step` runs one batch's forward (and backward)."""
+
+    def __init__(self, stage_models: list[StageModel], layout: Layout, mesh: DeviceMesh, device: torch.device):
+        from torch.distributed import pipelining
+
+        self.models, self.layout = stage_models, layout
+        self.group = mesh["pp"].get_group()
+        ids = sorted(stage_ids(layout, mesh["pp"].get_local_rank()))
+        self.stages = [
+            pipelining.PipelineStage(model, index, layout.num_stages, device, group=self.group)
+            for model, index in zip(stage_models, ids)
+        ]
+        schedule = getattr(pipelining, f"Schedule{layout.pipeline_schedule}")
+        single = PIPELINE_SCHEDULES[layout.pipeline_schedule] == 1
+        self.schedule = schedule(
+            self.stages[0] if single else self.stages,
+            n_microbatches=layout.microbatches,
+            loss_fn=_loss_is_output,
+            scale_grads=False,  # each microbatch's loss is already its share of the step's
+        )
+        self.has_first = ids[0] == 0
+        self.stage_ids = ids
+        self.config = stage_models[0].config
+
+    def step(self, batch: dict[str, torch.Tensor], totals: StepTotals, train: bool = True) -> CausalLMOutput:
+        """Forward (and with `train` backward) of every microbatch of `batch`; the loss terms, summed over the
+        pipeline's ranks, and this rank's expert counts (its MoE layers, in the model's order)."""
+        for model in self.models:
+            model.totals = totals
+            model.reset()
+        input_ids, labels = batch["input_ids"], batch["labels"]
+        position_ids = batch.get("position_ids")
+        if position_ids is None:
+            position_ids = positions_after(None, input_ids)
+        args = (input_ids,) if self.has_first else ()
+        run = self.schedule.step if train else self.schedule.eval
+        run(*args, target=labels, return_outputs=False, position_ids=position_ids, labels=labels)
+        results = [model.results(self.layout.microbatches) for model in self.models]
+        terms = torch.stack([terms for terms, _ in results]).sum(0)
+        dist.all_reduce(terms, group=self.group)  # the head's terms live on the last stage, balance on all
+        counts = [counts for _, counts in results if counts is not None]
+        out = CausalLMOutput(loss=terms[0], expert_counts=torch.cat(counts) if counts else None)
+        if self.config.num_nextn_predict_layers:
+            out.mtp_loss = terms[1]
+        if has_moe(self.config):
+            out.balance_loss = terms[2]
+        return out
+
+    def whole_model_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """Per-MoE-layer rows of this rank's layers (expert counts, in the model's order) -> those of every stage,
+        in the whole model's order, on every pipeline rank (for logging: MaxVio and expert load of all layers)."""
+        mine = dict(zip(self.stage_ids, rows.split([model.moe_layers for model in self.models])))
+        parts = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(parts, {stage: part.cpu() for stage, part in mine.items()}, group=self.group)
+        stages = {stage: part for gathered in parts for stage, part in gathered.items()}
+        return torch.cat([stages[s] for s in sorted(stages)]).to(rows.device)
+
+
+def has_moe(config: GLM46Config) -> bool:
+    return config.first_k_dense_replace < config.num_hidden_layers or config.num_nextn_predict_layers > 0
+
+
+def step_totals(
+    batch: dict[str, torch.Tensor], config: GLM46Config, mtp_weight: float, alpha: float, accumulation: int
+) -> StepTotals:
+    """The normalisers of one batch (labels already masked with IGNORE_INDEX)."""
+    labels, position_ids = batch["labels"], batch.get("position_ids")
+    documents = Documents.from_positions(position_ids) if position_ids is not None else None
+    ids = documents.ids if documents is not None else None
+    depths = range(1, config.num_nextn_predict_layers + 1)
+    return StepTotals(
+        labelled=(labels != IGNORE_INDEX).sum().clamp(min=1),
+        mtp_labelled=[(shift_labels(labels, k, ids) != IGNORE_INDEX).sum().clamp(min=1) for k in depths],
+        rows=labels.shape[0],
+        mtp_weight=mtp_weight,
+        balance_alpha=alpha,
+        accumulation=accumulation,
+        packed=position_ids is not None,
+    )
