@@ -441,3 +441,36 @@ def test_pipeline_parallel_equals_the_single_process_run(tmp_path, initial_weigh
     overrides = [f"parallelism.pipeline_schedule={schedule}"]
     run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, overrides=overrides)
     assert_same_run(run, single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pipeline_x_fsdp2_x_expert_parallel_equals_one_process_and_resumes_without_stages(
+    tmp_path, initial_weights, single_muon
+):
+    """4 processes: 2 stages, each FSDP2 over its 2 ranks with the experts split over them (ep 2). Equal to one
+    process; the Hub export is assembled stage by stage; its distributed checkpoint after step 2 resumes under
+    fsdp2 on 2 processes (no stages) to the same step 3, and the fsdp2 run's checkpoint resumes with stages."""
+    run = run_layout(
+        tmp_path,
+        "pp",
+        init_from=initial_weights,
+        devices=4,
+        checkpoint_every=1,
+        hf=True,
+        overrides=["parallelism.expert_parallel=2"],
+    )
+    assert run["expert_parallel"] == 2
+    assert_same_run(run, single_muon)
+    assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)
+    assert_weights_of_checkpoint(run["out"] / "step3.ckpt", run["state"])
+
+    without_stages = run_layout(
+        tmp_path / "fsdp2", "fsdp2", init_from=initial_weights, devices=2, resume=str(run["out"] / "step2.ckpt")
+    )
+    assert_same_run(without_stages, single_muon, first_step=2)
+    fsdp2 = run_layout(tmp_path / "from", "fsdp2", init_from=initial_weights, devices=2, checkpoint_every=1)
+    with_stages = run_layout(
+        tmp_path / "to", "pp", init_from=initial_weights, devices=2, resume=str(fsdp2["out"] / "step2.ckpt")
+    )
+    assert_same_run(with_stages, single_muon, first_step=2)

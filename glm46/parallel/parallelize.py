@@ -186,6 +186,8 @@ def parallelize(
         shard_experts(model, mesh["ep"])
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    if layout.data_parallel > 1:
+    # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then
+    # DTensors, and its checkpoint a DCP folder that Lightning's ModelParallelStrategy loads, as every mesh layout's.
+    if layout.data_parallel > 1 or stages:
         apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, reshard_after_forward, stages)
     return model
