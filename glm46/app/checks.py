@@ -365,7 +365,13 @@ def check_layout(cfg: DictConfig, config: GLM46Config, layout: Layout) -> None:
 
 
 def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
-    check_layout(cfg, config, composed_layout(cfg))
+    layout = composed_layout(cfg)
+    check_layout(cfg, config, layout)
+    if layout.pipeline_parallel > 1 and cfg.data.get("batch_size", 0) % layout.microbatches:
+        raise ConfigError(
+            f"data.batch_size={cfg.data.batch_size} must be a multiple of parallelism.microbatches="
+            f"{layout.microbatches}: the pipeline splits each rank's batch into that many"
+        )
 
 
 def check_cluster(cfg: DictConfig, config: GLM46Config) -> None:

@@ -58,8 +58,9 @@ def dryrun_job(cfg: DictConfig, config: GLM46Config) -> dict:
 
     result, hardware, layout = composed_plan(cfg, config)
     run = dry_run(cfg, config, hardware, layout)
-    log.info(format_dry_run(run, result["memory"], hardware, layout))
-    check(run, result["memory"], hardware)
+    memory = result["by_pipeline_rank"][run.coordinate[0]]  # the plan of the simulated rank's pipeline stage(s)
+    log.info(format_dry_run(run, memory, hardware, layout))
+    check(run, memory, hardware)
     return {"state": run.state, "planned": run.planned, "largest_gather": run.largest_gather}
 
 

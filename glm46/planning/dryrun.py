@@ -30,6 +30,7 @@ from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
+from glm46.parallel.pipeline import split_layers, split_model
 from glm46.planning.plan import (
     GIB,
     GROUPS,
@@ -37,6 +38,7 @@ from glm46.planning.plan import (
     Hardware,
     parameter_group,
     planned_parameters,
+    stage_of,
     state_by_group,
     state_bytes,
 )
@@ -99,15 +101,22 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         mesh = build_mesh(layout, "cpu")
         with torch.device("meta"):
             model = GLM46ForCausalLM(config)
+        stages = None
+        if layout.pipeline_parallel > 1:  # this rank's stages only, as MeshParallelStrategy.parallelize splits them
+            pp_rank = mesh["pp"].get_local_rank()
+            stages = split_model(model, layout, pp_rank, int(mesh.mesh[pp_rank].min()))
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
         parallelize(
-            model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward
+            model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward, stages
         )
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"
         planned = {p.name: p for p in planned_parameters(config, layout, kind)}
+        if stages is not None:  # the plan of this pipeline rank's stages
+            ranges = split_layers(config, layout.num_stages, layout.layers_per_stage)
+            planned = {n: p for n, p in planned.items() if stage_of(n, ranges, config) in model.pipeline_stages}
         state = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
         problems = []
         for name, p in model.named_parameters():
@@ -137,7 +146,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
 
 def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, layout: Layout) -> str:
     """The per-group table (this rank's shards beside the plan's most loaded rank) and the verdict."""
-    dims = dict(zip(("edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp"), run.coordinate))
+    dims = dict(zip(("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp"), run.coordinate))
     lines = [
         f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
         + ", ".join(f"{k}={v}" for k, v in dims.items())

@@ -11,6 +11,12 @@ Conventions:
   activations are those this implementation saves for backward, per micro-batch, in bf16 (and the int64
   document ids of packed rows).
   `task=dryrun` checks the shards against the real sharded model.
+- Under pipeline parallelism each pipeline rank is planned on its own (`stage_memory`): the parameters of its
+  stages (glm46.parallel.pipeline.split_layers), the activations of the microbatches its schedule holds in flight
+  (1F1B: pp - r on rank r, so stage 0 holds pp; the interleaved and V schedules: (v - 1) pp + 2 (pp - r - 1) + 1
+  chunks of one virtual stage), the microbatches' stage inputs ((1 + MTP depths) x hidden each), the logits on the
+  last stage only; the most loaded rank is the plan's. The bubble is (pp - 1) / (m + pp - 1) for 1F1B and GPipe and
+  (pp - 1) / (v m + pp - 1) for the interleaved schedules (an upper bound for the zero-bubble ones).
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
-from glm46.parallel.layout import Layout, largest_shard_shape, parameter_splits
+from glm46.parallel.layout import PIPELINE_SCHEDULES, Layout, largest_shard_shape, parameter_splits
+from glm46.parallel.pipeline import split_layers, stage_ids
 from glm46.planning.counts import count_parameters, training_flops_per_token
 
 GIB = 2**30
@@ -151,32 +158,77 @@ def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int) -> dic
     return {"moe_layer": 2 * moe, "dense_layer": 2 * dense, "layer_input": 2 * h}
 
 
-def memory_per_gpu(
+def stage_of(name: str, ranges: list[range], config: GLM46Config) -> int:
+    """The pipeline stage holding parameter `name` (the embedding on the first, the head and MTP on the last)."""
+    layer = re.match(r"^model\.layers\.(\d+)\.", name)
+    if layer:
+        return next(s for s, r in enumerate(ranges) if int(layer[1]) in r)
+    return 0 if name.startswith("model.embed_tokens.") else len(ranges) - 1
+
+
+def in_flight(layout: Layout, pp_rank: int) -> tuple[int, float]:
+    """(microbatch chunks pipeline rank `pp_rank` holds activations of at its peak, the share of its layers in
+    each chunk) under the layout's schedule."""
+    pp, m, v = layout.pipeline_parallel, layout.microbatches, layout.virtual_stages
+    if PIPELINE_SCHEDULES[layout.pipeline_schedule] == 1:
+        return (m if layout.pipeline_schedule == "GPipe" else min(m, pp - pp_rank)), 1.0
+    return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1), 1.0 / v
+
+
+def bubble(layout: Layout) -> float:
+    """The schedule's idle share of a step: (pp - 1) / (m + pp - 1), the interleaved ones (pp - 1) / (v m + pp - 1)."""
+    pp, m, v = layout.pipeline_parallel, layout.microbatches, layout.virtual_stages
+    return (pp - 1) / ((m if v == 1 else v * m) + pp - 1)
+
+
+def stage_memory(
     config: GLM46Config,
     layout: Layout,
     micro_batch_tokens: int,
     optimizer: str,
     activation_checkpointing: bool,
+    pp_rank: int | None,
     loss_chunk: int = 4096,
 ) -> dict[str, float]:
-    """Bytes on the most loaded GPU by kind (see the module docstring), and their total."""
-    state = state_by_group(planned_parameters(config, layout, optimizer))
+    """Bytes on the most loaded GPU of pipeline rank `pp_rank` (None: no pipeline) by kind (see the module
+    docstring), and their total; `micro_batch_tokens` are one (pipeline) micro-batch's."""
+    parameters = planned_parameters(config, layout, optimizer)
+    dense_layers, moe_layers = config.first_k_dense_replace, config.num_hidden_layers - config.first_k_dense_replace
+    mtp, chunks, share, stage_inputs = config.num_nextn_predict_layers, 1, 1.0, 0
+    head = True
+    if pp_rank is not None:
+        ranges = split_layers(config, layout.num_stages, layout.layers_per_stage)
+        mine = set(stage_ids(layout, pp_rank))
+        parameters = [p for p in parameters if stage_of(p.name, ranges, config) in mine]
+        held = [i for s in mine for i in ranges[s]]
+        dense_layers = sum(i < config.first_k_dense_replace for i in held)
+        moe_layers = len(held) - dense_layers
+        head = layout.num_stages - 1 in mine
+        mtp = mtp if head else 0
+        chunks, share = in_flight(layout, pp_rank)
+        stage_inputs = chunks * micro_batch_tokens * 2 * config.hidden_size * (1 + config.num_nextn_predict_layers)
+    state = state_by_group(parameters)
     act = activation_bytes_per_token(config, layout.tensor_parallel)
-    layers = config.num_hidden_layers + config.num_nextn_predict_layers
-    moe_layers = layers - config.first_k_dense_replace
-    full = moe_layers * act["moe_layer"] + config.first_k_dense_replace * act["dense_layer"]
+    layers = dense_layers + moe_layers + mtp
+    full = (moe_layers + mtp) * act["moe_layer"] + dense_layers * act["dense_layer"]
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
-        full = layers * act["layer_input"] + max(act["moe_layer"], act["dense_layer"])
-    logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4)  # bf16 logits, fp32 softmax + grad
+        full = chunks * layers * act["layer_input"] * share + max(act["moe_layer"], act["dense_layer"])
+    else:
+        full = chunks * full * share
+    logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4) if head else 0  # bf16, fp32 x 2
     # What is left of the document mask of packed rows: one int64 document number per token (Documents.ids),
     # kept through the step; per-document attention needs no [T, T] mask (glm46.modules.attention).
-    documents = 8 * micro_batch_tokens
+    documents = 8 * micro_batch_tokens * chunks
     memory = {
         f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
         for kind in ("weights", "gradients", "optimizer")
     }
-    memory["activations"] = full * micro_batch_tokens + logits + documents
-    memory.update(gathered_bytes(fsdp_units(config, layout)))
+    memory["activations"] = full * micro_batch_tokens + logits + documents + stage_inputs
+    units = fsdp_units(config, layout)
+    if pp_rank is not None:
+        ends = {0, layout.num_stages - 1} & mine  # the root unit: the embedding, or the final norm and lm_head
+        units = {u: n for u, n in units.items() if (ends if u == "root" else stage_of(u + ".", ranges, config) in mine)}
+    memory.update(gathered_bytes(units))
     memory["total"] = sum(memory.values())
     return memory
 
@@ -216,7 +268,15 @@ def plan(
     total_flops = flops_per_token * tokens
     cluster_flops = hardware.world_size * hardware.peak_tflops * 1e12 * hardware.mfu
     gpu_hours = total_flops / (hardware.peak_tflops * 1e12 * hardware.mfu) / 3600
-    memory = memory_per_gpu(config, layout, micro_batch * seq_len, optimizer, activation_checkpointing)
+    pipelined = layout.pipeline_parallel > 1
+    tokens_per_micro = micro_batch // (layout.microbatches if pipelined else 1) * seq_len
+    by_rank = [  # bytes on each pipeline rank (one entry, the whole model, without pipeline parallelism)
+        stage_memory(config, layout, tokens_per_micro, optimizer, activation_checkpointing, r if pipelined else None)
+        for r in range(layout.pipeline_parallel)
+    ]
+    memory = max(by_rank, key=lambda m: m["total"])  # the most loaded rank's
+    ends = sorted({0, layout.pipeline_parallel // 2, layout.pipeline_parallel - 1}) if pipelined else []
+    stages = {r: by_rank[r] for r in ends}  # the first, a middle and the last pipeline rank, for the table
     capacity = hardware.memory_gib * GIB * MARGIN
     notes = []
     if memory["total"] > capacity:
@@ -224,7 +284,7 @@ def plan(
         if floor > capacity:
             fix = (
                 f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
-                f"pipeline (or context) parallelism, which the engine does not offer"
+                f"(more) pipeline stages, or context parallelism"
                 + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing")
             )
         else:
@@ -244,6 +304,9 @@ def plan(
         "days": gpu_hours / hardware.world_size / 24,
         "cost": gpu_hours * hardware.price_per_gpu_hour,
         "memory": memory,
+        "stages": stages,
+        "by_pipeline_rank": by_rank,
+        "bubble": bubble(layout) if pipelined else 0.0,
         "fits": memory["total"] <= capacity,
         "notes": notes,
     }
@@ -261,10 +324,21 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
         f"at {hardware.peak_tflops:g} TFLOP/s bf16 and an assumed MFU of {hardware.mfu:.0%}",
         f"throughput: {result['tokens_per_second']:,.0f} tokens/s; {result['gpu_hours']:,.0f} GPU-hours = "
         f"{result['days']:,.1f} days; cost {result['cost']:,.0f} at {hardware.price_per_gpu_hour:g} per GPU-hour",
-        f"layout: world {layout.world_size} = tp {layout.tensor_parallel} x dp {layout.data_parallel} "
-        f"(ep {layout.expert_parallel}, FSDP shard {layout.data_parallel_shard})",
-        "memory per GPU:",
+        f"layout: world {layout.world_size} = tp {layout.tensor_parallel} x pp {layout.pipeline_parallel} x dp "
+        f"{layout.data_parallel} (ep {layout.expert_parallel}, FSDP shard {layout.data_parallel_shard})",
     ]
+    if result["stages"]:
+        lines.append(
+            f"pipeline: {layout.num_stages} stages ({layout.pipeline_schedule}, {layout.virtual_stages} per rank), "
+            f"{layout.microbatches} microbatches, bubble {result['bubble']:.1%}; GiB per GPU by pipeline rank:"
+        )
+        kinds = list(next(iter(result["stages"].values())))
+        lines.append(f"  {'':28s} " + " ".join(f"{'rank ' + str(r):>9s}" for r in result["stages"]))
+        lines += [
+            f"  {kind:28s} " + " ".join(f"{memory[kind] / GIB:9.2f}" for memory in result["stages"].values())
+            for kind in kinds
+        ]
+    lines.append("memory per GPU" + (" (the most loaded pipeline rank):" if result["stages"] else ":"))
     lines += [f"  {name:28s} {value / GIB:9.2f} GiB" for name, value in result["memory"].items()]
     lines.append(f"  fits {hardware.memory_gib:g} GiB (with a 10% margin): {'yes' if result['fits'] else 'NO'}")
     lines += [f"note: {note}" for note in result["notes"]]
