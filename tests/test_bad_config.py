@@ -124,8 +124,12 @@ TABLE = [
      [r"world size 6 must be divisible by tensor_parallel x expert_parallel = 1 x 4 = 4"]),
     ("timeout-zero", [*TINY, "parallelism=ddp", "cluster.devices=2"], ["parallelism.timeout_s=0"], VALIDATE,
      [r"parallelism\.timeout_s=0 must be a number of seconds > 0"]),
-    ("pipeline-parallel", TINY, ["parallelism.pipeline_parallel=2"], VALIDATE,
-     [r"parallelism\.pipeline_parallel=2: Lightning offers no pipeline parallelism"]),
+    ("pipeline-parallel-single", TINY, ["parallelism.pipeline_parallel=2"], VALIDATE,
+     [r"parallelism\.pipeline_parallel=2 needs engine=mesh .*: engine=single cannot split the layers into stages"]),
+    ("pipeline-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw", "cluster.devices=2"],
+     ["parallelism.pipeline_parallel=2"], VALIDATE, [r"pipeline_parallel=2 needs engine=mesh .*engine=deepspeed"]),
+    ("pipeline-batch-not-splitting", [*TINY, "parallelism=pp", "cluster.devices=2"],
+     ["data.batch_size=3"], VALIDATE, [r"data\.batch_size=3 must be a multiple of parallelism\.microbatches=2"]),
     ("muon-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw"], ["optim=muon"], VALIDATE,
      [r"optim\.optimizer=glm46\.optim\.Muon with parallelism\.engine=deepspeed"]),
     ("slurm-without-partition", ["cluster=local_slurm"], ["cluster.partition=null"], VALIDATE,
@@ -137,9 +141,9 @@ TABLE = [
      [r"phase\.tokens=0 is less than one global batch of 2048 tokens \(trainer\.max_steps=0\)"]),
     ("budget-below-global-batch", PHASE1, ["phase.tokens=1000000"], VALIDATE,
      [r"phase\.tokens=1000000 is less than one global batch of 67108864 tokens"]),
-    ("global-batch-not-divisible", PHASE1, ["data.batch_size=5"], VALIDATE,
+    ("global-batch-not-divisible", PHASE1, ["data.batch_size=48"], VALIDATE,  # 3 rows per pipeline microbatch
      [r"phase\.global_batch_tokens=67108864 is not divisible by data\.batch_size x data\.seq_len x data-parallel "
-      r"ranks .* = 5 x 4096 x 1024 = 20971520"]),
+      r"ranks .* = 48 x 4096 x 64 = 12582912"]),
     # -- packing and mixture
     ("unknown-packing", TOY, ["phase.packing=zigzag"], VALIDATE,
      [r"data\.packing='zigzag' \(phase\.packing\) is not one of \['truncate', 'best_fit', 'pad'\]"]),

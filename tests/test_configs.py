@@ -100,8 +100,8 @@ def test_every_experiment_composes_and_validates(compose_config, experiment):
     if experiment == "rl":  # composes; `train` samples rollouts on one process only, and says so
         with pytest.raises(ConfigError, match="RL samples its rollouts with the training model's own generate"):
             validate(cfg)
-    elif experiment == "sft":  # 128K sequences need context or pipeline parallelism: refused, with why
-        with pytest.raises(ConfigError, match="needs pipeline \\(or context\\) parallelism"):
+    elif experiment == "sft":  # 128K sequences need more stages or context parallelism: refused, with why
+        with pytest.raises(ConfigError, match="needs \\(more\\) pipeline stages, or context parallelism"):
             validate(cfg)
     else:
         validate(cfg)

@@ -35,6 +35,7 @@ MEMBERS = {
     "fsdp2_ep": (4, "tiny"),
     "deepspeed_zero3": (2, "tiny"),
     "production": (1024 * 8, "glm46_355b"),
+    "pp": (2, "tiny"),
 }
 
 
@@ -47,21 +48,24 @@ def test_every_parallelism_member_composes_and_validates(compose_config, member)
     layout = Layout.from_config(cfg.parallelism, world)
     check_layout(cfg, config, layout)
     assert cfg.parallelism.name == member
-    assert layout.pipeline_parallel == 1 and layout.engine == cfg.parallelism.engine
+    assert layout.pipeline_parallel == cfg.parallelism.pipeline_parallel and layout.engine == cfg.parallelism.engine
     strategy = build_strategy(cfg.parallelism, layout)  # the strategy is built, with the Layout for the mesh's
     assert strategy == "auto" if member == "single" else type(strategy).__name__.endswith("Strategy")
     if layout.engine == "mesh":
         assert strategy.layout is layout
 
 
-def test_the_production_layout_is_tp8_x_ep32_with_fsdp_instead_of_pipeline_stages(compose_config):
+def test_the_production_layout_is_the_seeds_tp8_x_pp16_x_ep32(compose_config):
+    from glm46.parallel.pipeline_parallel import split_layers
+
     cfg = compose_config("parallelism=production", "model=glm46_355b")
     layout = Layout.from_config(cfg.parallelism, 1024 * 8)
-    assert (layout.tensor_parallel, layout.expert_parallel, layout.data_parallel) == (8, 32, 1024)
-    assert layout.data_parallel_shard == 1024 and layout.expert_data_parallel == 32
-    cfg.parallelism.pipeline_parallel = 16
-    with pytest.raises(ConfigError, match=r"pipeline_parallel=16: Lightning offers no pipeline parallelism"):
-        Layout.from_config(cfg.parallelism, 1024 * 8)
+    assert (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel) == (8, 16, 32)
+    assert layout.data_parallel == 64 and layout.data_parallel_shard == 64 and layout.expert_data_parallel == 2
+    config = OmegaConf.to_object(cfg.model)
+    ranges = split_layers(config, layout.num_stages)  # 32 stages: every layer on exactly one, in order
+    assert [i for r in ranges for i in r] == list(range(config.num_hidden_layers)) and min(map(len, ranges)) >= 1
+    assert len(ranges[-1]) < len(ranges[len(ranges) // 2])  # the last stage also runs the lm_head and MTP
 
 
 @pytest.mark.parametrize(
@@ -78,7 +82,23 @@ def test_the_production_layout_is_tp8_x_ep32_with_fsdp_instead_of_pipeline_stage
             12,
             r"expert_parallel=6 and data_parallel_shard=4 must divide",
         ),
-        ({"pipeline_parallel": 2}, 2, r"pipeline_parallel=2: Lightning offers no pipeline parallelism"),
+        ({"pipeline_parallel": 2}, 2, r"microbatches=1 must be >= pipeline_parallel=2 for 1F1B"),
+        (
+            {"pipeline_parallel": 2, "microbatches": 2, "pipeline_schedule": "Interleaved1F1B"},
+            2,
+            r"virtual_stages=1: pipeline_schedule=Interleaved1F1B runs 2 or more stages per rank",
+        ),
+        ({"pipeline_parallel": 4, "microbatches": 4}, 4, r"model.num_hidden_layers=3 do not split into .* 4 stages"),
+        (
+            {"pipeline_parallel": 2, "microbatches": 2, "layers_per_stage": [2, 2]},
+            2,
+            r"layers_per_stage=\[2, 2\] must give each of the 2 stages at least one layer and add up to",
+        ),
+        (
+            {"pipeline_parallel": 2, "microbatches": 2},
+            3,
+            r"world size 3 .* tensor_parallel x pipeline_parallel = 1 x 2",
+        ),
         ({"mixed_precision": {"param_dtype": "bf16"}}, 2, r"mixed_precision.param_dtype='bf16' is not one of"),
     ],
 )

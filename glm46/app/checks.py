@@ -414,11 +414,7 @@ ALL, TRAIN = ("train", "estimate", "plan", "dryrun", "eval"), ("train",)
 CHECKS = (
     ("data x model x phase", ALL, check_data),
     ("cluster", ALL, check_cluster),
-    (
-        "parallelism x model x optimizer x cluster",
-        ALL,
-        lambda cfg, config: check_layout(cfg, config, composed_layout(cfg)),
-    ),
+    ("parallelism x model x optimizer x cluster x data", ALL, check_composed_layout),
     ("parallelism x installed engines", ALL, check_engine),
     ("phase budget x trainer", TRAIN, lambda cfg, config: check_budget(cfg)),
     ("sizes and names", ALL, check_values),

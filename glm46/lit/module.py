@@ -37,7 +37,7 @@ from glm46.modules.loss import IGNORE_INDEX
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
-from glm46.parallel.pipeline import step_totals
+from glm46.parallel.pipeline_parallel import step_totals
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class GLM46LitModule(L.LightningModule):
 
     def pipelined(self, batch: dict[str, torch.Tensor], train: bool):
         """The batch through the pipeline schedule: every microbatch's forward, and with `train` its backward
-        (glm46.parallel.pipeline); the loss terms as `forward` returns them, without a graph."""
+        (glm46.parallel.pipeline_parallel); the loss terms as `forward` returns them, without a graph."""
         batch = {**batch, "labels": batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)}
         accumulation = self.trainer.accumulate_grad_batches if train else 1
         totals = step_totals(

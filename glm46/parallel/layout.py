@@ -10,7 +10,7 @@ Sizes (the `parallelism` config group's keys):
   experts are split over ep ranks, which exchange tokens all-to-all; every ep rank still sees its
   own batch, so the experts' data-parallel degree is dp / ep;
 - `pipeline_parallel` (pp): the decoder split into pp x `virtual_stages` stages (torch.distributed.pipelining,
-  glm46.parallel.pipeline), the outermost mesh dim as in torchtitan; the pp ranks of one pipeline see the same
+  glm46.parallel.pipeline_parallel), the outermost mesh dim as in torchtitan; the pp ranks of one pipeline see the same
   batch, split into `microbatches` by the schedule (`pipeline_schedule`). dp = world_size / (tp x pp).
 
 `Layout.from_config` checks the layout's own rules (sizes, world size, what each engine can split);
@@ -48,7 +48,7 @@ class Layout:
     pipeline_schedule: str = "1F1B"
     virtual_stages: int = 1  # stages per pipeline rank
     microbatches: int = 1  # pipeline microbatches per batch
-    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (glm46.parallel.pipeline.split_layers)
+    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (glm46.parallel.pipeline_parallel.split_layers)
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -163,17 +163,17 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
         if problems:
             return problems
     if world_size % (tp * pp):
-        return [
-            f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by "
-            f"parallelism.tensor_parallel x pipeline_parallel = {tp} x {pp}"
-        ]
+        sizes = f"parallelism.tensor_parallel={tp}" if pp == 1 else f"tensor_parallel x pipeline_parallel = {tp} x {pp}"
+        return [f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {sizes}"]
     dp = world_size // (tp * pp)
     resolved = dp if shard == -1 else shard
     sizes = [
         (
             dp % ep == 0,
-            f"world size {world_size} must be divisible by tensor_parallel x pipeline_parallel x expert_parallel = "
-            f"{tp} x {pp} x {ep} = {tp * pp * ep} (experts are split over ep of the {dp} data-parallel ranks)",
+            f"world size {world_size} must be divisible by tensor_parallel x "
+            + ("" if pp == 1 else "pipeline_parallel x ")
+            + f"expert_parallel = {tp} x {'' if pp == 1 else f'{pp} x '}{ep} = {tp * pp * ep} (experts are split "
+            f"over ep of the {dp} data-parallel ranks)",
         ),
         (
             engine != "mesh" or dp % resolved == 0,

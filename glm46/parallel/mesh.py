@@ -5,7 +5,7 @@ outer to inner (pipeline stages outermost, as in torchtitan); the groups are fla
 
 | name | dims | what runs over it |
 |---|---|---|
-| `pp` | pp | pipeline stages: activations and their gradients point to point (glm46.parallel.pipeline) |
+| `pp` | pp | pipeline stages: activations and their gradients point to point (glm46.parallel.pipeline_parallel) |
 | `dp` | all but pp and tp | data loading (rank and size), the balancer's count all-reduce |
 | `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP, non-expert weights |
 | `ep` | (ep_replicate, ep_shard) | the routed experts' all-to-all; experts sharded on dim 0 |

@@ -33,7 +33,7 @@ from glm46.lightning_private import (
 from .layout import Layout
 from .mesh import build_mesh
 from .parallelize import parallelize
-from .pipeline import Pipeline, split_model
+from .pipeline_parallel import Pipeline, split_model
 
 
 class MeshParallelStrategy(ModelParallelStrategy):

@@ -30,7 +30,7 @@ from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.layout import Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
-from glm46.parallel.pipeline import split_layers, split_model
+from glm46.parallel.pipeline_parallel import split_layers, split_model
 from glm46.planning.plan import (
     GIB,
     GROUPS,

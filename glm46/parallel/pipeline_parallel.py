@@ -73,18 +73,21 @@ def split_layers(config: GLM46Config, stages: int, layers_per_stage: tuple[int, 
     prefix = [0]
     for cost in costs:
         prefix.append(prefix[-1] + cost)
-    # best[s][i]: the smallest possible costliest stage when stages s.. hold layers i.. (the head on the last)
-    inf = float("inf")
+    # best[s][i]: (the costliest stage, the sum of squared stage costs) when stages s.. hold layers i.. (the head
+    # on the last), smallest first: the costliest stage as cheap as it can be, the others as even as they can be.
+    inf = (float("inf"), float("inf"))
     best = [[inf] * (n + 1) for _ in range(stages + 1)]
     cut = [[n] * (n + 1) for _ in range(stages + 1)]
     for i in range(n):
-        best[stages - 1][i] = prefix[n] - prefix[i] + head
+        last = prefix[n] - prefix[i] + head
+        best[stages - 1][i] = (last, last**2)
     for s in range(stages - 2, -1, -1):
         for i in range(n - (stages - s) + 1):
             for j in range(i + 1, n - (stages - s - 1) + 1):  # stage s holds layers i..j-1
-                worst = max(prefix[j] - prefix[i], best[s + 1][j])
-                if worst < best[s][i]:
-                    best[s][i], cut[s][i] = worst, j
+                cost, (worst, squares) = prefix[j] - prefix[i], best[s + 1][j]
+                candidate = (max(cost, worst), cost**2 + squares)
+                if candidate < best[s][i]:
+                    best[s][i], cut[s][i] = candidate, j
     bounds, i = [0], 0
     for s in range(stages - 1):
         i = cut[s][i]
