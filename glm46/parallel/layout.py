@@ -48,7 +48,7 @@ class Layout:
     pipeline_schedule: str = "1F1B"
     virtual_stages: int = 1  # stages per pipeline rank
     microbatches: int = 1  # pipeline microbatches per batch
-    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (glm46.parallel.pipeline_parallel.split_layers)
+    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (pipeline_parallel.py)
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:

@@ -3,7 +3,7 @@ tensor parallelism (`parallelize_module`), expert parallelism (experts as DTenso
 tokens all-to-all in GroupedExperts), activation checkpointing (composable `checkpoint`, names
 unchanged) and FSDP2 (`fully_shard` per decoder layer, experts on their own mesh, then the root).
 
-Order matters and follows torchtitan: pipeline split (glm46.parallel.pipeline_parallel.split_model, on the meta model, before
+Order matters and follows torchtitan: pipeline split (pipeline_parallel.split_model, on the meta model, before
 this), TP, EP, activation checkpointing, FSDP; under pipeline parallelism each stage is an FSDP root.
 """
 

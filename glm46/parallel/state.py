@@ -4,7 +4,7 @@ assembled on chosen ranks.
 `gathered_parts` assembles requested parts (boxes) of the model's tensors on chosen ranks, one part at a time
 (the HF export asks for one Hub tensor per part); `full_state_items` asks for whole tensors. Both are
 collective when the model is sharded: every rank iterates them to the end, in the same order. A pipeline part
-(glm46.parallel.pipeline_parallel.split_model) holds only its stages' tensors: the names and shapes of the others come from
+(pipeline_parallel.split_model) holds only its stages' tensors: the names and shapes of the others come from
 the ranks that hold them, and each part is summed in from its stage (glm46.parallel.boxes.sum_box).
 """
 

@@ -12,7 +12,7 @@ Conventions:
   document ids of packed rows).
   `task=dryrun` checks the shards against the real sharded model.
 - Under pipeline parallelism each pipeline rank is planned on its own (`stage_memory`): the parameters of its
-  stages (glm46.parallel.pipeline_parallel.split_layers), the activations of the microbatches its schedule holds in flight
+  stages (pipeline_parallel.split_layers), the activations of the microbatches its schedule holds in flight
   (1F1B: pp - r on rank r, so stage 0 holds pp; the interleaved and V schedules: (v - 1) pp + 2 (pp - r - 1) + 1
   chunks of one virtual stage), the microbatches' stage inputs ((1 + MTP depths) x hidden each), the logits on the
   last stage only; the most loaded rank is the plan's. The bubble is (pp - 1) / (m + pp - 1) for 1F1B and GPipe and
