@@ -68,7 +68,7 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
     assert "USR2" not in script  # submitit's own signal is replaced: the Preemption callback owns requeue
     (srun,) = [line for line in script.splitlines() if line.startswith("srun ")]
     assert "--kill-on-bad-exit=1" in srun.split()  # one task exiting non-zero ends the others: no hang
-    # 64M tokens per step over 1024 data-parallel ranks (TP 8) of 1 x 4096 tokens: 16 micro-batches.
+    # 64M tokens per step over 64 data-parallel ranks (TP 8 x PP 16) of 16 x 4096 tokens: 16 accumulated batches.
     assert cfg.trainer.accumulate_grad_batches == 16
     # 15T tokens: 64M per step after the batch-size warm-up (16M -> 64M over 500B), its smaller steps counted
     ramp = LinearRamp(start=16 * 2**20, end=64 * 2**20, ramp_tokens=500 * 10**9)
@@ -81,11 +81,12 @@ def test_h800_composition_renders_the_production_batch_script(tmp_path):
     [
         (
             ["experiment=pretrain_phase1", "cluster=h100_8n", "data.path=/data"],
-            "world size 64 must be divisible by tensor_parallel x expert_parallel = 8 x 32 = 256",
+            "world size 64 (cluster.num_nodes x cluster.devices) must be divisible by tensor_parallel x "
+            "pipeline_parallel = 8 x 16",
         ),
         (["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "parallelism=fsdp2"], "does not fit"),
         (
-            ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "data.batch_size=3"],
+            ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/data", "data.batch_size=48"],
             "phase.global_batch_tokens=67108864 is not divisible by data.batch_size x data.seq_len x "
             "data-parallel ranks",
         ),
@@ -134,7 +135,7 @@ def test_a_refused_job_is_never_submitted(tmp_path):
         cwd=tmp_path,
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
-    assert "tensor_parallel x expert_parallel = 8 x 32 = 256" in result.stderr
+    assert "tensor_parallel x pipeline_parallel = 8 x 16" in result.stderr
     assert not (tmp_path / "train" / ".submitit").exists()
 
 
