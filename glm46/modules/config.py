@@ -54,6 +54,11 @@ class GLM46Config:
     def moe_layer_indices(self) -> list[int]:
         return list(range(self.first_k_dense_replace, self.num_hidden_layers))
 
+    @property
+    def has_moe(self) -> bool:
+        """Whether some layer routes tokens to experts (an MTP layer always does)."""
+        return bool(self.moe_layer_indices) or self.num_nextn_predict_layers > 0
+
     def validate(self) -> None:
         """Raise ConfigError naming every inconsistent key, with its value."""
         problems = []

@@ -74,6 +74,23 @@ def left_padded_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (mask.cumsum(dim=-1) - 1).clamp(min=0)
 
 
+def run_layers(
+    layers: Iterable[DecoderLayer],
+    h: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    cache: KVCache | None = None,
+    documents: Documents | None = None,
+) -> tuple[torch.Tensor, list]:
+    """h [B, T, hidden] through `layers` in order -> (h, routing stats of the MoE layers among them)."""
+    stats = []
+    for layer in layers:
+        h, layer_stats = layer(h, cos, sin, cache, documents)
+        if layer_stats is not None:
+            stats.append(layer_stats)
+    return h, stats
+
+
 class GLM46Model(nn.Module):
     """Embedding, decoder layers and final norm."""
 
@@ -96,11 +113,7 @@ class GLM46Model(nn.Module):
         documents: `Documents.from_positions(position_ids)` for rows of packed documents, else None."""
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)
-        stats = []
-        for layer in self.layers.values():
-            h, layer_stats = layer(h, cos, sin, cache, documents)
-            if layer_stats is not None:
-                stats.append(layer_stats)
+        h, stats = run_layers(self.layers.values(), h, cos, sin, cache, documents)
         if cache is not None:
             cache.advance(input_ids.shape[1])
         return self.norm(h), stats

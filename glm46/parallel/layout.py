@@ -241,7 +241,6 @@ def model_problems(layout: Layout, model: GLM46Config) -> list[str]:
     parallel sizes."""
     tp, ep = layout.tensor_parallel, layout.expert_parallel
     shared = model.moe_intermediate_size * model.n_shared_experts
-    has_moe = model.first_k_dense_replace < model.num_hidden_layers or model.num_nextn_predict_layers > 0
     rules = [
         (
             model.num_attention_heads % tp == 0,
@@ -266,7 +265,7 @@ def model_problems(layout: Layout, model: GLM46Config) -> list[str]:
             model.n_routed_experts % ep == 0,
             f"model.n_routed_experts={model.n_routed_experts} must be divisible by parallelism.expert_parallel={ep}",
         ),
-        (ep == 1 or has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer"),
+        (ep == 1 or model.has_moe, f"parallelism.expert_parallel={ep} but the model has no MoE layer"),
     ]
     if layout.pipeline_parallel > 1:
         rules += stage_problems(layout, model)

@@ -36,7 +36,7 @@ from glm46.modules.attention import Documents
 from glm46.modules.config import GLM46Config
 from glm46.modules.decoder import DecoderLayer
 from glm46.modules.loss import IGNORE_INDEX, chunked_cross_entropy, shift_labels
-from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after
+from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after, run_layers
 
 from .layout import PIPELINE_SCHEDULES, Layout
 
@@ -180,11 +180,7 @@ class StageModel(nn.Module):
             depths = range(1, self.config.num_nextn_predict_layers + 1)
             embeds = tuple(self.embed_tokens(input_ids.roll(-k, dims=1)) for k in depths)
         cos, sin = self.rotary_emb(position_ids, x.dtype)
-        stats = []
-        for layer in self.layers.values():
-            x, layer_stats = layer(x, cos, sin, None, documents)
-            if layer_stats is not None:
-                stats.append(layer_stats)
+        x, stats = run_layers(self.layers.values(), x, cos, sin, None, documents)
         if self.norm is None:
             balance = self._record(stats, x.shape[0])
             if balance is not None:
@@ -294,6 +290,8 @@ class Pipeline:
             position_ids = positions_after(None, input_ids)
         args = (input_ids,) if self.has_first else ()
         run = self.schedule.step if train else self.schedule.eval
+        # torch hands `target` to the loss function, which needs none here (the last stage computes the loss from
+        # the `labels` keyword every stage receives), but its schedules index it per microbatch: it must be given.
         run(*args, target=labels, return_outputs=False, position_ids=position_ids, labels=labels)
         results = [model.results(self.layout.microbatches) for model in self.models]
         terms = torch.stack([terms for terms, _ in results]).sum(0)
@@ -302,7 +300,7 @@ class Pipeline:
         out = CausalLMOutput(loss=terms[0], expert_counts=torch.cat(counts) if counts else None)
         if self.config.num_nextn_predict_layers:
             out.mtp_loss = terms[1]
-        if has_moe(self.config):
+        if self.config.has_moe:
             out.balance_loss = terms[2]
         return out
 
@@ -314,10 +312,6 @@ class Pipeline:
         dist.all_gather_object(parts, {stage: part.cpu() for stage, part in mine.items()}, group=self.group)
         stages = {stage: part for gathered in parts for stage, part in gathered.items()}
         return torch.cat([stages[s] for s in sorted(stages)]).to(rows.device)
-
-
-def has_moe(config: GLM46Config) -> bool:
-    return config.first_k_dense_replace < config.num_hidden_layers or config.num_nextn_predict_layers > 0
 
 
 def step_totals(
