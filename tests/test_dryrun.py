@@ -69,16 +69,19 @@ def test_rank_0_holds_exactly_the_shards_the_plan_counts(overrides):
 
 @pytest.mark.slow
 def test_other_ranks_hold_at_most_the_plan_and_the_experts_are_spread_evenly():
-    """The last rank of the 355B layout holds less attention than rank 0 (ceil chunks) and the same routed-expert
-    bytes: 5 experts per ep rank split by rows over the 32 ranks holding them, not one whole expert on 5 of them."""
+    """The last rank of the 355B layout (the last pipeline stage, data-parallel coordinate 63) holds no router rows
+    where rank 0 holds 3 (torch.chunk rounds 160 rows over 64 ranks up, leaving the last ranks empty) and the same
+    routed-expert bytes: 5 experts per ep rank split by rows over the ranks holding them, not one whole expert on 5
+    of them. Its largest all-gather is the lm_head, which lives on the last stage only."""
     run = figures(dry_run(PHASE1_H800 + ["dryrun.rank=8191"]))
     for group, kinds in run["state"].items():
         for kind, nbytes in kinds.items():
             assert nbytes <= run["planned"][group][kind], (group, kind)
     assert run["state"]["routed experts"] == run["planned"]["routed experts"]
-    assert run["state"]["attention"]["weights"] < run["planned"]["attention"]["weights"]
+    assert run["state"]["routed experts"]["weights"] > 0
+    assert run["state"]["router"]["weights"] == 0 < run["planned"]["router"]["weights"]
     what, nbytes = run["largest_gather"]
-    assert what.startswith("model.embed_tokens.weight") and nbytes == 2 * 151552 * 5120 // 1024 * 1024
+    assert what.startswith("lm_head.weight") and nbytes == 2 * 151552 * 5120
 
 
 @pytest.mark.slow
@@ -93,9 +96,8 @@ def test_a_parameter_left_replicated_is_reported_by_name():
 def test_a_rank_that_does_not_fit_its_gpu_fails():
     result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
     assert result.returncode != 0
-    assert re.search(
-        r"dry run, rank 0: 2\d\.\d GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr
-    )
+    found = re.search(r"dry run, rank 0: (\d+\.\d) GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr)
+    assert found and float(found[1]) > 0.9 * 16
 
 
 @pytest.mark.slow

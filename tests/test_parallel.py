@@ -365,14 +365,22 @@ def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoin
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
-    """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks."""
+    """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks,
+    without its pipeline stages (the pipeline tests below cover them)."""
     run = run_layout(
         tmp_path,
         "production",
         init_from=initial_weights,
         devices=4,
         hf=True,
-        overrides=["parallelism.tensor_parallel=2", "parallelism.expert_parallel=2"],
+        overrides=[
+            "parallelism.tensor_parallel=2",
+            "parallelism.expert_parallel=2",
+            "parallelism.pipeline_parallel=1",
+            "parallelism.pipeline_schedule=1F1B",
+            "parallelism.virtual_stages=1",
+            "parallelism.microbatches=1",
+        ],
     )
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)
