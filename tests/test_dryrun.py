@@ -96,7 +96,8 @@ def test_a_parameter_left_replicated_is_reported_by_name():
 def test_a_rank_that_does_not_fit_its_gpu_fails():
     result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
     assert result.returncode != 0
-    found = re.search(r"dry run, rank 0: (\d+\.\d) GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)", result.stderr)
+    refusal = r"dry run, rank 0: (\d+\.\d) GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)"
+    found = re.search(refusal, result.stderr)
     assert found and float(found[1]) > 0.9 * 16
 
 
