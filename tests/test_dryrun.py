@@ -94,11 +94,11 @@ def test_a_parameter_left_replicated_is_reported_by_name():
 
 @pytest.mark.slow
 def test_a_rank_that_does_not_fit_its_gpu_fails():
-    result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=16"])
+    result = dry_run(PHASE1_H800 + ["cluster.gpu.memory_gib=8"])
     assert result.returncode != 0
-    refusal = r"dry run, rank 0: (\d+\.\d) GiB does not fit 90% of 16 GiB \(cluster.gpu.memory_gib\)"
+    refusal = r"dry run, rank 0: (\d+\.\d) GiB does not fit 90% of 8 GiB \(cluster.gpu.memory_gib\)"
     found = re.search(refusal, result.stderr)
-    assert found and float(found[1]) > 0.9 * 16
+    assert found and float(found[1]) > 0.9 * 8
 
 
 @pytest.mark.slow

@@ -165,8 +165,10 @@ def main(spec: dict) -> None:
         torch.distributed.all_gather_object(gathered, biases)
         for other in gathered:
             assert all(torch.equal(other[n], biases[n]) for n in other.keys() & biases.keys()), "ranks disagree"
-    dispatch = [*module.model.model.layers.values()][-1].mlp.experts.dispatch
-    expert_parallel = 1 if dispatch is None else torch.distributed.get_world_size(dispatch.group)
+    experts = [*module.model.model.layers.values()][-1].mlp.experts
+    expert_parallel = 1 if experts.dispatch is None else torch.distributed.get_world_size(experts.dispatch.group)
+    weight = experts.gate_up_proj
+    expert_share = (weight.to_local().numel() if hasattr(weight, "to_local") else weight.numel()) / weight.numel()
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
     if is_writer():
@@ -178,6 +180,7 @@ def main(spec: dict) -> None:
                 "tokens_seen": module.tokens_seen,
                 "counts": [counts for _, counts in balancer.history],
                 "expert_parallel": expert_parallel,
+                "expert_share": expert_share,  # the share of the experts rank 0 holds
                 "world_size": trainer.world_size,
             },
             out / "result.pt",
@@ -364,27 +367,34 @@ def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoin
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_production_layout_tp2_x_ep2_x_fsdp2_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
-    """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 x EP 2 on 4 ranks,
-    without its pipeline stages (the pipeline tests below cover them)."""
+@pytest.mark.parametrize("expert_parallel", [2, 4])
+def test_production_layout_tp2_x_ep_x_fsdp2_equals_the_single_process_run(
+    tmp_path, initial_weights, single_muon, expert_parallel
+):
+    """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 on 4 ranks, without its
+    pipeline stages (the pipeline tests below cover them). The ep groups fold over TP, so each rank holds a quarter
+    of the experts, not the half it would with experts replicated on TP: at EP 2 half of them by EP over its TP
+    pair and FSDP2 over the 2 data-parallel ranks, at EP 4 a quarter by EP over all 4 ranks. Each TP rank routes
+    half of the pair's tokens."""
     run = run_layout(
         tmp_path,
         "production",
         init_from=initial_weights,
         devices=4,
-        hf=True,
+        hf=expert_parallel == 2,
         overrides=[
             "parallelism.tensor_parallel=2",
-            "parallelism.expert_parallel=2",
+            f"parallelism.expert_parallel={expert_parallel}",
             "parallelism.pipeline_parallel=1",
             "parallelism.pipeline_schedule=1F1B",
             "parallelism.virtual_stages=1",
             "parallelism.microbatches=1",
         ],
     )
-    assert run["expert_parallel"] == 2
+    assert run["expert_parallel"] == expert_parallel and run["expert_share"] == 1 / 4
     assert_same_run(run, single_muon)
-    assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)  # TP x FSDP: _StridedShard slices
+    if expert_parallel == 2:
+        assert_loads_and_exports_like_one_process(run, initial_weights, tmp_path)  # TP x FSDP: _StridedShard slices
 
 
 @pytest.mark.distributed

@@ -61,7 +61,8 @@ def test_the_production_layout_is_the_seeds_tp8_x_pp16_x_ep32(compose_config):
     cfg = compose_config("parallelism=production", "model=glm46_355b")
     layout = Layout.from_config(cfg.parallelism, 1024 * 8)
     assert (layout.tensor_parallel, layout.pipeline_parallel, layout.expert_parallel) == (8, 16, 32)
-    assert layout.data_parallel == 64 and layout.data_parallel_shard == 64 and layout.expert_data_parallel == 2
+    assert layout.data_parallel == 64 and layout.data_parallel_shard == 64
+    assert layout.experts_fold_tp and layout.expert_parallel_dp == 4 and layout.expert_data_parallel == 16
     config = OmegaConf.to_object(cfg.model)
     ranges = split_layers(config, layout.num_stages)  # 32 stages: every layer on exactly one, in order
     assert [i for r in ranges for i in r] == list(range(config.num_hidden_layers)) and min(map(len, ranges)) >= 1
@@ -76,6 +77,16 @@ def test_the_production_layout_is_the_seeds_tp8_x_pp16_x_ep32(compose_config):
         ({"expert_parallel": 3}, 3, r"n_routed_experts=8 must be divisible by parallelism.expert_parallel=3"),
         ({"tensor_parallel": 2}, 3, r"world size 3 .* must be divisible by parallelism.tensor_parallel=2"),
         ({"expert_parallel": 4}, 2, r"world size 2 must be divisible by tensor_parallel x expert_parallel = 1 x 4"),
+        (
+            {"tensor_parallel": 2, "expert_parallel": 3},
+            6,
+            r"expert_parallel=3 must be a multiple of tensor_parallel=2: the experts fold over the tensor-parallel",
+        ),
+        (
+            {"tensor_parallel": 2, "expert_parallel": 8},
+            4,
+            r"the 2 data-parallel ranks .* must be divisible by expert_parallel / tensor_parallel = 8 / 2 = 4",
+        ),
         ({"data_parallel_shard": 3}, 4, r"data_parallel_shard=3 must divide the data-parallel size"),
         (
             {"data_parallel_shard": 4, "expert_parallel": 6},
@@ -126,17 +137,19 @@ def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon(com
         (2, 1, 1, 2, 1, (1, 1, 1, 2, 1, 1)),  # fsdp2
         (2, 1, 2, 1, 1, (1, 1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
         (4, 1, 2, 4, 1, (1, 1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
-        (4, 2, 2, 2, 1, (1, 1, 1, 1, 2, 2)),  # tp x ep
+        (4, 2, 2, 2, 1, (1, 1, 1, 2, 1, 2)),  # tp x ep: the ep group is the tp group, experts FSDP over 2
         (16, 1, 4, 2, 1, (1, 4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
-        (8192, 8, 32, 1024, 1, (1, 1, 1, 32, 32, 8)),  # FSDP-only production
+        (8192, 8, 32, 1024, 1, (1, 1, 1, 256, 4, 8)),  # FSDP-only production: ep 32 = 4 dp x 8 tp
         (4, 1, 2, 2, 2, (2, 1, 1, 1, 2, 1)),  # pp 2 x ep 2
-        (8192, 8, 32, 64, 16, (16, 1, 1, 2, 32, 8)),  # the seeds' TP 8 x PP 16 x EP 32
+        (8192, 8, 32, 64, 16, (16, 1, 1, 16, 4, 8)),  # the seeds' TP 8 x PP 16 x EP 32 (4 dp x 8 tp)
+        (16, 2, 8, 2, 1, (1, 2, 2, 1, 2, 2)),  # tp x HSDP, ep spanning two shard groups and the tp ranks
     ],
 )
-def test_mesh_shape_places_ep_inside_the_data_parallel_ranks(world, tp, ep, shard, pp, shape):
+def test_mesh_shape_places_ep_inside_the_data_parallel_and_tensor_parallel_ranks(world, tp, ep, shard, pp, shape):
+    """ep takes ep / tp data-parallel coordinates when TP is on (the groups fold over the tp ranks), else ep."""
     layout = Layout(world, tp, ep, shard, pipeline_parallel=pp)
     assert layout.mesh_shape == shape
     stages, edp_replicate, ep_replicate, edp_shard, ep_shard, tensor = shape
-    assert ep_replicate * ep_shard == ep and tensor == tp and stages == pp
+    assert ep_replicate * ep_shard * (tensor if ep > 1 else 1) == ep and tensor == tp and stages == pp
     assert edp_replicate * edp_shard == layout.expert_data_parallel
     assert edp_shard * ep_shard == shard

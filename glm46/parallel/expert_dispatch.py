@@ -4,6 +4,12 @@ torchtitan/distributed/expert_parallel.py, does the same around its grouped expe
 
 `shard_experts` (glm46.parallel.parallelize) sets an ExpertDispatch as `GroupedExperts.dispatch`; the model
 calls it in place of running its experts locally and knows nothing of the collectives.
+
+With tensor parallelism the ep groups span the TP ranks (MoE parallel folding, Megatron's
+`moe_extended_tp=False` path with expert-tensor-parallel 1): the TP ranks of a group hold the same rows, so each
+takes 1/tp of them (`_SplitRows`, whose backward all-gathers the gradient) and the outputs are all-gathered back
+(`_GatherRows`, whose backward keeps this rank's part): the experts then compute every row once per TP group,
+not tp times, as Megatron's scatter/gather to the sequence-parallel region do.
 """
 
 from __future__ import annotations
@@ -25,6 +31,55 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
+
+
+def _all_gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+    """The row blocks of every rank of `group`, block r of sizes[r] rows from rank r, concatenated in rank order
+    (padded to the largest block on the wire: gloo gathers equal sizes only)."""
+    padded = x.new_zeros(max(sizes), *x.shape[1:])
+    padded[: x.shape[0]] = x
+    blocks = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(blocks, padded.contiguous(), group=group)
+    return torch.cat([block[:n] for block, n in zip(blocks, sizes)])
+
+
+class _SplitRows(torch.autograd.Function):
+    """x [M, ...], the same on every rank of `group` -> this rank's rows [lo, hi); the gradient of x is every
+    rank's gradient of its rows, gathered (the same on every rank again)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+        ctx.sizes, ctx.group = sizes, group
+        lo = sum(sizes[: dist.get_rank(group)])
+        return x[lo : lo + sizes[dist.get_rank(group)]]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _all_gather_rows(grad, ctx.sizes, ctx.group), None, None
+
+
+class _GatherRows(torch.autograd.Function):
+    """Each rank's rows -> all of them, on every rank of `group`; backward keeps this rank's rows of the gradient
+    (which is the same on every rank: what follows the MoE is replicated over TP)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
+        ctx.sizes, ctx.group = sizes, group
+        return _all_gather_rows(x, sizes, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        rank = dist.get_rank(ctx.group)
+        lo = sum(ctx.sizes[:rank])
+        return grad[lo : lo + ctx.sizes[rank]], None, None
+
+
+def rows_of_rank(counts: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
+    """Rows per expert in rank `rank`'s block of rows sorted by expert (counts [E] for all of them; blocks of
+    `sizes` rows in rank order)."""
+    lo = sum(sizes[:rank])
+    end = counts.cumsum(0)
+    return (end.clamp(max=lo + sizes[rank]) - (end - counts).clamp(min=lo)).clamp(min=0)
 
 
 def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[int], group) -> torch.Tensor:
@@ -58,15 +113,23 @@ def expert_parallel_swiglu(
 
 
 class ExpertDispatch:
-    """The ep group exchanging tokens, and the factor on the experts' gradients that makes them the mean over
-    the data-parallel ranks (see shard_experts)."""
+    """The ep group exchanging tokens, the TP group whose ranks split their common rows when the two fold (None
+    without TP), and the factor on the experts' gradients that makes them the mean over the data-parallel ranks
+    (see shard_experts)."""
 
-    def __init__(self, group: dist.ProcessGroup, grad_scale: float):
-        self.group, self.grad_scale = group, grad_scale
+    def __init__(self, group: dist.ProcessGroup, grad_scale: float, tp_group: dist.ProcessGroup | None = None):
+        self.group, self.grad_scale, self.tp_group = group, grad_scale, tp_group
 
     def __call__(
         self, x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
     ) -> torch.Tensor:
         if self.grad_scale != 1.0:
             gate_up, down = _ScaleGrad.apply(gate_up, self.grad_scale), _ScaleGrad.apply(down, self.grad_scale)
-        return expert_parallel_swiglu(x, counts, gate_up, down, self.group)
+        if self.tp_group is None:
+            return expert_parallel_swiglu(x, counts, gate_up, down, self.group)
+        tp, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
+        rows = x.shape[0]
+        sizes = [rows // tp + (r < rows % tp) for r in range(tp)]  # as torch.tensor_split splits them
+        mine = _SplitRows.apply(x, sizes, self.tp_group)
+        out = expert_parallel_swiglu(mine, rows_of_rank(counts, sizes, rank), gate_up, down, self.group)
+        return _GatherRows.apply(out, sizes, self.tp_group)

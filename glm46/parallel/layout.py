@@ -6,9 +6,12 @@ Sizes (the `parallelism` config group's keys):
 - data parallelism takes the rest: dp = world_size / tp ranks see different batches;
   `data_parallel_shard` of them shard parameters, gradients and optimizer state (FSDP2), and the
   dp / data_parallel_shard shard groups replicate each other (HSDP; 1 = replicate only, DDP-like);
-- `expert_parallel` (ep) is carved out of the data-parallel ranks (ep divides dp): the routed
-  experts are split over ep ranks, which exchange tokens all-to-all; every ep rank still sees its
-  own batch, so the experts' data-parallel degree is dp / ep;
+- `expert_parallel` (ep): the routed experts are split over ep ranks, which exchange tokens all-to-all.
+  Without TP the ep ranks are carved out of the data-parallel ranks (ep divides dp). With TP they span whole
+  TP groups (Megatron's MoE parallel folding; torchtitan's expert-tensor-parallel degree 1): the TP ranks of a
+  group, which hold the same tokens, each send 1/tp of them to the experts, so experts are split over TP
+  instead of replicated on it; ep / tp of the ep ranks then come from the data-parallel ranks. The ranks
+  holding the same experts (their data-parallel degree) are dp x tp / ep;
 - `pipeline_parallel` (pp): the decoder split into pp x `virtual_stages` stages (torch.distributed.pipelining,
   glm46.parallel.pipeline_parallel), the outermost mesh dim as in torchtitan; the pp ranks of one pipeline see the same
   batch, split into `microbatches` by the schedule (`pipeline_schedule`). dp = world_size / (tp x pp).
@@ -87,16 +90,27 @@ class Layout:
         return self.data_parallel // self.data_parallel_shard
 
     @property
+    def experts_fold_tp(self) -> bool:
+        """Whether the ep groups span the tensor-parallel ranks (MoE parallel folding): with both TP and EP."""
+        return self.tensor_parallel > 1 and self.expert_parallel > 1
+
+    @property
+    def expert_parallel_dp(self) -> int:
+        """How many data-parallel coordinates one ep group spans: ep, or ep / tp when the groups fold over TP."""
+        return self.expert_parallel // self.tensor_parallel if self.experts_fold_tp else self.expert_parallel
+
+    @property
     def expert_data_parallel(self) -> int:
         """Ranks holding the same experts (they average the experts' gradients)."""
-        return self.data_parallel // self.expert_parallel
+        return self.data_parallel // self.expert_parallel_dp
 
     @property
     def mesh_shape(self) -> tuple[int, int, int, int, int, int]:
         """Sizes of MESH_DIMS. The data-parallel ranks are (replicate x shard); ep takes the innermost
-        ep of them: from inside the shard groups when ep divides data_parallel_shard, otherwise all
-        of each shard group and ep / data_parallel_shard shard groups."""
-        shard, replicate, ep = self.data_parallel_shard, self.data_parallel_replicate, self.expert_parallel
+        expert_parallel_dp of them: from inside the shard groups when it divides data_parallel_shard, otherwise
+        all of each shard group and expert_parallel_dp / data_parallel_shard shard groups (folded over TP,
+        glm46.parallel.mesh adds the tp dim to the ep group)."""
+        shard, replicate, ep = self.data_parallel_shard, self.data_parallel_replicate, self.expert_parallel_dp
         pp, tp = self.pipeline_parallel, self.tensor_parallel
         if shard % ep == 0:
             return (pp, replicate, 1, shard // ep, ep, tp)
@@ -165,15 +179,25 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
     if world_size % (tp * pp):
         sizes = f"parallelism.tensor_parallel={tp}" if pp == 1 else f"tensor_parallel x pipeline_parallel = {tp} x {pp}"
         return [f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {sizes}"]
+    if tp > 1 and ep > 1 and ep % tp:
+        return [
+            f"parallelism.expert_parallel={ep} must be a multiple of tensor_parallel={tp}: the experts fold over "
+            f"the tensor-parallel ranks, so an ep group is whole tp groups"
+        ]
     dp = world_size // (tp * pp)
+    ep_dp = ep // tp if tp > 1 and ep > 1 else ep  # Layout.expert_parallel_dp
     resolved = dp if shard == -1 else shard
     sizes = [
         (
-            dp % ep == 0,
+            dp % ep_dp == 0,
             f"world size {world_size} must be divisible by tensor_parallel x "
             + ("" if pp == 1 else "pipeline_parallel x ")
             + f"expert_parallel = {tp} x {'' if pp == 1 else f'{pp} x '}{ep} = {tp * pp * ep} (experts are split "
-            f"over ep of the {dp} data-parallel ranks)",
+            f"over ep of the {dp} data-parallel ranks)"
+            if ep_dp == ep
+            else f"the {dp} data-parallel ranks (world size {world_size} / (tensor_parallel x pipeline_parallel)) "
+            f"must be divisible by expert_parallel / tensor_parallel = {ep} / {tp} = {ep_dp} (the ep groups fold "
+            f"over the tp ranks and take {ep_dp} data-parallel ranks each)",
         ),
         (
             engine != "mesh" or dp % resolved == 0,
@@ -181,9 +205,12 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"(tensor_parallel x pipeline_parallel) = {world_size} / {tp * pp} = {dp}",
         ),
         (
-            engine != "mesh" or dp % resolved or dp % ep or resolved % ep == 0 or ep % resolved == 0,
+            engine != "mesh" or dp % resolved or dp % ep_dp or resolved % ep_dp == 0 or ep_dp % resolved == 0,
             f"parallelism.expert_parallel={ep} and data_parallel_shard={resolved} must divide one another "
-            f"(ep groups lie inside a shard group, or span whole shard groups)",
+            f"(ep groups lie inside a shard group, or span whole shard groups)"
+            if ep_dp == ep
+            else f"expert_parallel / tensor_parallel = {ep_dp} and data_parallel_shard={resolved} must divide one "
+            f"another (ep groups lie inside a shard group, or span whole shard groups)",
         ),
     ]
     mixed = parallelism.mixed_precision
@@ -322,7 +349,7 @@ def parameter_splits(name: str, layout: Layout, n_routed_experts: int) -> list[t
         splits.append((0, ep))
     if layout.data_parallel > 1:
         if expert and ep > 1:
-            shard = max(1, layout.data_parallel_shard // ep)  # the expert-data-parallel ranks' shard groups
+            shard = max(1, layout.data_parallel_shard // layout.expert_parallel_dp)  # the experts' FSDP2 groups
             splits.append((expert_split_dim(n_routed_experts // ep, shard), shard))
         else:
             splits.append((0, layout.data_parallel_shard))

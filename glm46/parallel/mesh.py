@@ -8,7 +8,7 @@ outer to inner (pipeline stages outermost, as in torchtitan); the groups are fla
 | `pp` | pp | pipeline stages: activations and their gradients point to point (glm46.parallel.pipeline_parallel) |
 | `dp` | all but pp and tp | data loading (rank and size), the balancer's count all-reduce |
 | `dp_replicate`, `dp_shard` | (edp_replicate, ep_replicate), (edp_shard, ep_shard) | FSDP2/HSDP, non-expert weights |
-| `ep` | (ep_replicate, ep_shard) | the routed experts' all-to-all; experts sharded on dim 0 |
+| `ep` | (ep_replicate, ep_shard), and tp when TP and EP fold | the experts' all-to-all; experts sharded on dim 0 |
 | `edp_replicate`, `edp_shard` | themselves | FSDP2/HSDP of the expert weights (ranks holding the same experts) |
 | `tp` | tp | tensor parallelism |
 """
@@ -25,7 +25,7 @@ def build_mesh(layout: Layout, device_type: str) -> DeviceMesh:
     mesh[("edp_replicate", "ep_replicate", "edp_shard", "ep_shard")]._flatten("dp")
     mesh[("edp_replicate", "ep_replicate")]._flatten("dp_replicate")
     mesh[("edp_shard", "ep_shard")]._flatten("dp_shard")
-    mesh[("ep_replicate", "ep_shard")]._flatten("ep")
+    mesh[("ep_replicate", "ep_shard", "tp") if layout.experts_fold_tp else ("ep_replicate", "ep_shard")]._flatten("ep")
     return mesh
 
 

@@ -64,8 +64,9 @@ class HeadParallelRMSNorm(RMSNorm):
 def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
     """Megatron-style TP without sequence parallelism: q/k/v and gate/up column-parallel (heads and
     intermediate features split), o_proj and down_proj row-parallel (outputs all-reduced). Dense MLPs
-    and the shared experts are split; the router, routed experts, norms, embedding and lm_head stay
-    replicated (every TP rank sees the same tokens). The QK norms see only their rank's heads, so
+    and the shared experts are split; the router, norms, embedding and lm_head stay replicated (every TP rank
+    sees the same tokens), and so do the routed experts unless expert parallelism folds them over TP
+    (shard_experts). The QK norms see only their rank's heads, so
     their weight gradients are summed over the TP ranks (HeadParallelRMSNorm)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -93,12 +94,14 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
             parallelize_module(mlp, tp_mesh, mlp_plan)
 
 
-def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh) -> None:
+def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh, tp_mesh: DeviceMesh | None = None) -> None:
     """Each ep rank keeps E / ep consecutive experts (a DTensor Shard(0) over `ep`) and exchanges tokens
-    with its ep group. An expert's gradient then sums the loss gradients of the whole ep group's
-    tokens: the factor 1 / ep here, with FSDP's mean over the dp / ep ranks holding the same experts,
+    with its ep group; with `tp_mesh` (the groups fold over TP) each TP rank sends 1/tp of its group's common
+    tokens. An expert's gradient then sums the loss gradients of all tokens of the dp-ranks its ep group spans
+    (ep, or ep / tp folded): the factor 1 / that here, with FSDP's mean over the ranks holding the same experts,
     makes it the mean over all data-parallel ranks, as for every other weight."""
-    ep = ep_mesh.size()
+    tp = tp_mesh.size() if tp_mesh is not None else 1
+    ep_dp = ep_mesh.size() // tp
     for layer in decoder_layers(model):
         if not layer.is_moe:
             continue
@@ -107,7 +110,8 @@ def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh) -> None:
             weight = getattr(experts, name)
             sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
             setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
-        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), grad_scale=1.0 / ep)
+        tp_group = tp_mesh.get_group() if tp_mesh is not None else None
+        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), grad_scale=1.0 / ep_dp, tp_group=tp_group)
 
 
 def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
@@ -183,7 +187,7 @@ def parallelize(
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"])
     if layout.expert_parallel > 1:
-        shard_experts(model, mesh["ep"])
+        shard_experts(model, mesh["ep"], mesh["tp"] if layout.experts_fold_tp else None)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then

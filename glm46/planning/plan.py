@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -126,16 +127,18 @@ def state_by_group(parameters: list[PlannedParameter]) -> dict[str, dict[str, in
     return table
 
 
-def fsdp_units(config: GLM46Config, layout: Layout) -> dict[str, int]:
+def fsdp_units(config: GLM46Config, layout: Layout, held: Callable[[str], bool] = lambda name: True) -> dict[str, int]:
     """Elements each FSDP2 unit all-gathers (its parameters whole over the data-parallel shards, still split by
-    TP and EP), as glm46.parallel.parallelize.apply_fsdp groups them: the root (embedding, final norm, lm_head),
-    each decoder layer, each MTP layer, and with expert parallelism each MoE layer's experts on their own."""
+    TP and EP), as glm46.parallel.parallelize.apply_fsdp groups them: the root (embedding, final norm, lm_head;
+    under pipeline parallelism a stage's part of them), each decoder layer, each MTP layer, and with expert
+    parallelism each MoE layer's experts on their own. `held`: which parameters the rank holds, by name."""
     if layout.data_parallel == 1:
         return {}
     units: dict[str, int] = {}
-    for p in planned_parameters(
-        config, Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1), "adamw"
-    ):  # shards of TP and EP only
+    tp_and_ep_only = Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1)
+    for p in planned_parameters(config, tp_and_ep_only, "adamw"):
+        if not held(p.name):
+            continue
         layer = re.match(r"^(model\.layers\.\d+|mtp_layers\.\d+)\.", p.name)
         unit = "root" if layer is None else layer[1]
         if ".experts." in p.name and layout.expert_parallel > 1:
@@ -144,14 +147,16 @@ def fsdp_units(config: GLM46Config, layout: Layout) -> dict[str, int]:
     return units
 
 
-def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int) -> dict[str, float]:
+def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int, experts_fold_tp: bool) -> dict[str, float]:
     """bf16 bytes saved for backward per token: one MoE layer, one dense layer, and one layer's input
-    (all that a recomputed layer keeps)."""
+    (all that a recomputed layer keeps). Folded over TP, a TP rank runs the experts on 1/tp of the tokens."""
     h, k = config.hidden_size, config.num_experts_per_tok
     q = config.num_attention_heads * config.head_dim / tensor_parallel
     kv = config.num_key_value_heads * config.head_dim / tensor_parallel
     attention = 2 * h + 3 * q + 3 * kv  # norm input/output, q/k/v before and after RoPE, SDPA output
-    routed = h + k * (2 * h + 3 * config.moe_intermediate_size)  # gathered tokens, gate/up, act, down
+    fold = tensor_parallel if experts_fold_tp else 1
+    # the layer's tokens, the k expert outputs per token weighted, expert inputs, gate/up and activation
+    routed = h + k * h + k * (h + 3 * config.moe_intermediate_size) / fold
     shared = 3 * config.moe_intermediate_size * config.n_shared_experts / tensor_parallel
     moe = attention + routed + shared + 2 * config.n_routed_experts  # fp32 router scores
     dense = attention + h + 3 * config.intermediate_size / tensor_parallel
@@ -208,7 +213,7 @@ def stage_memory(
         chunks, share = in_flight(layout, pp_rank)
         stage_inputs = chunks * micro_batch_tokens * 2 * config.hidden_size * (1 + config.num_nextn_predict_layers)
     state = state_by_group(parameters)
-    act = activation_bytes_per_token(config, layout.tensor_parallel)
+    act = activation_bytes_per_token(config, layout.tensor_parallel, layout.experts_fold_tp)
     layers = dense_layers + moe_layers + mtp
     full = (moe_layers + mtp) * act["moe_layer"] + dense_layers * act["dense_layer"]
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
@@ -224,11 +229,8 @@ def stage_memory(
         for kind in ("weights", "gradients", "optimizer")
     }
     memory["activations"] = full * micro_batch_tokens + logits + documents + stage_inputs
-    units = fsdp_units(config, layout)
-    if pp_rank is not None:
-        ends = {0, layout.num_stages - 1} & mine  # the root unit: the embedding, or the final norm and lm_head
-        units = {u: n for u, n in units.items() if (ends if u == "root" else stage_of(u + ".", ranges, config) in mine)}
-    memory.update(gathered_bytes(units))
+    held = (lambda name: True) if pp_rank is None else (lambda name: stage_of(name, ranges, config) in mine)
+    memory.update(gathered_bytes(fsdp_units(config, layout, held)))
     memory["total"] = sum(memory.values())
     return memory
 
