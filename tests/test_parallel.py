@@ -461,6 +461,40 @@ def test_pipeline_parallel_equals_the_single_process_run(tmp_path, initial_weigh
     assert_same_run(run, single_muon)
 
 
+DEEP = {"num_hidden_layers": 4}  # four stages of one layer each for the schedules with two stages per rank
+
+
+@pytest.fixture(scope="module")
+def deep_weights(tmp_path_factory) -> str:
+    from glm46.hf import save_hf
+    from tests.helpers import random_model, tiny_config
+
+    return str(save_hf(random_model(tiny_config(**DEEP), seed=0), tmp_path_factory.mktemp("deep") / "hf"))
+
+
+@pytest.fixture(scope="module")
+def single_deep(tmp_path_factory, deep_weights):
+    return run_layout(tmp_path_factory.mktemp("single_deep"), "single", init_from=deep_weights, model=DEEP)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, microbatches", [("Interleaved1F1B", 2), ("ZBVZeroBubble", 4), ("DualPipeV", 4)])
+def test_schedules_with_two_stages_per_rank_equal_the_single_process_run(
+    tmp_path, deep_weights, single_deep, schedule, microbatches
+):
+    """Four one-layer stages on two processes, two per rank: looped (Interleaved1F1B: rank 0 runs stages 0 and 2)
+    or V-shaped (ZBVZeroBubble and DualPipeV: rank 0 runs stages 0 and 3, so the embedding and the head share a
+    rank), with the zero-bubble schedules' split of the backward into input and weight gradients."""
+    overrides = [
+        f"parallelism.pipeline_schedule={schedule}",
+        "parallelism.virtual_stages=2",
+        f"parallelism.microbatches={microbatches}",
+    ]
+    run = run_layout(tmp_path, "pp", init_from=deep_weights, devices=2, overrides=overrides, model=DEEP)
+    assert_same_run(run, single_deep)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_pipeline_x_fsdp2_x_expert_parallel_equals_one_process_and_resumes_without_stages(

@@ -101,6 +101,17 @@ def test_the_production_layout_is_the_seeds_tp8_x_pp16_x_ep32(compose_config):
         ),
         ({"pipeline_parallel": 4, "microbatches": 4}, 4, r"model.num_hidden_layers=3 do not split into .* 4 stages"),
         (
+            {
+                "pipeline_parallel": 2,
+                "microbatches": 4,
+                "pipeline_schedule": "ZBVZeroBubble",
+                "virtual_stages": 2,
+                "reshard_after_forward": True,
+            },
+            2,
+            r"reshard_after_forward=true: ZBVZeroBubble takes the weights' gradients after the inputs'",
+        ),
+        (
             {"pipeline_parallel": 2, "microbatches": 2, "layers_per_stage": [2, 2]},
             2,
             r"layers_per_stage=\[2, 2\] must give each of the 2 stages at least one layer and add up to",
@@ -116,6 +127,14 @@ def test_the_production_layout_is_the_seeds_tp8_x_pp16_x_ep32(compose_config):
 def test_mesh_layouts_that_cannot_run_name_their_keys(keys, world, message):
     with pytest.raises(ConfigError, match=message):
         layout_of(world, **{"name": "fsdp2", "engine": "mesh", "data_parallel_shard": -1, **keys})
+
+
+def test_fsdp2_keeps_layers_gathered_under_pipeline_parallelism_unless_told():
+    """torchtitan's default: a stage would gather its layers again for each microbatch."""
+    assert Layout(2, data_parallel_shard=2).reshards_after_forward
+    assert not Layout(4, data_parallel_shard=2, pipeline_parallel=2).reshards_after_forward
+    assert Layout(4, data_parallel_shard=2, pipeline_parallel=2, reshard_after_forward=True).reshards_after_forward
+    assert not Layout(2, data_parallel_shard=2, reshard_after_forward=False).reshards_after_forward
 
 
 def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon(compose_config):

@@ -75,17 +75,20 @@ def chunked_cross_entropy(
     labels: torch.Tensor,
     chunk_size: int = 4096,
     count: torch.Tensor | None = None,
+    keep_logits: bool = True,
 ) -> torch.Tensor:
     """Mean CE of `hidden @ weight.T` against labels over non-ignored tokens.
 
     hidden [..., H], weight [V, H], labels [...] with IGNORE_INDEX for tokens without a target. count: what the
     summed CE is divided by, when these tokens are a part (a pipeline microbatch) of the batch that is averaged over.
+    keep_logits=False recomputes the logits in the backward even for one chunk: needed where the backward runs
+    twice (pipeline schedules that take the weights' gradients in a second pass), as the first overwrites them.
     """
     hidden = hidden.reshape(-1, hidden.shape[-1])
     labels = labels.reshape(-1)
     if count is None:
         count = (labels != IGNORE_INDEX).sum().clamp(min=1)
-    keep_logits = hidden.shape[0] <= chunk_size  # one chunk: recomputing its logits would save nothing
+    keep_logits = keep_logits and hidden.shape[0] <= chunk_size  # one chunk: recomputing would save nothing
     total = sum(
         LinearCrossEntropy.apply(h, weight, y, keep_logits)
         for h, y in zip(hidden.split(chunk_size), labels.split(chunk_size))

@@ -34,6 +34,9 @@ ENGINES = ("single", "ddp", "mesh", "deepspeed")
 MESH_DIMS = ("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp")
 # torch.distributed.pipelining's schedules by name -> stages per rank (None: `virtual_stages`, at least 2)
 PIPELINE_SCHEDULES = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": None, "ZBVZeroBubble": 2, "DualPipeV": 2}
+# Two stages per rank in a V (rank r runs stages r and 2 pp - 1 - r), the backward split into the inputs' gradients
+# and, later, the weights' (zero-bubble)
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 DTYPES = ("bfloat16", "float16", "float32")
 
 
@@ -52,6 +55,7 @@ class Layout:
     virtual_stages: int = 1  # stages per pipeline rank
     microbatches: int = 1  # pipeline microbatches per batch
     layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (pipeline_parallel.py)
+    reshard_after_forward: bool | None = None  # FSDP2's; None: reshards_after_forward decides
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -74,12 +78,21 @@ class Layout:
             virtual_stages=parallelism.get("virtual_stages", 1),
             microbatches=parallelism.get("microbatches", 1),
             layers_per_stage=tuple(split) if split else None,
+            reshard_after_forward=parallelism.get("reshard_after_forward"),
         )
 
     @property
     def data_parallel(self) -> int:
         """Ranks that see different batches: all but the tensor- and pipeline-parallel ones."""
         return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """Whether FSDP2 frees each gathered layer after its forward: as set, else torchtitan's default, yes without
+        pipeline parallelism and no under it (a stage keeps its layers gathered across its microbatches)."""
+        if self.reshard_after_forward is not None:
+            return self.reshard_after_forward
+        return self.pipeline_parallel == 1
 
     @property
     def num_stages(self) -> int:
@@ -257,8 +270,14 @@ def pipeline_problems(parallelism: Any) -> list[tuple[bool, str]]:
             f"Interleaved1F1B (it runs the microbatches in rounds of pp)",
         ),
         (
-            schedule not in ("DualPipeV", "ZBVZeroBubble") or microbatches >= stages,
+            schedule not in V_SCHEDULES or microbatches >= stages,
             f"parallelism.microbatches={microbatches} must be >= the {stages} stages for {schedule}",
+        ),
+        (
+            schedule not in V_SCHEDULES or not parallelism.get("reshard_after_forward"),
+            f"parallelism.reshard_after_forward=true: {schedule} takes the weights' gradients after the inputs', "
+            f"on the gathered weights, which FSDP2 would have freed (measured: those gradients are lost); leave it "
+            f"null or false",
         ),
     ]
 

@@ -179,7 +179,6 @@ def parallelize(
     mesh: DeviceMesh,
     activation_checkpointing: bool = False,
     mixed_precision=None,
-    reshard_after_forward: bool = True,
     stages: list[nn.Module] | None = None,
 ) -> GLM46ForCausalLM:
     """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `stages`: the pipeline
@@ -193,5 +192,5 @@ def parallelize(
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then
     # DTensors, and its checkpoint a DCP folder that Lightning's ModelParallelStrategy loads, as every mesh layout's.
     if layout.data_parallel > 1 or stages:
-        apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, reshard_after_forward, stages)
+        apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, layout.reshards_after_forward, stages)
     return model

@@ -38,7 +38,7 @@ from glm46.modules.decoder import DecoderLayer
 from glm46.modules.loss import IGNORE_INDEX, chunked_cross_entropy, shift_labels
 from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after, run_layers
 
-from .layout import PIPELINE_SCHEDULES, Layout
+from .layout import PIPELINE_SCHEDULES, V_SCHEDULES, Layout
 
 # ---------------------------------------------------------------- which layers each stage holds
 
@@ -100,7 +100,7 @@ def stage_ids(layout: Layout, pp_rank: int) -> list[int]:
     """The stages pipeline rank `pp_rank` runs: one; `virtual_stages` in a loop (rank, rank + pp, ...) for the
     interleaved schedule; two in a V (rank, 2 pp - 1 - rank) for ZBVZeroBubble and DualPipeV."""
     pp = layout.pipeline_parallel
-    if layout.pipeline_schedule in ("ZBVZeroBubble", "DualPipeV"):
+    if layout.pipeline_schedule in V_SCHEDULES:
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + v * pp for v in range(layout.virtual_stages)]
 
@@ -155,6 +155,7 @@ class StageModel(nn.Module):
         self.loss_chunk_size = model.loss_chunk_size
         self.moe_layers = sum(layer.is_moe for layer in self.layers.values()) + len(self.mtp_layers or [])
         self.totals: StepTotals | None = None  # set by Pipeline before each step
+        self.split_backward = False  # set by Pipeline: whether its schedule splits input and weight gradients
         self.reset()
 
     def reset(self) -> None:
@@ -185,7 +186,11 @@ class StageModel(nn.Module):
             balance = self._record(stats, x.shape[0])
             if balance is not None:
                 x = _AttachLoss.apply(x, balance * totals.balance_alpha / totals.accumulation)
-            return (x, *(e.view_as(e) for e in embeds))
+            # A stage's outputs must be tensors of their own: views for the 1F1B family; copies under the schedules
+            # that split the backward, which detach outputs in place once their input gradients are taken (views
+            # refuse): the hidden states' original is then freed, each MTP embedding costs one more copy in flight.
+            own = torch.clone if self.split_backward else lambda t: t.view_as(t)
+            return (own(x) if self.split_backward else x, *(own(e) for e in embeds))
 
         hidden = self.norm(x)
         mtp_hidden, h = [], hidden
@@ -195,13 +200,14 @@ class StageModel(nn.Module):
             mtp_hidden.append(h)
             stats.append(mtp_stats)
         weight = self.lm_head.weight
-        loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size, count=totals.labelled)
+        keep = not self.split_backward
+        loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size, totals.labelled, keep)
         self._add_term(0, loss)
         ids = documents.ids if documents is not None else None
         if mtp_hidden:
             mtp_loss = torch.stack(
                 [
-                    chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size, count=n)
+                    chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size, n, keep)
                     for k, (h, n) in enumerate(zip(mtp_hidden, totals.mtp_labelled), start=1)
                 ]
             ).mean()
@@ -274,6 +280,8 @@ class Pipeline:
             loss_fn=_loss_is_output,
             scale_grads=False,  # each microbatch's loss is already its share of the step's
         )
+        for model in stage_models:
+            model.split_backward = layout.pipeline_schedule in V_SCHEDULES
         self.has_first = ids[0] == 0
         self.stage_ids = ids
         self.config = stage_models[0].config

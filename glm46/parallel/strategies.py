@@ -50,7 +50,6 @@ class MeshParallelStrategy(ModelParallelStrategy):
         layout: Layout,
         activation_checkpointing: bool = False,
         mixed_precision: dict | None = None,
-        reshard_after_forward: bool = True,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
@@ -65,7 +64,6 @@ class MeshParallelStrategy(ModelParallelStrategy):
         self.layout = layout
         self.activation_checkpointing = activation_checkpointing
         self.mixed_precision = dict(mixed_precision) if mixed_precision else None
-        self.reshard_after_forward = reshard_after_forward
         self.stage_models: list[torch.nn.Module] = []  # this rank's pipeline stages (pipeline_parallel > 1)
 
     def setup_environment(self) -> None:
@@ -100,7 +98,6 @@ class MeshParallelStrategy(ModelParallelStrategy):
             self.device_mesh,
             self.activation_checkpointing,
             self.mixed_precision,
-            self.reshard_after_forward,
             self.stage_models,
         )
 

@@ -107,9 +107,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             stages = split_model(model, layout, pp_rank, int(mesh.mesh[pp_rank].min()))
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
-        parallelize(
-            model, layout, mesh, parallelism.activation_checkpointing, policy, parallelism.reshard_after_forward, stages
-        )
+        parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, stages)
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"

@@ -230,20 +230,22 @@ def stage_memory(
     }
     memory["activations"] = full * micro_batch_tokens + logits + documents + stage_inputs
     held = (lambda name: True) if pp_rank is None else (lambda name: stage_of(name, ranges, config) in mine)
-    memory.update(gathered_bytes(fsdp_units(config, layout, held)))
+    memory.update(gathered_bytes(fsdp_units(config, layout, held), layout.reshards_after_forward))
     memory["total"] = sum(memory.values())
     return memory
 
 
-def gathered_bytes(units: dict[str, int]) -> dict[str, float]:
-    """FSDP2's unsharded copies: the root unit stays gathered through the step (bf16, reshard_after_forward off),
-    one more unit at a time besides it (bf16), and the largest unit's gradient before its fp32 reduce-scatter."""
+def gathered_bytes(units: dict[str, int], reshard_after_forward: bool) -> dict[str, float]:
+    """FSDP2's unsharded copies (bf16): the root unit stays gathered through the step (reshard_after_forward off
+    for it), and one more unit at a time besides it, or, without resharding, every unit from its forward to its
+    backward; and the largest unit's gradient before its fp32 reduce-scatter."""
     if not units:
         return {"gathered (FSDP2)": 0, "unsharded gradient (FSDP2)": 0}
-    largest = max((n for unit, n in units.items() if unit != "root"), default=0)
+    layers = [n for unit, n in units.items() if unit != "root"]
+    held = max(layers, default=0) if reshard_after_forward else sum(layers)
     return {
-        "gathered (FSDP2)": 2 * (units.get("root", 0) + largest),
-        "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), largest),
+        "gathered (FSDP2)": 2 * (units.get("root", 0) + held),
+        "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), max(layers, default=0)),
     }
 
 

@@ -34,7 +34,10 @@ class ParallelismConfig:
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
     # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.app.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
-    reshard_after_forward: bool = True  # free the gathered layer after forward (ZeRO-3-like); false: ZeRO-2-like
+    # Free each gathered layer after forward (ZeRO-3-like) or keep it to the backward (ZeRO-2-like). null:
+    # torchtitan's default, true without pipeline parallelism, false under it (the stages would gather their layers
+    # again for every microbatch; the zero-bubble schedules take the weights' gradients on the gathered weights).
+    reshard_after_forward: Optional[bool] = None
     # How long a rank waits in a collective (and at start-up, for the others to join) before it fails: the
     # process-group timeout of every multi-process strategy. 600 s (torch's NCCL default; Lightning passes 30 min)
     # is above the longest wait a healthy run has (every rank writing its checkpoint or hf/ files, DeepSpeed's
