@@ -1,6 +1,7 @@
 """A run continues from its checkpoint under another layout or world size, through `python run.py ... ckpt_path=last`
 in its run directory: fsdp2 on 4 processes -> fsdp2_ep on 2 (DCP resharded, the global batch kept by gradient
-accumulation), and single -> fsdp2 on 2 -> single (one file into shards, a DCP folder read whole). Each
+accumulation), single -> fsdp2 on 2 -> single (one file into shards, a DCP folder read whole), and 2 pipeline
+stages -> fsdp2 on 2 (a checkpoint of stages read without them). Each
 interrupted-and-resharded run trains on exactly the samples of the uninterrupted run, step by step, with its
 losses within 1e-5 relative (fp32, Muon with fp32 Newton-Schulz, AdamW eps 1e-5 as in tests/test_parallel.py).
 Every run starts from the same HF weights (init_from), so the uninterrupted one-process run is the reference of
@@ -49,7 +50,9 @@ class RecordSteps(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.loss += float(outputs["loss"])  # divided by the accumulation: the sum is the step's mean
-        rows = trainer.strategy.all_gather(batch["input_ids"])
+        from glm46.parallel import data_parallel_group
+
+        rows = trainer.strategy.all_gather(batch["input_ids"], group=data_parallel_group(trainer.strategy))
         self.rows += rows.reshape(-1, rows.shape[-1]).tolist()
         if trainer.global_step == self.step:
             return  # inside an accumulation cycle
@@ -179,6 +182,35 @@ def test_single_continues_as_fsdp2_on_2_processes_and_back_with_the_same_samples
     assert_same_optimizer_state(tmp_path / "checkpoints" / "last.ckpt", reference)
     run(tmp_path, record, "data.batch_size=4", "ckpt_path=last", init_from=initial)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+    assert_same_run(record, straight)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_two_pipeline_stages_continue_as_fsdp2_with_the_same_samples_and_losses(tmp_path, initial, straight):
+    """parallelism=pp through run.py: 2 stages on 2 processes, each step's 4 sequences in 2 microbatches, interrupted
+    after step 3 (each stage's DCP shards), continued under fsdp2 on 2 x 2 sequences: one process's run."""
+    record = tmp_path / "steps.jsonl"
+    run(
+        tmp_path,
+        record,
+        "parallelism=pp",
+        "cluster.devices=2",
+        "data.batch_size=4",
+        *interrupted_after(2),
+        init_from=initial,
+    )
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert torch.load(last / "meta.pt", weights_only=False)["layout"]["parallelism"] == "pp"
+    run(
+        tmp_path,
+        record,
+        "parallelism=fsdp2",
+        "cluster.devices=2",
+        "data.batch_size=2",
+        "ckpt_path=last",
+        init_from=initial,
+    )
     assert_same_run(record, straight)
 
 

@@ -25,6 +25,7 @@ MoEAuxLossAutoScaler). The logged terms are summed over the pipeline ranks once 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -300,7 +301,11 @@ class Pipeline:
         run = self.schedule.step if train else self.schedule.eval
         # torch hands `target` to the loss function, which needs none here (the last stage computes the loss from
         # the `labels` keyword every stage receives), but its schedules index it per microbatch: it must be given.
-        run(*args, target=labels, return_outputs=False, position_ids=position_ids, labels=labels)
+        with warnings.catch_warnings():
+            # FSDP2 warns of any view a wrapped module returns, as an in-place op on it would skip its hooks: the
+            # 1F1B family's stages return views (see StageModel.forward) that nothing writes in place.
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStageModel\) returned a view")
+            run(*args, target=labels, return_outputs=False, position_ids=position_ids, labels=labels)
         results = [model.results(self.layout.microbatches) for model in self.models]
         terms = torch.stack([terms for terms, _ in results]).sum(0)
         dist.all_reduce(terms, group=self.group)  # the head's terms live on the last stage, balance on all

@@ -82,7 +82,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
 
     @property
     def data_parallel_group(self) -> torch.distributed.ProcessGroup:
-        """Ranks that see different batches (all but the tensor-parallel dim)."""
+        """Ranks that see different batches (all but the tensor- and pipeline-parallel dims)."""
         return self.device_mesh["dp"].get_group()
 
     def parallelize(self, model: torch.nn.Module) -> torch.nn.Module:
