@@ -63,9 +63,9 @@ def counting(module):
     counted = [0]
     original = module.orthogonalize_batched
 
-    def wrapper(updates, specs):
+    def wrapper(updates, specs, *args):
         counted[0] += sum(spec.flops(tuple(u.shape)) for u, spec in zip(updates, specs))
-        return original(updates, specs)
+        return original(updates, specs, *args)
 
     module.orthogonalize_batched = wrapper
     return counted

@@ -22,6 +22,8 @@ ABLATION_KEYS = {
     "optim.optimizer.ns_steps": {"a": 5},
     "optim.optimizer.ns_dtype": {"a": "bfloat16"},
     "optim.optimizer.update_rms": {"a": 0.2},
+    "optim.ns_batch_bytes": {"a": 1280 * 2**20},  # Newton-Schulz's batch, 1/64 of the H800's 80 GiB
+    "optim.optimizer.ns_batch_bytes": {"a": 1280 * 2**20},
 }
 
 

@@ -141,3 +141,26 @@ def test_a_rank_outside_the_world_is_refused(tmp_path):
 
 if __name__ == "__main__":
     main(json.loads(sys.argv[1]))
+
+
+def test_the_plan_counts_the_newton_schulz_workspace_of_optim_ns_batch_bytes(compose_config):
+    """Sized from the device (1/64 of 80 GiB = 1.25 GiB), bounded by what a rank orthogonalises; a smaller batch
+    shrinks it, AdamW has none."""
+    import torch
+
+    from glm46.app.checks import model_config
+    from glm46.optim.newton_schulz import workspace_bytes
+    from glm46.planning.sizing import composed_plan
+
+    def plan(*overrides):
+        cfg = compose_config("experiment=pretrain_phase1", "cluster=h800_1024n", *overrides)
+        return cfg, composed_plan(cfg, model_config(cfg))[0]["memory"]
+
+    cfg, memory = plan()
+    assert cfg.optim.ns_batch_bytes == cfg.optim.optimizer.ns_batch_bytes == 1280 * 2**20
+    assert 0 < memory["Newton-Schulz workspace"] < workspace_bytes(cfg.optim.ns_batch_bytes, torch.bfloat16)
+    _, small = plan("optim.ns_batch_bytes=16777216")
+    assert small["Newton-Schulz workspace"] == workspace_bytes(2**24, torch.bfloat16)  # 4 x 16 MiB in bf16
+    assert small["total"] < memory["total"]
+    _, adamw = plan("optim=adamw")
+    assert "Newton-Schulz workspace" not in adamw

@@ -154,3 +154,29 @@ def test_batched_newton_schulz_is_bounded_in_bytes_and_equals_one_update_at_a_ti
     assert calls == [(2, 8, 8), (2, 8, 8), (1, 8, 8), (1, 4, 8)]  # 8x8: [0, 1], [2], [3]; then the 4x8
     for update, result in zip(updates, results):
         torch.testing.assert_close(result, orthogonalize(update, 5, torch.float32))
+
+
+def test_muon_takes_its_newton_schulz_batch_from_ns_batch_bytes(monkeypatch):
+    """optim.ns_batch_bytes reaches the batched calls: four 8x8 matrices go in one call by default, in pairs at 512
+    bytes, with the same update either way."""
+    from glm46.optim import newton_schulz
+
+    calls = []
+    original = newton_schulz.orthogonalize_stacks
+
+    def record(stacks, *args):
+        calls.append(sum(len(s) for s in stacks))
+        return original(stacks, *args)
+
+    monkeypatch.setattr(newton_schulz, "orthogonalize_stacks", record)
+    grads = [[torch.randn(8, 8, generator=torch.Generator().manual_seed(i)) for i in range(4)]]
+    results = []
+    for batch_bytes in (newton_schulz.BATCH_BYTES, 512):
+        params = [torch.nn.Parameter(torch.eye(8)) for _ in range(4)]
+        muon = Muon([{"params": params, "use_muon": True}], ns_dtype=torch.float32, ns_batch_bytes=batch_bytes)
+        calls.clear()
+        run_steps(muon, params, grads)
+        results.append((list(calls), [p.detach().clone() for p in params]))
+    assert results[0][0] == [4] and results[1][0] == [2, 2]
+    for a, b in zip(results[0][1], results[1][1]):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

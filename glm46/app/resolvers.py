@@ -99,6 +99,12 @@ def fsdp_policy(precision: str, mixed_precision: DictConfig) -> dict | None:
     return parallel_fsdp_policy(precision, OmegaConf.to_container(mixed_precision))
 
 
+def ns_batch_bytes(memory_gib: float) -> int:
+    """Muon's Newton-Schulz batch for a device of `memory_gib`: 1/64 of it, whole MiB, so that the workspace (up to
+    6x the batch, glm46.optim.newton_schulz.workspace_bytes) stays under a tenth of the device."""
+    return int(memory_gib * 1024 / 64) * 2**20
+
+
 def matmul_dtype(precision: str) -> str:
     """`${matmul_dtype:${trainer.precision}}`: the dtype of Muon's Newton-Schulz iterations: bfloat16 when the run
     computes in bf16 (GLM's recipe on GPUs), float32 otherwise (on a CPU without bf16 units bf16 Newton-Schulz
@@ -127,6 +133,7 @@ def register_resolvers() -> None:
         accumulation,
         fsdp_policy,
         matmul_dtype,
+        ns_batch_bytes,
         job_id,
     ):
         OmegaConf.register_new_resolver(function.__name__, function, replace=True)

@@ -174,7 +174,8 @@ def orthogonalize_updates(
         orthogonal = _orthogonalize_group([updates[i] for i in indices], [specs[i] for i in indices], dims, round_bytes)
         for i, o in zip(indices, orthogonal):
             results[i] = o
-    orthogonal = orthogonalize_batched([local_tensor(updates[i]) for i in in_place], [specs[i] for i in in_place])
+    local = [local_tensor(updates[i]) for i in in_place]
+    orthogonal = orthogonalize_batched(local, [specs[i] for i in in_place], round_bytes)
     for i, o in zip(in_place, orthogonal):
         results[i] = o
     return results

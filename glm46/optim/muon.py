@@ -24,7 +24,7 @@ from torch.optim.adam import adam
 from glm46.parallel.boxes import local_tensor
 
 from .distributed_muon import orthogonalize_updates
-from .newton_schulz import NewtonSchulz
+from .newton_schulz import BATCH_BYTES, NewtonSchulz
 
 
 class Muon(torch.optim.Optimizer):
@@ -40,7 +40,10 @@ class Muon(torch.optim.Optimizer):
         update_rms: float = 0.2,
         betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8,
+        ns_batch_bytes: int = BATCH_BYTES,
     ):
+        """ns_batch_bytes: the most fp32 update bytes one batched Newton-Schulz call (and, sharded, one owner's
+        round) takes; its workspace is up to 6 times that (newton_schulz.workspace_bytes)."""
         if isinstance(ns_dtype, torch.dtype):  # kept as a name: checkpoints (DCP too) take plain values
             ns_dtype = str(ns_dtype).removeprefix("torch.")
         defaults = dict(
@@ -57,6 +60,7 @@ class Muon(torch.optim.Optimizer):
             row_chunks=1,
         )
         super().__init__(params, defaults)
+        self.ns_batch_bytes = ns_batch_bytes
         for group in self.param_groups:
             if group["use_muon"]:
                 bad = [tuple(p.shape) for p in group["params"] if p.ndim not in (2, 3)]
@@ -77,7 +81,7 @@ class Muon(torch.optim.Optimizer):
             elif params:
                 self._adamw_update(params, group)
         specs = [self._newton_schulz(group) for _, group, _ in muon]
-        orthogonal = orthogonalize_updates([update for _, _, update in muon], specs)
+        orthogonal = orthogonalize_updates([update for _, _, update in muon], specs, self.ns_batch_bytes)
         for (p, group, _), o in zip(muon, orthogonal):
             rows, cols = p.shape[-2] // group["row_chunks"], p.shape[-1]
             weights = local_tensor(p)  # a view: writes the parameter's slice

@@ -8,7 +8,7 @@ import torch
 
 COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 EPS = 1e-7
-BATCH_BYTES = 1 << 30  # the most update bytes one batched call takes: its workspace stays a few GiB
+BATCH_BYTES = 1 << 30  # the most update bytes one batched call takes by default (Muon's ns_batch_bytes)
 
 
 def orthogonalize(g: torch.Tensor, steps: int = 5, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
@@ -49,6 +49,14 @@ def newton_schulz_flops(rows: int, cols: int, steps: int = 5) -> int:
     the gram X X^T (2 m^2 n), A @ A (2 m^3) and the product with X (2 m^2 n)."""
     m, n = min(rows, cols), max(rows, cols)
     return steps * (4 * m * m * n + 2 * m**3)
+
+
+def workspace_bytes(batch_bytes: int, dtype: torch.dtype) -> int:
+    """The most memory one batched call holds beside the fp32 updates it reads, for `batch_bytes` of them: the whole
+    matrices an owner rank receives (fp32), the four iteration buffers of orthogonalize_stacks in `dtype` (Gram
+    and polynomial are at most the batch's size), and the result cast back (fp32). 6x the batch in fp32, 4x in bf16."""
+    elements = batch_bytes // 4
+    return 4 * elements + 4 * elements * dtype.itemsize + 4 * elements
 
 
 @dataclass(frozen=True)

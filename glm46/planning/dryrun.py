@@ -43,6 +43,8 @@ from glm46.planning.plan import (
     state_bytes,
 )
 
+# The plan's kinds of memory besides the state the dry run measures itself
+TRANSIENT = ("activations", "gathered", "unsharded", "Newton-Schulz")
 SPLIT_BEFORE_FSDP = ("tp", "ep")  # mesh dims that split a tensor before FSDP2; its all-gather leaves them split
 
 
@@ -171,7 +173,7 @@ def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, la
         + " | "
         + " ".join(f"{v / GIB:9.3f}" for v in planned_total.values())
     )
-    others = {k: v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded"))}
+    others = {k: v for k, v in memory.items() if k.startswith(TRANSIENT)}
     rank_total = sum(total.values()) + sum(others.values())
     lines += [f"{name} (plan): {value / GIB:.2f} GiB" for name, value in others.items()]
     what, nbytes = run.largest_gather
@@ -191,7 +193,7 @@ def check(run: DryRun, memory: dict[str, float], hardware: Hardware) -> None:
             f"dry run, rank {run.rank}: {len(run.problems)} parameter(s) not sharded as planned:\n  "
             + "\n  ".join(run.problems[:20])
         )
-    others = sum(v for k, v in memory.items() if k.startswith(("activations", "gathered", "unsharded")))
+    others = sum(v for k, v in memory.items() if k.startswith(TRANSIENT))
     total = sum(sum(g.values()) for g in run.state.values()) + others
     if total > hardware.memory_gib * GIB * MARGIN:
         raise ConfigError(

@@ -30,6 +30,7 @@ import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
+from glm46.optim.newton_schulz import workspace_bytes
 from glm46.parallel.layout import PIPELINE_SCHEDULES, Layout, largest_shard_shape, parameter_splits
 from glm46.parallel.pipeline_parallel import split_layers, stage_ids
 from glm46.planning.counts import count_parameters, training_flops_per_token
@@ -194,6 +195,8 @@ def stage_memory(
     activation_checkpointing: bool,
     pp_rank: int | None,
     loss_chunk: int = 4096,
+    ns_batch_bytes: int = 0,
+    ns_dtype: torch.dtype = torch.float32,
 ) -> dict[str, float]:
     """Bytes on the most loaded GPU of pipeline rank `pp_rank` (None: no pipeline) by kind (see the module
     docstring), and their total; `micro_batch_tokens` are one (pipeline) micro-batch's."""
@@ -231,6 +234,9 @@ def stage_memory(
     memory["activations"] = full * micro_batch_tokens + logits + documents + stage_inputs
     held = (lambda name: True) if pp_rank is None else (lambda name: stage_of(name, ranges, config) in mine)
     memory.update(gathered_bytes(fsdp_units(config, layout, held), layout.reshards_after_forward))
+    if optimizer == "muon":  # held in the optimizer step, when activations are freed: counted on top, an upper bound
+        muon_bytes = sum(4 * p.shard_numel for p in parameters if p.muon)  # about what the rank orthogonalises
+        memory["Newton-Schulz workspace"] = workspace_bytes(min(ns_batch_bytes, muon_bytes), ns_dtype)
     memory["total"] = sum(memory.values())
     return memory
 
@@ -266,6 +272,8 @@ def plan(
     micro_batch: int,
     optimizer: str,
     activation_checkpointing: bool,
+    ns_batch_bytes: int = 0,
+    ns_dtype: torch.dtype = torch.float32,
 ) -> dict:
     counts = count_parameters(config)
     flops_per_token = training_flops_per_token(config, seq_len)
@@ -275,7 +283,16 @@ def plan(
     pipelined = layout.pipeline_parallel > 1
     tokens_per_micro = micro_batch // (layout.microbatches if pipelined else 1) * seq_len
     by_rank = [  # bytes on each pipeline rank (one entry, the whole model, without pipeline parallelism)
-        stage_memory(config, layout, tokens_per_micro, optimizer, activation_checkpointing, r if pipelined else None)
+        stage_memory(
+            config,
+            layout,
+            tokens_per_micro,
+            optimizer,
+            activation_checkpointing,
+            r if pipelined else None,
+            ns_batch_bytes=ns_batch_bytes,
+            ns_dtype=ns_dtype,
+        )
         for r in range(layout.pipeline_parallel)
     ]
     memory = max(by_rank, key=lambda m: m["total"])  # the most loaded rank's

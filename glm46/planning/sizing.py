@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
@@ -32,6 +33,12 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
     """glm46.planning.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
     optimizer = "muon" if is_muon(cfg.optim.optimizer._target_) else "adamw"
+    newton_schulz = {}
+    if optimizer == "muon":
+        newton_schulz = {
+            "ns_batch_bytes": cfg.optim.ns_batch_bytes,
+            "ns_dtype": getattr(torch, cfg.optim.optimizer.ns_dtype),
+        }
     result = plan(
         config,
         layout,
@@ -41,5 +48,6 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         cfg.data.batch_size,
         optimizer,
         cfg.parallelism.activation_checkpointing,
+        **newton_schulz,
     )
     return result, hardware, layout

@@ -47,6 +47,7 @@ AdamWArgs = target_schema(
 @dataclass
 class MuonOptim:
     lr: float = MISSING  # the peak LR (`optim.lr`), which optimizer.lr refers to
+    ns_batch_bytes: int = MISSING  # Newton-Schulz's batch (`optim.ns_batch_bytes`), which the optimizer's refers to
     optimizer: MuonArgs = field(default_factory=MuonArgs)
 
 
