@@ -66,6 +66,7 @@ def main(spec: dict) -> None:
     from glm46.hf import save_hf
     from glm46.lit import GLM46LitModule
     from glm46.lit.callbacks import ExpertBalancer
+    from glm46.lit.guard import StepGuard
     from glm46.optim import Muon, Piecewise, WarmupCosine
     from glm46.parallel import Layout, build_strategy, data_parallel_group
     from glm46.parallel.layout import model_problems
@@ -96,6 +97,7 @@ def main(spec: dict) -> None:
         mtp_weight=Piecewise(values=[0.3], boundaries=[]),
         empty_init=cfg.parallelism.engine == "mesh",
         init_from=spec["init_from"],
+        guard=StepGuard(warmup_steps=1, max_bad_steps=3) if "nan_gradient_at" in spec else None,
     )
     data = samples(config.vocab_size, 8 * GLOBAL_BATCH)
 
@@ -124,6 +126,15 @@ def main(spec: dict) -> None:
             self.losses.append(float(trainer.strategy.reduce(loss, group=group, reduce_op="mean")))
 
     record = Record()
+
+    class NanGradient(L.Callback):
+        """A NaN in the first gradient this rank holds at step `nan_gradient_at`: the guard must skip the step."""
+
+        def on_after_backward(self, trainer, pl_module):
+            if trainer.global_step == spec["nan_gradient_at"]:
+                grad = next(p.grad for p in pl_module.parameters() if p.grad is not None)
+                (grad.to_local() if hasattr(grad, "to_local") else grad).view(-1)[0] = float("nan")
+
     checkpoints = []
     if spec.get("checkpoint_every"):  # checkpoints every that many steps, in the layout's own format
         from lightning.pytorch.callbacks import ModelCheckpoint
@@ -153,7 +164,7 @@ def main(spec: dict) -> None:
         num_sanity_val_steps=0,
         limit_val_batches=0,
         use_distributed_sampler=False,
-        callbacks=[record, balancer, *checkpoints],
+        callbacks=[record, balancer, *checkpoints, *([NanGradient()] if "nan_gradient_at" in spec else [])],
     )
     trainer.fit(module, datamodule=GlobalBatches(), ckpt_path=spec.get("resume"))
     out = Path(spec["out"])
@@ -182,6 +193,7 @@ def main(spec: dict) -> None:
                 "expert_parallel": expert_parallel,
                 "expert_share": expert_share,  # the share of the experts rank 0 holds
                 "world_size": trainer.world_size,
+                "skipped_steps": module.guard.skipped if module.guard is not None else 0,
             },
             out / "result.pt",
         )
@@ -459,6 +471,17 @@ def test_pipeline_parallel_equals_the_single_process_run(tmp_path, initial_weigh
     overrides = [f"parallelism.pipeline_schedule={schedule}"]
     run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, overrides=overrides)
     assert_same_run(run, single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_step_guard_skips_a_bad_step_on_every_stage_as_in_one_process(tmp_path, initial_weights):
+    """A NaN gradient at step 1 on whichever rank holds the first gradient: the norm over the stages is NaN on both,
+    both skip the step, and the run goes on equal to one process that skipped it too."""
+    single = run_layout(tmp_path / "single", "single", init_from=initial_weights, nan_gradient_at=1)
+    run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, nan_gradient_at=1)
+    assert single["skipped_steps"] == run["skipped_steps"] == 1
+    assert_same_run(run, single)
 
 
 DEEP = {"num_hidden_layers": 4}  # four stages of one layer each for the schedules with two stages per rank

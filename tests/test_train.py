@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -82,6 +83,32 @@ def test_training_run_learns_and_logs_the_design_metrics(trained):
     assert max(lr) <= 3e-3 + 1e-9 and lr[-1] < max(lr), "warm-up then cosine decay"
     for picture in ("loss.png", "expert_load.png"):
         assert (trained / picture).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_pipelined_run_validates_and_logs_every_stages_expert_load(trained, tmp_path):
+    """parallelism=pp on 2 processes through run.py: validation runs through the schedule (val/loss logged), and
+    expert_load.npz records the whole model's MoE layers, each stage's counted where it runs: the same layers and,
+    step for step, the same number of routed tokens as the one-process run."""
+    from .helpers import launcher_env
+
+    result = subprocess.run(
+        [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={tmp_path}", "trainer.max_steps=20"]
+        + ["parallelism=pp", "cluster.devices=2"],
+        cwd=ROOT,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = metrics(tmp_path)
+    assert len(column(rows, "val/loss")) == 2 and column(rows, "train/loss")[-1] < column(rows, "train/loss")[0]
+    pipelined, single = (np.load(run / "expert_load.npz") for run in (tmp_path, trained))
+    assert pipelined["counts"].shape[1:] == single["counts"].shape[1:]  # [records, MoE layers, experts]
+    routed = pipelined["counts"].sum(axis=2)  # per record and layer: every token's top-k choices
+    assert (routed == single["counts"].sum(axis=2)[: len(routed)]).all()
 
 
 @pytest.mark.slow
