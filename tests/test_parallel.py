@@ -121,7 +121,8 @@ def main(spec: dict) -> None:
             self.initial = {name: None if t is None else t.clone() for name, t in full_state_items(pl_module.model)}
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            loss = outputs["loss"].detach().clone()
+            # The step's loss as logged: whole (a sequence-parallel rank returns its tokens' part for the backward)
+            loss = trainer.callback_metrics["train/total_loss"].detach().clone()
             group = data_parallel_group(trainer.strategy)
             self.losses.append(float(trainer.strategy.reduce(loss, group=group, reduce_op="mean")))
 
@@ -347,6 +348,19 @@ def test_expert_parallel_equals_the_single_process_run_and_exports_to_transforme
 def test_tensor_parallel_equals_the_single_process_run(tmp_path, initial_weights, single_muon):
     """Heads, KV heads and MLP features split over 2 ranks that share one batch (tokens counted once)."""
     assert_same_run(run_layout(tmp_path, "tp", init_from=initial_weights, devices=2), single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run(
+    tmp_path, initial_weights, single_muon
+):
+    """TP 2 with the residual stream split over the sequence between the TP regions: each rank runs the norms,
+    router, experts, MTP projection and loss on its 8 of the 16 tokens; equal to one process."""
+    run = run_layout(
+        tmp_path, "tp", init_from=initial_weights, devices=2, overrides=["parallelism.sequence_parallel=true"]
+    )
+    assert_same_run(run, single_muon)
 
 
 @pytest.mark.distributed

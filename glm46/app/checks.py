@@ -372,6 +372,12 @@ def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
             f"data.batch_size={cfg.data.batch_size} must be a multiple of parallelism.microbatches="
             f"{layout.microbatches}: the pipeline splits each rank's batch into that many"
         )
+    seq_len = cfg.data.get("seq_len")
+    if layout.sequence_parallel and isinstance(seq_len, int) and seq_len % layout.tensor_parallel:
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be divisible by parallelism.tensor_parallel={layout.tensor_parallel}: "
+            f"sequence parallelism gives each TP rank an equal part of every row"
+        )
 
 
 def check_cluster(cfg: DictConfig, config: GLM46Config) -> None:

@@ -38,6 +38,7 @@ from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
 from glm46.parallel.pipeline_parallel import step_totals
+from glm46.parallel.sequence_parallel import all_reduce_sequence_local_grads
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
@@ -132,23 +133,29 @@ class GLM46LitModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch) if self.pipeline is None else self.pipelined(batch, train=True)
         mtp_weight = self.mtp_weight(self.recipe_tokens)
-        loss = out.loss
+        loss, whole = out.loss, self._whole
         if out.mtp_loss is not None:
             loss = loss + mtp_weight * out.mtp_loss
-            self.log("train/mtp_loss", out.mtp_loss, prog_bar=True)
+            self.log("train/mtp_loss", whole(out.mtp_loss), prog_bar=True)
         if out.balance_loss is not None:
             loss = loss + self.balance_loss_alpha * out.balance_loss
-            self.log("train/balance_loss", out.balance_loss)
+            self.log("train/balance_loss", whole(out.balance_loss))
         self.latest_expert_counts = None if out.expert_counts is None else out.expert_counts.detach()
-        self._step_loss = self._step_loss.to(loss.device) + loss.detach().float()
+        self._step_loss = self._step_loss.to(loss.device) + whole(loss).float()
         self._step_micro_batches += 1
         self.tokens_seen += batch["input_ids"].numel() * data_parallel_size(self.trainer)  # TP ranks share a batch
-        self.log("train/loss", out.loss, prog_bar=True)
-        self.log("train/total_loss", loss)
+        self.log("train/loss", whole(out.loss), prog_bar=True)
+        self.log("train/total_loss", whole(loss))
         self.log("train/mtp_weight", mtp_weight)
         self.log("train/tokens_seen", float(self.tokens_seen))
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         return loss
+
+    def _whole(self, value: torch.Tensor) -> torch.Tensor:
+        """A loss term as one process has it (detached): under sequence parallelism each TP rank's value is its
+        tokens' part, summed here."""
+        sequence = self.model.model.sequence
+        return value.detach() if sequence is None else sequence.sum(value)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         """Under pipeline parallelism the schedule already ran every microbatch's backward in training_step."""
@@ -175,10 +182,15 @@ class GLM46LitModule(L.LightningModule):
 
         def closure():
             result = optimizer_closure()
-            self._judge_step(optimizer)
+            sequence = self.model.model.sequence
+            if sequence is not None:  # the step's last backward is done: the gradients of the whole sequence
+                folded = self.trainer.strategy.layout.experts_fold_tp
+                all_reduce_sequence_local_grads(self.model, sequence.group, folded)
+            if self.guard is not None:
+                self._judge_step(optimizer)
             return result
 
-        optimizer.step(closure=closure if self.guard is not None else optimizer_closure)
+        optimizer.step(closure=closure)
         if self.pipeline is not None:
             optimizer.zero_grad(set_to_none=True)
 
@@ -230,7 +242,8 @@ class GLM46LitModule(L.LightningModule):
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        self.val_loss.update(self(batch).loss if self.pipeline is None else self.pipelined(batch, train=False).loss)
+        out = self(batch) if self.pipeline is None else self.pipelined(batch, train=False)
+        self.val_loss.update(self._whole(out.loss))
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()

@@ -18,7 +18,7 @@ from .decoder import DecoderLayer
 from .experts import GroupedExperts
 from .generation import KVCache, sample_next_token
 from .layers import RMSNorm, RotaryEmbedding
-from .loss import chunk_tokens, chunked_cross_entropy, shift_labels
+from .loss import IGNORE_INDEX, chunk_tokens, chunked_cross_entropy, shift_labels
 from .mtp import MTPLayer
 from .router import TopkRouter
 
@@ -101,6 +101,9 @@ class GLM46Model(nn.Module):
         self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i) for i in range(config.num_hidden_layers)})
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
+        # Sequence parallelism (glm46.parallel.sequence_parallel.SequenceShards, set by the parallel code): between
+        # the tensor-parallel regions each rank keeps its part of the sequence; None: every token here.
+        self.sequence = None
 
     def forward(
         self,
@@ -109,10 +112,13 @@ class GLM46Model(nn.Module):
         cache: KVCache | None = None,
         documents: Documents | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden], routing stats per MoE layer.
+        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden] (this rank's part of T under
+        sequence parallelism), routing stats per MoE layer.
         documents: `Documents.from_positions(position_ids)` for rows of packed documents, else None."""
         h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(position_ids, h.dtype)
+        cos, sin = self.rotary_emb(position_ids, h.dtype)  # of every position: attention sees the whole sequence
+        if self.sequence is not None:
+            h = self.sequence.scatter(h)
         h, stats = run_layers(self.layers.values(), h, cos, sin, cache, documents)
         if cache is not None:
             cache.advance(input_ids.shape[1])
@@ -155,6 +161,7 @@ class GLM46ForCausalLM(nn.Module):
             position_ids = positions_after(cache, input_ids)
         documents = Documents.from_positions(position_ids) if packed else None
         hidden, stats = self.model(input_ids, position_ids, cache, documents)
+        sequence = self.model.sequence
 
         mtp_hidden = []
         if cache is None:
@@ -163,6 +170,7 @@ class GLM46ForCausalLM(nn.Module):
                 # Token i+k at position i; the last k positions wrap around and have no target, nor (packed rows) the
                 # positions whose token i+k+1 is in the next document: shift_labels drops both.
                 embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
+                embeds = embeds if sequence is None else sequence.scatter(embeds)
                 cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
                 h, mtp_stats = mtp(h, embeds, cos, sin, documents)
                 mtp_hidden.append(h)
@@ -173,19 +181,25 @@ class GLM46ForCausalLM(nn.Module):
             out.expert_counts = torch.stack([s.counts for s in stats])
             out.balance_loss = torch.stack([s.balance_loss for s in stats]).sum()
         if labels is None:
+            if sequence is not None:
+                hidden, mtp_hidden = sequence.gather(hidden), [sequence.gather(h) for h in mtp_hidden]
             out.logits = self.lm_head(hidden)
             out.mtp_logits = [self.lm_head(h) for h in mtp_hidden]
             return out
-        weight = self.lm_head.weight
-        out.loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size)
+        out.loss = self._loss(hidden, labels)
         if mtp_hidden:
             ids = documents.ids if documents is not None else None
-            mtp_losses = [
-                chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size)
-                for k, h in enumerate(mtp_hidden, start=1)
-            ]
+            mtp_losses = [self._loss(h, shift_labels(labels, k, ids)) for k, h in enumerate(mtp_hidden, start=1)]
             out.mtp_loss = torch.stack(mtp_losses).mean()
         return out
+
+    def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean CE over the labelled tokens; under sequence parallelism this rank's tokens' part of it."""
+        sequence = self.model.sequence
+        if sequence is None:
+            return chunked_cross_entropy(hidden, self.lm_head.weight, labels, self.loss_chunk_size)
+        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        return chunked_cross_entropy(hidden, self.lm_head.weight, sequence.local(labels), self.loss_chunk_size, count)
 
     @torch.no_grad()
     def generate(

@@ -56,6 +56,7 @@ class Layout:
     microbatches: int = 1  # pipeline microbatches per batch
     layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (pipeline_parallel.py)
     reshard_after_forward: bool | None = None  # FSDP2's; None: reshards_after_forward decides
+    sequence_parallel: bool = False  # with TP (glm46.parallel.sequence_parallel)
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -79,6 +80,7 @@ class Layout:
             microbatches=parallelism.get("microbatches", 1),
             layers_per_stage=tuple(split) if split else None,
             reshard_after_forward=parallelism.get("reshard_after_forward"),
+            sequence_parallel=parallelism.get("sequence_parallel", False),
         )
 
     @property
@@ -178,6 +180,12 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
         (
             not parallelism.activation_checkpointing or engine == "mesh",
             f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
+        ),
+        (
+            not parallelism.get("sequence_parallel") or (engine == "mesh" and tp > 1 and pp == 1),
+            f"parallelism.sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs "
+            f"engine=mesh with tensor_parallel > 1 (here {tp}), and runs without pipeline stages for now "
+            f"(pipeline_parallel={pp})",
         ),
         (
             engine != "single" or world_size == 1,

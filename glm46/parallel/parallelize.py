@@ -23,6 +23,7 @@ from glm46.modules.model import GLM46ForCausalLM
 from .expert_dispatch import ExpertDispatch
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
+from .sequence_parallel import SequenceShards
 
 
 def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
@@ -61,17 +62,40 @@ class HeadParallelRMSNorm(RMSNorm):
         return _AllReduceGrad.apply(self.weight, self.group) * x.to(dtype)
 
 
-def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
-    """Megatron-style TP without sequence parallelism: q/k/v and gate/up column-parallel (heads and
+def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
+    """Megatron-style TP: q/k/v and gate/up column-parallel (heads and
     intermediate features split), o_proj and down_proj row-parallel (outputs all-reduced). Dense MLPs
     and the shared experts are split; the router, norms, embedding and lm_head stay replicated (every TP rank
     sees the same tokens), and so do the routed experts unless expert parallelism folds them over TP
     (shard_experts). The QK norms see only their rank's heads, so
-    their weight gradients are summed over the TP ranks (HeadParallelRMSNorm)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    their weight gradients are summed over the TP ranks (HeadParallelRMSNorm).
+
+    With `sequence_parallel` the regions take the sequence split over the TP ranks and give it back split
+    (glm46.parallel.sequence_parallel): inputs all-gathered, row-parallel outputs reduce-scattered over the tokens
+    (dim 1 of [B, T, hidden]; dim 0 of the shared experts' [B x T, hidden])."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        parallelize_module,
+    )
 
     tp = tp_mesh.size()
-    mlp_plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": RowwiseParallel()}
+    shards = SequenceShards(tp_mesh.get_group()) if sequence_parallel else None
+
+    def row_parallel(dim: int) -> RowwiseParallel:
+        return RowwiseParallel(output_layouts=Shard(dim)) if shards else RowwiseParallel()
+
+    def gathered(module: nn.Module, dim: int, arguments: int = 1) -> None:
+        """The module's first input all-gathered over the tokens (`dim`), its other inputs as they are."""
+        layouts = (Shard(dim),) + (None,) * (arguments - 1)
+        wanted = (Replicate(),) + (None,) * (arguments - 1)
+        style = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=wanted, use_local_output=False)
+        parallelize_module(module, tp_mesh, style)
+
+    if shards:
+        model.model.sequence = shards
     for layer in decoder_layers(model):
         attention = layer.self_attn
         parallelize_module(
@@ -81,7 +105,7 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
                 "q_proj": ColwiseParallel(),
                 "k_proj": ColwiseParallel(),
                 "v_proj": ColwiseParallel(),
-                "o_proj": RowwiseParallel(),
+                "o_proj": row_parallel(1),
             },
         )
         attention.num_heads //= tp  # the heads of this rank: q/k/v outputs are local column slices
@@ -90,18 +114,27 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh) -> None:
             attention.q_norm = HeadParallelRMSNorm(attention.q_norm, tp_mesh.get_group())
             attention.k_norm = HeadParallelRMSNorm(attention.k_norm, tp_mesh.get_group())
         mlp = layer.mlp.shared_experts if layer.is_moe else layer.mlp
+        token_dim = 0 if layer.is_moe else 1  # the MoE runs its shared experts on [B x T, hidden]
         if mlp is not None:
-            parallelize_module(mlp, tp_mesh, mlp_plan)
+            plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": row_parallel(token_dim)}
+            parallelize_module(mlp, tp_mesh, plan)
+        if shards:
+            gathered(attention, 1, arguments=5)  # (x, cos, sin, cache, documents)
+            if mlp is not None:
+                gathered(mlp, token_dim)
+            if layer.is_moe:
+                layer.mlp.sequence = shards
 
 
-def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh, tp_mesh: DeviceMesh | None = None) -> None:
+def shard_experts(
+    model: GLM46ForCausalLM, ep_mesh: DeviceMesh, data_parallel_span: int, tp_mesh: DeviceMesh | None = None
+) -> None:
     """Each ep rank keeps E / ep consecutive experts (a DTensor Shard(0) over `ep`) and exchanges tokens
-    with its ep group; with `tp_mesh` (the groups fold over TP) each TP rank sends 1/tp of its group's common
-    tokens. An expert's gradient then sums the loss gradients of all tokens of the dp-ranks its ep group spans
-    (ep, or ep / tp folded): the factor 1 / that here, with FSDP's mean over the ranks holding the same experts,
-    makes it the mean over all data-parallel ranks, as for every other weight."""
-    tp = tp_mesh.size() if tp_mesh is not None else 1
-    ep_dp = ep_mesh.size() // tp
+    with its ep group; with `tp_mesh` (the groups fold over TP, without sequence parallelism) each TP rank sends 1/tp
+    of its group's common tokens. An expert's gradient then sums the loss gradients of all tokens of the
+    `data_parallel_span` data-parallel ranks its ep group spans (Layout.expert_parallel_dp): the factor 1 / that
+    here, with FSDP's mean over the ranks holding the same experts, makes it the mean over all data-parallel ranks,
+    as for every other weight."""
     for layer in decoder_layers(model):
         if not layer.is_moe:
             continue
@@ -111,7 +144,7 @@ def shard_experts(model: GLM46ForCausalLM, ep_mesh: DeviceMesh, tp_mesh: DeviceM
             sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
             setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
         tp_group = tp_mesh.get_group() if tp_mesh is not None else None
-        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), grad_scale=1.0 / ep_dp, tp_group=tp_group)
+        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), 1.0 / data_parallel_span, tp_group)
 
 
 def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
@@ -184,9 +217,10 @@ def parallelize(
     """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `stages`: the pipeline
     stages of this rank, when the model was split (their modules are the model's)."""
     if layout.tensor_parallel > 1:
-        apply_tensor_parallel(model, mesh["tp"])
-    if layout.expert_parallel > 1:
-        shard_experts(model, mesh["ep"], mesh["tp"] if layout.experts_fold_tp else None)
+        apply_tensor_parallel(model, mesh["tp"], layout.sequence_parallel)
+    if layout.expert_parallel > 1:  # folded over TP without sequence parallelism, the TP ranks split their tokens
+        split_tokens = layout.experts_fold_tp and not layout.sequence_parallel
+        shard_experts(model, mesh["ep"], layout.expert_parallel_dp, mesh["tp"] if split_tokens else None)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then

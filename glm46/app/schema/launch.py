@@ -25,6 +25,7 @@ class ParallelismConfig:
     strategy: Any = "auto"  # the Lightning strategy (a `_target_` node, or a Lightning name)
     data_parallel_shard: int = 1  # FSDP shard degree among data-parallel ranks; -1: all of them
     tensor_parallel: int = 1  # world size = data-parallel ranks x tensor_parallel
+    sequence_parallel: bool = False  # with TP: the residual stream split over the sequence between TP regions
     expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
     pipeline_parallel: int = 1  # stages the decoder is split into (torch.distributed.pipelining, engine=mesh)
     pipeline_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble | DualPipeV | GPipe
