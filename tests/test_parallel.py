@@ -45,18 +45,20 @@ def compose_layout(layout: str, overrides: list[str]):
         return compose(config_name="config", overrides=[f"parallelism={layout}", *overrides])
 
 
-def samples(vocab_size: int, count: int) -> list[dict[str, torch.Tensor]]:
+def samples(vocab_size: int, count: int, packed: bool = False) -> list[dict[str, torch.Tensor]]:
+    """Rows of one document; `packed`: of two, split at 3 to 11 (so across a sequence-parallel split of 16 into
+    2 x 8, or not), positions restarting at the second and no target for the first's last token."""
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, vocab_size, (count, SEQ_LEN + 1), generator=generator)
-    return [
-        {
-            "input_ids": t[:-1],
-            "labels": t[1:],
-            "position_ids": torch.arange(SEQ_LEN),
-            "loss_mask": torch.ones(SEQ_LEN, dtype=torch.long),
-        }
-        for t in tokens
-    ]
+    rows = []
+    for i, t in enumerate(tokens):
+        positions, mask = torch.arange(SEQ_LEN), torch.ones(SEQ_LEN, dtype=torch.long)
+        if packed:
+            split = 3 + i % 9
+            positions = torch.cat([torch.arange(split), torch.arange(SEQ_LEN - split)])
+            mask[split - 1] = 0
+        rows.append({"input_ids": t[:-1], "labels": t[1:], "position_ids": positions, "loss_mask": mask})
+    return rows
 
 
 def main(spec: dict) -> None:
@@ -99,7 +101,7 @@ def main(spec: dict) -> None:
         init_from=spec["init_from"],
         guard=StepGuard(warmup_steps=1, max_bad_steps=3) if "nan_gradient_at" in spec else None,
     )
-    data = samples(config.vocab_size, 8 * GLOBAL_BATCH)
+    data = samples(config.vocab_size, 8 * GLOBAL_BATCH, spec.get("packed", False))
 
     class GlobalBatches(L.LightningDataModule):
         """Step s of the run takes global samples [s * G, (s + 1) * G); data-parallel rank r of D the r-th
@@ -350,17 +352,24 @@ def test_tensor_parallel_equals_the_single_process_run(tmp_path, initial_weights
     assert_same_run(run_layout(tmp_path, "tp", init_from=initial_weights, devices=2), single_muon)
 
 
+@pytest.fixture(scope="module")
+def single_packed(tmp_path_factory, initial_weights):
+    return run_layout(tmp_path_factory.mktemp("single_packed"), "single", init_from=initial_weights, packed=True)
+
+
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.parametrize("expert_parallel", [1, 2])
 def test_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run(
-    tmp_path, initial_weights, single_muon
+    tmp_path, initial_weights, single_packed, expert_parallel
 ):
-    """TP 2 with the residual stream split over the sequence between the TP regions: each rank runs the norms,
-    router, experts, MTP projection and loss on its 8 of the 16 tokens; equal to one process."""
-    run = run_layout(
-        tmp_path, "tp", init_from=initial_weights, devices=2, overrides=["parallelism.sequence_parallel=true"]
-    )
-    assert_same_run(run, single_muon)
+    """TP 2 with the residual stream split over the sequence between the TP regions, on rows of two documents with
+    MTP: each rank runs the norms, router, experts, MTP projection and loss on its 8 of the 16 tokens; at EP 2 (4
+    processes) the experts fold over TP and each rank sends its own tokens. Equal to one process."""
+    overrides = ["parallelism.sequence_parallel=true", f"parallelism.expert_parallel={expert_parallel}"]
+    devices = 2 * expert_parallel
+    run = run_layout(tmp_path, "tp", init_from=initial_weights, devices=devices, packed=True, overrides=overrides)
+    assert_same_run(run, single_packed)
 
 
 @pytest.mark.distributed
