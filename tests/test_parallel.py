@@ -409,8 +409,9 @@ def test_production_layout_tp2_x_ep_x_fsdp2_equals_the_single_process_run(
     """conf/parallelism/production.yaml (TP x EP x FSDP2, activation checkpointing) at TP 2 on 4 ranks, without its
     pipeline stages (the pipeline tests below cover them). The ep groups fold over TP, so each rank holds a quarter
     of the experts, not the half it would with experts replicated on TP: at EP 2 half of them by EP over its TP
-    pair and FSDP2 over the 2 data-parallel ranks, at EP 4 a quarter by EP over all 4 ranks. Each TP rank routes
-    half of the pair's tokens."""
+    pair and FSDP2 over the 2 data-parallel ranks (with the layout's sequence parallelism: each TP rank routes its
+    own tokens), at EP 4 a quarter by EP over all 4 ranks (without: each TP rank routes half of the pair's common
+    tokens)."""
     run = run_layout(
         tmp_path,
         "production",
@@ -424,6 +425,7 @@ def test_production_layout_tp2_x_ep_x_fsdp2_equals_the_single_process_run(
             "parallelism.pipeline_schedule=1F1B",
             "parallelism.virtual_stages=1",
             "parallelism.microbatches=1",
+            f"parallelism.sequence_parallel={expert_parallel == 2}",  # at EP 4 the TP ranks split their tokens
         ],
     )
     assert run["expert_parallel"] == expert_parallel and run["expert_share"] == 1 / 4
@@ -521,6 +523,19 @@ def deep_weights(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def single_deep(tmp_path_factory, deep_weights):
     return run_layout(tmp_path_factory.mktemp("single_deep"), "single", init_from=deep_weights, model=DEEP)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_pipeline_x_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run(
+    tmp_path, tmp_path_factory, deep_weights
+):
+    """2 stages x TP 2 with sequence parallelism (4 processes) on rows of two documents: the stages send each TP
+    rank's half of the sequence (and of the MTP embeddings), the loss terms are summed over stages and TP ranks."""
+    single = run_layout(tmp_path / "single", "single", init_from=deep_weights, model=DEEP, packed=True)
+    overrides = ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]
+    run = run_layout(tmp_path, "pp", init_from=deep_weights, devices=4, model=DEEP, packed=True, overrides=overrides)
+    assert_same_run(run, single)
 
 
 @pytest.mark.distributed

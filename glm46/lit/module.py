@@ -153,9 +153,9 @@ class GLM46LitModule(L.LightningModule):
 
     def _whole(self, value: torch.Tensor) -> torch.Tensor:
         """A loss term as one process has it (detached): under sequence parallelism each TP rank's value is its
-        tokens' part, summed here."""
+        tokens' part, summed here (the pipeline's terms are summed already)."""
         sequence = self.model.model.sequence
-        return value.detach() if sequence is None else sequence.sum(value)
+        return value.detach() if sequence is None or self.pipeline is not None else sequence.sum(value)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         """Under pipeline parallelism the schedule already ran every microbatch's backward in training_step."""

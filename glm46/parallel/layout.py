@@ -182,10 +182,9 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
         ),
         (
-            not parallelism.get("sequence_parallel") or (engine == "mesh" and tp > 1 and pp == 1),
+            not parallelism.get("sequence_parallel") or (engine == "mesh" and tp > 1),
             f"parallelism.sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs "
-            f"engine=mesh with tensor_parallel > 1 (here {tp}), and runs without pipeline stages for now "
-            f"(pipeline_parallel={pp})",
+            f"engine=mesh with tensor_parallel > 1 (here {tp})",
         ),
         (
             engine != "single" or world_size == 1,

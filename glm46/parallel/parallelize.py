@@ -218,6 +218,8 @@ def parallelize(
     stages of this rank, when the model was split (their modules are the model's)."""
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sequence_parallel)
+        for stage in stages or []:
+            stage.sequence = model.model.sequence
     if layout.expert_parallel > 1:  # folded over TP without sequence parallelism, the TP ranks split their tokens
         split_tokens = layout.experts_fold_tp and not layout.sequence_parallel
         shard_experts(model, mesh["ep"], layout.expert_parallel_dp, mesh["tp"] if split_tokens else None)

@@ -157,6 +157,7 @@ class StageModel(nn.Module):
         self.moe_layers = sum(layer.is_moe for layer in self.layers.values()) + len(self.mtp_layers or [])
         self.totals: StepTotals | None = None  # set by Pipeline before each step
         self.split_backward = False  # set by Pipeline: whether its schedule splits input and weight gradients
+        self.sequence = None  # sequence parallelism's SequenceShards, set by glm46.parallel.parallelize
         self.reset()
 
     def reset(self) -> None:
@@ -181,6 +182,8 @@ class StageModel(nn.Module):
             x = self.embed_tokens(input_ids)
             depths = range(1, self.config.num_nextn_predict_layers + 1)
             embeds = tuple(self.embed_tokens(input_ids.roll(-k, dims=1)) for k in depths)
+            if self.sequence is not None:  # the stages send this rank's part of the sequence
+                x, embeds = self.sequence.scatter(x), tuple(self.sequence.scatter(e) for e in embeds)
         cos, sin = self.rotary_emb(position_ids, x.dtype)
         x, stats = run_layers(self.layers.values(), x, cos, sin, None, documents)
         if self.norm is None:
@@ -202,13 +205,14 @@ class StageModel(nn.Module):
             stats.append(mtp_stats)
         weight = self.lm_head.weight
         keep = not self.split_backward
-        loss = chunked_cross_entropy(hidden, weight, labels, self.loss_chunk_size, totals.labelled, keep)
+        local = (lambda t: t) if self.sequence is None else self.sequence.local  # this rank's tokens' targets
+        loss = chunked_cross_entropy(hidden, weight, local(labels), self.loss_chunk_size, totals.labelled, keep)
         self._add_term(0, loss)
         ids = documents.ids if documents is not None else None
         if mtp_hidden:
             mtp_loss = torch.stack(
                 [
-                    chunked_cross_entropy(h, weight, shift_labels(labels, k, ids), self.loss_chunk_size, n, keep)
+                    chunked_cross_entropy(h, weight, local(shift_labels(labels, k, ids)), self.loss_chunk_size, n, keep)
                     for k, (h, n) in enumerate(zip(mtp_hidden, totals.mtp_labelled), start=1)
                 ]
             ).mean()
@@ -309,6 +313,8 @@ class Pipeline:
         results = [model.results(self.layout.microbatches) for model in self.models]
         terms = torch.stack([terms for terms, _ in results]).sum(0)
         dist.all_reduce(terms, group=self.group)  # the head's terms live on the last stage, balance on all
+        if self.models[0].sequence is not None:  # and each is a part per TP rank under sequence parallelism
+            terms = self.models[0].sequence.sum(terms)
         counts = [counts for _, counts in results if counts is not None]
         out = CausalLMOutput(loss=terms[0], expert_counts=torch.cat(counts) if counts else None)
         if self.config.num_nextn_predict_layers:

@@ -148,20 +148,24 @@ def fsdp_units(config: GLM46Config, layout: Layout, held: Callable[[str], bool] 
     return units
 
 
-def activation_bytes_per_token(config: GLM46Config, tensor_parallel: int, experts_fold_tp: bool) -> dict[str, float]:
-    """bf16 bytes saved for backward per token: one MoE layer, one dense layer, and one layer's input
-    (all that a recomputed layer keeps). Folded over TP, a TP rank runs the experts on 1/tp of the tokens."""
-    h, k = config.hidden_size, config.num_experts_per_tok
-    q = config.num_attention_heads * config.head_dim / tensor_parallel
-    kv = config.num_key_value_heads * config.head_dim / tensor_parallel
-    attention = 2 * h + 3 * q + 3 * kv  # norm input/output, q/k/v before and after RoPE, SDPA output
-    fold = tensor_parallel if experts_fold_tp else 1
-    # the layer's tokens, the k expert outputs per token weighted, expert inputs, gate/up and activation
-    routed = h + k * h + k * (h + 3 * config.moe_intermediate_size) / fold
-    shared = 3 * config.moe_intermediate_size * config.n_shared_experts / tensor_parallel
-    moe = attention + routed + shared + 2 * config.n_routed_experts  # fp32 router scores
-    dense = attention + h + 3 * config.intermediate_size / tensor_parallel
-    return {"moe_layer": 2 * moe, "dense_layer": 2 * dense, "layer_input": 2 * h}
+def activation_bytes_per_token(layout: Layout, config: GLM46Config) -> dict[str, float]:
+    """bf16 bytes saved for backward per token of the sequence on one TP rank: one MoE layer, one dense layer, and
+    one layer's input (all that a recomputed layer keeps). Folded over TP, a TP rank runs the experts on 1/tp of the
+    tokens; with sequence parallelism everything outside the TP regions holds 1/tp of the tokens, and the regions
+    keep their all-gathered input."""
+    tp, h, k = layout.tensor_parallel, config.hidden_size, config.num_experts_per_tok
+    seq = tp if layout.sequence_parallel else 1  # the TP ranks a token's activations outside the regions split over
+    gathered = h if seq > 1 else 0  # a TP region's input, all-gathered, saved by its column-parallel weights
+    q = config.num_attention_heads * config.head_dim / tp
+    kv = config.num_key_value_heads * config.head_dim / tp
+    attention = 2 * h / seq + gathered + 3 * q + 3 * kv  # norm input/output, q/k/v before and after RoPE, SDPA out
+    fold = tp if layout.experts_fold_tp or seq > 1 else 1
+    # the layer's tokens and the k expert outputs per token weighted, then expert inputs, gate/up and activation
+    routed = (h + k * h) / seq + k * (h + 3 * config.moe_intermediate_size) / fold
+    shared = gathered + 3 * config.moe_intermediate_size * config.n_shared_experts / tp
+    moe = attention + routed + shared + 2 * config.n_routed_experts / seq  # fp32 router scores
+    dense = attention + h + 3 * config.intermediate_size / tp
+    return {"moe_layer": 2 * moe, "dense_layer": 2 * dense, "layer_input": 2 * h / seq}
 
 
 def stage_of(name: str, ranges: list[range], config: GLM46Config) -> int:
@@ -216,14 +220,15 @@ def stage_memory(
         chunks, share = in_flight(layout, pp_rank)
         stage_inputs = chunks * micro_batch_tokens * 2 * config.hidden_size * (1 + config.num_nextn_predict_layers)
     state = state_by_group(parameters)
-    act = activation_bytes_per_token(config, layout.tensor_parallel, layout.experts_fold_tp)
+    act = activation_bytes_per_token(layout, config)
     layers = dense_layers + moe_layers + mtp
     full = (moe_layers + mtp) * act["moe_layer"] + dense_layers * act["dense_layer"]
     if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
         full = chunks * layers * act["layer_input"] * share + max(act["moe_layer"], act["dense_layer"])
     else:
         full = chunks * full * share
-    logits = min(micro_batch_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4) if head else 0  # bf16, fp32 x 2
+    local_tokens = micro_batch_tokens // (layout.tensor_parallel if layout.sequence_parallel else 1)
+    logits = min(local_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4) if head else 0  # bf16, fp32 x 2
     # What is left of the document mask of packed rows: one int64 document number per token (Documents.ids),
     # kept through the step; per-document attention needs no [T, T] mask (glm46.modules.attention).
     documents = 8 * micro_batch_tokens * chunks
