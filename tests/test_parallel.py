@@ -527,9 +527,7 @@ def single_deep(tmp_path_factory, deep_weights):
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_pipeline_x_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run(
-    tmp_path, tmp_path_factory, deep_weights
-):
+def test_pipeline_x_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run(tmp_path, deep_weights):
     """2 stages x TP 2 with sequence parallelism (4 processes) on rows of two documents: the stages send each TP
     rank's half of the sequence (and of the MTP embeddings), the loss terms are summed over stages and TP ranks."""
     single = run_layout(tmp_path / "single", "single", init_from=deep_weights, model=DEEP, packed=True)
