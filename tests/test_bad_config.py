@@ -130,6 +130,11 @@ TABLE = [
      ["parallelism.pipeline_parallel=2"], VALIDATE, [r"pipeline_parallel=2 needs engine=mesh .*engine=deepspeed"]),
     ("pipeline-batch-not-splitting", [*TINY, "parallelism=pp", "cluster.devices=2"],
      ["data.batch_size=3"], VALIDATE, [r"data\.batch_size=3 must be a multiple of parallelism\.microbatches=2"]),
+    ("sequence-parallel-without-tp", TINY, ["parallelism.sequence_parallel=true"], VALIDATE,
+     [r"parallelism\.sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs "
+      r"engine=mesh with tensor_parallel > 1 \(here 1\)"]),
+    ("sequence-not-splitting", [*TINY, "parallelism=tp", "cluster.devices=2", "parallelism.sequence_parallel=true"],
+     ["data.seq_len=63"], VALIDATE, [r"data\.seq_len=63 must be divisible by parallelism\.tensor_parallel=2"]),
     ("muon-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw"], ["optim=muon"], VALIDATE,
      [r"optim\.optimizer=glm46\.optim\.Muon with parallelism\.engine=deepspeed"]),
     ("slurm-without-partition", ["cluster=local_slurm"], ["cluster.partition=null"], VALIDATE,
