@@ -2,7 +2,8 @@
 
 Sizes (the `parallelism` config group's keys):
 - `tensor_parallel` (tp): attention heads, KV heads and dense/shared MLPs split over tp ranks
-  (Megatron column/row parallel through torch's `parallelize_module`);
+  (Megatron column/row parallel through torch's `parallelize_module`); with `sequence_parallel` the residual stream
+  between them is split over the sequence (glm46.parallel.sequence_parallel);
 - data parallelism takes the rest: dp = world_size / tp ranks see different batches;
   `data_parallel_shard` of them shard parameters, gradients and optimizer state (FSDP2), and the
   dp / data_parallel_shard shard groups replicate each other (HSDP; 1 = replicate only, DDP-like);
