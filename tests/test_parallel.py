@@ -182,7 +182,8 @@ def main(spec: dict) -> None:
     experts = [*module.model.model.layers.values()][-1].mlp.experts
     expert_parallel = 1 if experts.dispatch is None else torch.distributed.get_world_size(experts.dispatch.group)
     weight = experts.gate_up_proj
-    expert_share = (weight.to_local().numel() if hasattr(weight, "to_local") else weight.numel()) / weight.numel()
+    # DeepSpeed's ZeRO-3 parameters are empty placeholders (numel 0) outside its gathering contexts: not counted
+    expert_share = weight.to_local().numel() / weight.numel() if hasattr(weight, "to_local") else None
     if spec.get("hf"):
         save_hf(module.model, out / "hf")  # every rank; rank 0 writes
     if is_writer():
