@@ -21,19 +21,16 @@ this machine's cores, so wall time is best read on a machine with a core per ran
 from __future__ import annotations
 
 import argparse
-import os
-import socket
 import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.timing import timed  # noqa: E402
+from bench.timing import spawn_on_gloo, timed  # noqa: E402
 
 WORLD = 4
 LAYOUTS = {"fsdp2": (1, 1, 4), "fsdp2_ep": (1, 2, 4), "tp_ep_fsdp2": (2, 2, 2)}  # (tp, ep, data_parallel_shard)
@@ -146,12 +143,7 @@ def main() -> None:
     parser.add_argument("--layouts", nargs="+", default=["fsdp2", "fsdp2_ep"], choices=list(LAYOUTS))
     parser.add_argument("--hidden", type=int, default=768)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = mp.Manager().dict()
-    mp.spawn(worker, args=(port, args.layouts, args.hidden, results), nprocs=WORLD)
+    results = spawn_on_gloo(worker, args.layouts, args.hidden, processes=WORLD)
 
     single_flops, single_wall = results[args.layouts[0]][0]["single"]
     print(f"Newton-Schulz on {WORLD} gloo processes, hidden {args.hidden}, fp32, 5 steps; slowest rank:")

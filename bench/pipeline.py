@@ -4,7 +4,7 @@ schedule's formula, and tokens/s against the same model and global batch under f
     python bench/pipeline.py                              # 1F1B at 4 and 8 microbatches, Interleaved1F1B, fsdp2
     python bench/pipeline.py --schedules 1F1B:4 GPipe:4 --hidden 512 --steps 5
 
-One GLM-4.6-shaped model (8 decoder layers, the first dense, MTP) is split into stages by
+One GLM-4.6-shaped model (bench/muon_sharded.py's, with 8 decoder layers) is split into stages by
 glm46.parallel.pipeline_parallel on the 4 ranks (pp 4) and run by torch.distributed.pipelining's schedule, as a
 training step does. A rank is busy while one of its stages runs a microbatch's forward or backward (torch's
 PipelineStage.forward_one_chunk, backward_one_chunk, backward_weight_one_chunk, timed); the rest of the step it
@@ -17,40 +17,27 @@ on a machine with a core (or a GPU) per rank, where the formula assumes them.
 from __future__ import annotations
 
 import argparse
-import os
-import socket
+import dataclasses
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from bench.timing import spawn_on_gloo  # noqa: E402
 
 WORLD = 4
 
 
 def model_config(hidden: int):
-    from glm46.modules import GLM46Config
+    """bench/muon_sharded.py's GLM-4.6-shaped model with 8 decoder layers: 2 per pipeline rank."""
+    from bench.muon_sharded import model_config as muon_bench_config
 
-    return GLM46Config(
-        vocab_size=2048,
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        moe_intermediate_size=hidden // 2,
-        num_hidden_layers=8,
-        first_k_dense_replace=1,
-        num_attention_heads=hidden // 64,
-        num_key_value_heads=2,
-        head_dim=64,
-        n_routed_experts=8,
-        num_experts_per_tok=2,
-        n_shared_experts=1,
-        num_nextn_predict_layers=1,
-    )
+    return dataclasses.replace(muon_bench_config(hidden), num_hidden_layers=8)
 
 
 def batch(config, sequences: int, seq_len: int) -> dict[str, torch.Tensor]:
@@ -171,12 +158,7 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=8, help="the global batch, split into the microbatches")
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    results = mp.Manager().dict()
-    mp.spawn(worker, args=(port, args, results), nprocs=WORLD)
+    results = spawn_on_gloo(worker, args, processes=WORLD)
 
     ranks = results["ranks"]
     tokens = args.sequences * args.seq_len
