@@ -5,11 +5,12 @@ torchtitan/distributed/expert_parallel.py, does the same around its grouped expe
 `shard_experts` (glm46.parallel.parallelize) sets an ExpertDispatch as `GroupedExperts.dispatch`; the model
 calls it in place of running its experts locally and knows nothing of the collectives.
 
-With tensor parallelism the ep groups span the TP ranks (MoE parallel folding, Megatron's
-`moe_extended_tp=False` path with expert-tensor-parallel 1): the TP ranks of a group hold the same rows, so each
+With tensor parallelism the ep groups span the TP ranks (Megatron's MoE parallel folding with
+expert_tensor_parallel_size 1): without sequence parallelism the TP ranks of a group hold the same rows, so each
 takes 1/tp of them (`_SplitRows`, whose backward all-gathers the gradient) and the outputs are all-gathered back
 (`_GatherRows`, whose backward keeps this rank's part): the experts then compute every row once per TP group,
-not tp times, as Megatron's scatter/gather to the sequence-parallel region do.
+not tp times, as Megatron's scatter/gather to the sequence-parallel region do. With sequence parallelism each TP
+rank already holds its own tokens and sends them as they are.
 """
 
 from __future__ import annotations
