@@ -7,10 +7,10 @@ calls it in place of running its experts locally and knows nothing of the collec
 
 With tensor parallelism the ep groups span the TP ranks (Megatron's MoE parallel folding with
 expert_tensor_parallel_size 1): without sequence parallelism the TP ranks of a group hold the same rows, so each
-takes 1/tp of them (`_SplitRows`, whose backward all-gathers the gradient) and the outputs are all-gathered back
-(`_GatherRows`, whose backward keeps this rank's part): the experts then compute every row once per TP group,
-not tp times, as Megatron's scatter/gather to the sequence-parallel region do. With sequence parallelism each TP
-rank already holds its own tokens and sends them as they are.
+takes 1/tp of them (`split_blocks`, whose backward all-gathers the gradient) and the outputs are all-gathered back
+(`gather_blocks`, whose backward keeps this rank's part; glm46.parallel.sequence_parallel): the experts then
+compute every row once per TP group, not tp times, as Megatron's scatter/gather to the sequence-parallel region
+do. With sequence parallelism each TP rank already holds its own tokens and sends them as they are.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 
 from glm46.modules.experts import swiglu_experts
+
+from .sequence_parallel import block_sizes, gather_blocks, split_blocks
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -32,47 +34,6 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
-
-
-def _all_gather_rows(x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
-    """The row blocks of every rank of `group`, block r of sizes[r] rows from rank r, concatenated in rank order
-    (padded to the largest block on the wire: gloo gathers equal sizes only)."""
-    padded = x.new_zeros(max(sizes), *x.shape[1:])
-    padded[: x.shape[0]] = x
-    blocks = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(blocks, padded.contiguous(), group=group)
-    return torch.cat([block[:n] for block, n in zip(blocks, sizes)])
-
-
-class _SplitRows(torch.autograd.Function):
-    """x [M, ...], the same on every rank of `group` -> this rank's rows [lo, hi); the gradient of x is every
-    rank's gradient of its rows, gathered (the same on every rank again)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
-        ctx.sizes, ctx.group = sizes, group
-        lo = sum(sizes[: dist.get_rank(group)])
-        return x[lo : lo + sizes[dist.get_rank(group)]]
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return _all_gather_rows(grad, ctx.sizes, ctx.group), None, None
-
-
-class _GatherRows(torch.autograd.Function):
-    """Each rank's rows -> all of them, on every rank of `group`; backward keeps this rank's rows of the gradient
-    (which is the same on every rank: what follows the MoE is replicated over TP)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, sizes: list[int], group) -> torch.Tensor:
-        ctx.sizes, ctx.group = sizes, group
-        return _all_gather_rows(x, sizes, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        rank = dist.get_rank(ctx.group)
-        lo = sum(ctx.sizes[:rank])
-        return grad[lo : lo + ctx.sizes[rank]], None, None
 
 
 def rows_of_rank(counts: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
@@ -129,8 +90,7 @@ class ExpertDispatch:
         if self.tp_group is None:
             return expert_parallel_swiglu(x, counts, gate_up, down, self.group)
         tp, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
-        rows = x.shape[0]
-        sizes = [rows // tp + (r < rows % tp) for r in range(tp)]  # as torch.tensor_split splits them
-        mine = _SplitRows.apply(x, sizes, self.tp_group)
+        sizes = block_sizes(x.shape[0], tp)
+        mine = split_blocks(x, sizes, 0, self.tp_group)
         out = expert_parallel_swiglu(mine, rows_of_rank(counts, sizes, rank), gate_up, down, self.group)
-        return _GatherRows.apply(out, sizes, self.tp_group)
+        return gather_blocks(out, sizes, 0, self.tp_group)

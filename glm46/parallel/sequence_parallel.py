@@ -25,41 +25,63 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 
-def _chunk(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    return x.chunk(dist.get_world_size(group), dim=dim)[dist.get_rank(group)]
+def block_sizes(length: int, parts: int) -> list[int]:
+    """How `length` rows split into `parts` consecutive blocks, as torch.tensor_split splits them."""
+    return [length // parts + (r < length % parts) for r in range(parts)]
 
 
-def _all_gather(x: torch.Tensor, dim: int, group) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+def _own(x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+    """This rank's block of `dim` (blocks of `sizes`, in rank order)."""
+    rank = dist.get_rank(group)
+    return x.narrow(dim, sum(sizes[:rank]), sizes[rank]).contiguous()
+
+
+def _all_gather(x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+    """Every rank's block of `dim`, concatenated in rank order (padded to the largest block on the wire: gloo
+    gathers equal sizes only)."""
+    if x.shape[dim] < max(sizes):
+        pad = list(x.shape)
+        pad[dim] = max(sizes) - x.shape[dim]
+        x = torch.cat([x, x.new_zeros(pad)], dim=dim)
+    parts = [torch.empty_like(x) for _ in sizes]
     dist.all_gather(parts, x.contiguous(), group=group)
-    return torch.cat(parts, dim=dim)
+    return torch.cat([part.narrow(dim, 0, n) for part, n in zip(parts, sizes)], dim=dim)
 
 
-class _Scatter(torch.autograd.Function):
-    """The same x on every rank -> this rank's chunk; backward gathers the chunks' gradients (replicated again)."""
+class _Split(torch.autograd.Function):
+    """The same x on every rank of `group` -> this rank's block of `dim`; backward gathers the blocks' gradients
+    (the same on every rank again). Megatron's scatter to the sequence-parallel region."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return _chunk(x, dim, group).contiguous()
+    def forward(ctx, x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+        ctx.sizes, ctx.dim, ctx.group = sizes, dim, group
+        return _own(x, sizes, dim, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _all_gather(grad, ctx.dim, ctx.group), None, None
+        return _all_gather(grad, ctx.sizes, ctx.dim, ctx.group), None, None, None
 
 
 class _Gather(torch.autograd.Function):
-    """Each rank's chunk -> all of them, for what every rank then computes whole (the logits): backward keeps this
-    rank's chunk of the (same) gradient."""
+    """Each rank's block of `dim` -> all of them, for what every rank then computes whole: backward keeps this
+    rank's block of the (same) gradient. Megatron's gather from the sequence-parallel region, without reduction."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dim: int, group) -> torch.Tensor:
-        ctx.dim, ctx.group = dim, group
-        return _all_gather(x, dim, group)
+    def forward(ctx, x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+        ctx.sizes, ctx.dim, ctx.group = sizes, dim, group
+        return _all_gather(x, sizes, dim, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return _chunk(grad, ctx.dim, ctx.group).contiguous(), None, None
+        return _own(grad, ctx.sizes, ctx.dim, ctx.group), None, None, None
+
+
+def split_blocks(x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+    return _Split.apply(x, sizes, dim, group)
+
+
+def gather_blocks(x: torch.Tensor, sizes: list[int], dim: int, group) -> torch.Tensor:
+    return _Gather.apply(x, sizes, dim, group)
 
 
 class SequenceShards:
@@ -69,17 +91,20 @@ class SequenceShards:
         self.group = group
         self.size = dist.get_world_size(group)
 
+    def _sizes(self, x: torch.Tensor) -> list[int]:
+        return block_sizes(x.shape[1], self.size)
+
     def scatter(self, x: torch.Tensor) -> torch.Tensor:
         """A tensor every rank computed whole (the embeddings) -> this rank's tokens; its gradient is whole again."""
-        return _Scatter.apply(x, 1, self.group)
+        return split_blocks(x, self._sizes(x), 1, self.group)
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's tokens -> every rank's, for a computation every rank runs whole (the logits)."""
-        return _Gather.apply(x, 1, self.group)
+        return gather_blocks(x, [x.shape[1]] * self.size, 1, self.group)
 
     def local(self, x: torch.Tensor) -> torch.Tensor:
         """This rank's tokens of a tensor without gradient (labels)."""
-        return _chunk(x, 1, self.group)
+        return _own(x, self._sizes(x), 1, self.group)
 
     def sum(self, x: torch.Tensor) -> torch.Tensor:
         """The sum over the ranks' tokens of a count (no gradient)."""
