@@ -193,8 +193,9 @@ class StageModel(nn.Module):
             # A stage's outputs must be tensors of their own: views for the 1F1B family; copies under the schedules
             # that split the backward, which detach outputs in place once their input gradients are taken (views
             # refuse): the hidden states' original is then freed, each MTP embedding costs one more copy in flight.
-            own = torch.clone if self.split_backward else lambda t: t.view_as(t)
-            return (own(x) if self.split_backward else x, *(own(e) for e in embeds))
+            if self.split_backward:
+                return (x.clone(), *(e.clone() for e in embeds))
+            return (x, *(e.view_as(e) for e in embeds))
 
         hidden = self.norm(x)
         mtp_hidden, h = [], hidden
