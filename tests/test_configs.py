@@ -88,7 +88,7 @@ def test_every_model_config_composes_and_validates(compose_config, model):
     assert isinstance(model_config(cfg), GLM46Config)
 
 
-FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "sft", "rl"}
+FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "midtrain_long", "sft", "rl"}
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
@@ -100,10 +100,18 @@ def test_every_experiment_composes_and_validates(compose_config, experiment):
     if experiment == "rl":  # composes; `train` samples rollouts on one process only, and says so
         with pytest.raises(ConfigError, match="RL samples its rollouts with the training model's own generate"):
             validate(cfg)
-    elif experiment == "sft":  # 128K sequences need more stages or context parallelism: refused, with why
-        with pytest.raises(ConfigError, match="needs \\(more\\) pipeline stages, or context parallelism"):
-            validate(cfg)
     else:
+        validate(cfg)
+
+
+def test_128k_rows_on_the_pipelined_production_layout_are_refused_naming_the_layout_that_fits(compose_config):
+    """16 stages keep up to 32 microbatch chunks of a 128K row: 109 GiB per GPU. The refusal says what fits."""
+    cfg = compose_config(
+        "experiment=midtrain", "phase=midtrain_long", "cluster=h800_1024n", "data.path=/data", "init_from=/ckpt"
+    )
+    with pytest.raises(
+        ConfigError, match="does not fit: 109.2 GiB.*parallelism=long_context, experiment=midtrain_long"
+    ):
         validate(cfg)
 
 

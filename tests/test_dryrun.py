@@ -15,6 +15,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
+# The 128K phase on its layout (no stages, TP 8 + SP, EP 32), each row further split over 2 context-parallel ranks
+MIDTRAIN_LONG_CP2_H800 = [
+    "experiment=midtrain_long",
+    "cluster=h800_1024n",
+    "parallelism.context_parallel=2",
+    "data.path=/nowhere/no-data-needed",
+    "init_from=/nowhere/no-weights-read",
+]
 AIR_H100 = [
     "experiment=pretrain_phase1",
     "cluster=h100_8n",
@@ -59,7 +67,11 @@ def figures(result: subprocess.CompletedProcess) -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overrides", [PHASE1_H800, AIR_H100], ids=["355b-h800_1024n", "air-h100_8n"])
+@pytest.mark.parametrize(
+    "overrides",
+    [PHASE1_H800, MIDTRAIN_LONG_CP2_H800, AIR_H100],
+    ids=["355b-h800_1024n", "355b-128k-cp2-h800_1024n", "air-h100_8n"],
+)
 def test_rank_0_holds_exactly_the_shards_the_plan_counts(overrides):
     """Rank 0 has the largest shards (torch.chunk rounds up): its bytes by group equal the plan's to the byte."""
     run = figures(dry_run(overrides + ["dryrun.rank=0"]))

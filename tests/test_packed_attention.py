@@ -117,3 +117,42 @@ def test_a_32k_packed_row_trains_without_a_t_squared_mask():
     growth, seconds = peak_rss_growth_mib(lambda: model(x, labels=labels, position_ids=positions).loss.backward())
     print(f"32K packed row, forward + backward: peak RSS +{growth:.0f} MiB in {seconds:.1f} s")
     assert growth < 512, f"{growth:.0f} MiB: a T^2 mask or score matrix is back"
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("cp", [1, 2, 4])
+def test_context_parallel_attention_equals_packed_attention_for_every_rank(dtype, cp):
+    """Each cp rank's queries (load-balanced chunks r and 2cp-1-r) against the whole row's keys, cut at documents that
+    cross the chunk edges: the outputs are the whole row's, and the ranks' gradients sum to its gradients."""
+    from glm46.parallel.context_parallel import ContextAttention, attention_pieces
+
+    generator = torch.Generator().manual_seed(0)
+    B, H, KV, T, d = 2, 4, 2, 16, 8
+    q, k, v = (torch.randn(B, h, T, d, dtype=dtype, generator=generator).requires_grad_() for h in (H, KV, KV))
+    lengths = [[5, 11], [16]]
+    whole = packed_attention(q, k, v, lengths, 0.3)
+    grad = torch.randn(whole.shape, dtype=dtype, generator=generator)
+    expected = torch.autograd.grad(whole, (q, k, v), grad)
+    summed = [torch.zeros_like(t) for t in (q, k, v)]
+    chunk = T // (2 * cp)
+    for rank in range(cp):
+        ranges = [(i * chunk, (i + 1) * chunk) for i in (rank, 2 * cp - 1 - rank)]
+        mine = torch.cat([torch.arange(start, end) for start, end in ranges])
+        local = q.detach()[:, :, mine].requires_grad_()
+        out = ContextAttention.apply(local, k, v, [attention_pieces(ranges, row) for row in lengths], 0.3)
+        torch.testing.assert_close(out, whole[:, :, mine])
+        dq, dk, dv = torch.autograd.grad(out, (local, k, v), grad[:, :, mine])
+        summed[0][:, :, mine] += dq
+        summed[1] += dk
+        summed[2] += dv
+    for got, want in zip(summed, expected):
+        torch.testing.assert_close(got, want)
+
+
+def test_attention_pieces_cut_the_local_chunks_at_document_boundaries():
+    """Rank 0 of 2 over 16 tokens holds 0-3 and 12-15; documents of 5 and 11 tokens: queries 0-3 start the first
+    document, 12-15 are the second's tokens 7-10 and see its keys from 5."""
+    from glm46.parallel.context_parallel import attention_pieces
+
+    assert attention_pieces([(0, 4), (12, 16)], [5, 11]) == [(0, 4, 0, 0), (4, 8, 5, 12)]
+    assert attention_pieces([(4, 8), (8, 12)], [5, 11]) == [(0, 1, 0, 4), (1, 4, 5, 5), (4, 8, 5, 8)]

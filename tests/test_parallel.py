@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +118,7 @@ def main(spec: dict) -> None:
 
     class Record(L.Callback):
         def __init__(self):
-            self.losses, self.initial = [], None
+            self.losses, self.grad_norms, self.initial = [], [], None
 
         def on_train_start(self, trainer, pl_module):  # the weights init_from gave, gathered on rank 0
             self.initial = {name: None if t is None else t.clone() for name, t in full_state_items(pl_module.model)}
@@ -127,6 +128,11 @@ def main(spec: dict) -> None:
             loss = trainer.callback_metrics["train/total_loss"].detach().clone()
             group = data_parallel_group(trainer.strategy)
             self.losses.append(float(trainer.strategy.reduce(loss, group=group, reduce_op="mean")))
+            # Before clipping: the gradients' scale. Not under ZeRO-3, whose parameters hold placeholders outside its
+            # gathering contexts (the norm over them reads 0)
+            norm = trainer.callback_metrics.get("optim/grad_norm")
+            deepspeed = cfg.parallelism.engine == "deepspeed"
+            self.grad_norms.append(None if norm is None or deepspeed else float(norm))
 
     record = Record()
 
@@ -190,6 +196,7 @@ def main(spec: dict) -> None:
         torch.save(
             {
                 "losses": record.losses,
+                "grad_norms": record.grad_norms,
                 "state": state,
                 "initial": record.initial,
                 "tokens_seen": module.tokens_seen,
@@ -242,6 +249,10 @@ def assert_same_run(run: dict, reference: dict, tolerance: float = TOLERANCE, fi
     assert len(run["losses"]) == len(expected)
     for step, (a, b) in enumerate(zip(run["losses"], expected), start=first_step):
         assert abs(a - b) <= tolerance * abs(b), f"step {step}: loss {a} vs single-process {b}"
+    # Muon's update and Adam's hardly see a gradient's scale: the norms before clipping do
+    for step, (a, b) in enumerate(zip(run["grad_norms"], reference["grad_norms"][first_step:]), start=first_step):
+        if a is not None and b is not None and not (math.isnan(a) and math.isnan(b)):  # a skipped step's NaN
+            assert abs(a - b) <= tolerance * abs(b), f"step {step}: gradient norm {a} vs single-process {b}"
     assert len(run["counts"]) == len(reference["counts"])
     for step, (a, b) in enumerate(zip(run["counts"], reference["counts"])):
         assert torch.equal(a, b), f"step {step}: global expert counts differ from the single-process run"
@@ -370,6 +381,30 @@ def test_tensor_parallel_with_sequence_parallelism_equals_the_single_process_run
     overrides = ["parallelism.sequence_parallel=true", f"parallelism.expert_parallel={expert_parallel}"]
     devices = 2 * expert_parallel
     run = run_layout(tmp_path, "tp", init_from=initial_weights, devices=devices, packed=True, overrides=overrides)
+    assert_same_run(run, single_packed)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "devices, overrides",
+    [
+        (2, []),  # CP 2 alone: the weights sharded over the two cp ranks
+        (4, []),  # CP 2 x FSDP2 over 2 data-parallel ranks
+        (4, ["parallelism.tensor_parallel=2", "parallelism.sequence_parallel=true"]),  # CP 2 x TP 2 + SP
+        (4, ["parallelism.expert_parallel=2"]),  # CP 2 x EP 2
+    ],
+    ids=["cp2", "cp2-fsdp2", "cp2-tp2-sp", "cp2-ep2"],
+)
+def test_context_parallelism_equals_the_single_process_run(
+    tmp_path, initial_weights, single_packed, devices, overrides
+):
+    """Each cp rank runs chunks 4 of 16 tokens apart (rank 0: 0-3 and 12-15, rank 1: 4-11) of rows of two
+    documents that start anywhere from token 3 to 11, with MTP, whose targets cross the chunk edges: attention over
+    the all-gathered keys, the loss and expert counts summed over the cp ranks, FSDP2 over the data-parallel and
+    cp ranks. Equal to one process."""
+    overrides = ["parallelism.context_parallel=2", *overrides]
+    run = run_layout(tmp_path, "fsdp2", init_from=initial_weights, devices=devices, packed=True, overrides=overrides)
     assert_same_run(run, single_packed)
 
 

@@ -151,24 +151,29 @@ def test_engines_without_a_mesh_refuse_mesh_sizes_and_deepspeed_refuses_muon(com
 
 
 @pytest.mark.parametrize(
-    "world, tp, ep, shard, pp, shape",
+    "world, tp, ep, shard, pp, cp, shape",
     [
-        (2, 1, 1, 2, 1, (1, 1, 1, 2, 1, 1)),  # fsdp2
-        (2, 1, 2, 1, 1, (1, 1, 2, 1, 1, 1)),  # ep, replicated (DDP-like)
-        (4, 1, 2, 4, 1, (1, 1, 1, 2, 2, 1)),  # fsdp2 x ep: experts FSDP over 2
-        (4, 2, 2, 2, 1, (1, 1, 1, 2, 1, 2)),  # tp x ep: the ep group is the tp group, experts FSDP over 2
-        (16, 1, 4, 2, 1, (1, 4, 2, 1, 2, 1)),  # HSDP, ep spanning two shard groups
-        (8192, 8, 32, 1024, 1, (1, 1, 1, 256, 4, 8)),  # FSDP-only production: ep 32 = 4 dp x 8 tp
-        (4, 1, 2, 2, 2, (2, 1, 1, 1, 2, 1)),  # pp 2 x ep 2
-        (8192, 8, 32, 64, 16, (16, 1, 1, 16, 4, 8)),  # the seeds' TP 8 x PP 16 x EP 32 (4 dp x 8 tp)
-        (16, 2, 8, 2, 1, (1, 2, 2, 1, 2, 2)),  # tp x HSDP, ep spanning two shard groups and the tp ranks
+        (2, 1, 1, 2, 1, 1, (1, 1, 1, 2, 1, 1, 1)),  # fsdp2
+        (2, 1, 2, 1, 1, 1, (1, 1, 2, 1, 1, 1, 1)),  # ep, replicated (DDP-like)
+        (4, 1, 2, 4, 1, 1, (1, 1, 1, 2, 2, 1, 1)),  # fsdp2 x ep: experts FSDP over 2
+        (4, 2, 2, 2, 1, 1, (1, 1, 1, 2, 1, 1, 2)),  # tp x ep: the ep group is the tp group, experts FSDP over 2
+        (16, 1, 4, 2, 1, 1, (1, 4, 2, 1, 2, 1, 1)),  # HSDP, ep spanning two shard groups
+        (8192, 8, 32, 1024, 1, 1, (1, 1, 1, 256, 4, 1, 8)),  # FSDP-only production: ep 32 = 4 dp x 8 tp
+        (4, 1, 2, 2, 2, 1, (2, 1, 1, 1, 2, 1, 1)),  # pp 2 x ep 2
+        (8192, 8, 32, 64, 16, 1, (16, 1, 1, 16, 4, 1, 8)),  # the seeds' TP 8 x PP 16 x EP 32 (4 dp x 8 tp)
+        (16, 2, 8, 2, 1, 1, (1, 2, 2, 1, 2, 1, 2)),  # tp x HSDP, ep spanning two shard groups and the tp ranks
+        (4, 1, 1, 2, 1, 2, (1, 1, 1, 2, 1, 2, 1)),  # fsdp2 x cp 2: weights sharded over the 4 ranks
+        (16, 2, 4, 2, 1, 2, (1, 2, 1, 2, 1, 2, 2)),  # tp 2 x cp 2 x ep 4: an ep group is one cp x tp block
+        (16, 1, 4, 4, 1, 2, (1, 2, 1, 2, 2, 2, 1)),  # cp 2 x ep 4: ep spans 2 data-parallel ranks x 2 cp ranks, HSDP
     ],
 )
-def test_mesh_shape_places_ep_inside_the_data_parallel_and_tensor_parallel_ranks(world, tp, ep, shard, pp, shape):
-    """ep takes ep / tp data-parallel coordinates when TP is on (the groups fold over the tp ranks), else ep."""
-    layout = Layout(world, tp, ep, shard, pipeline_parallel=pp)
+def test_mesh_shape_places_ep_inside_the_data_parallel_and_tensor_parallel_ranks(world, tp, ep, shard, pp, cp, shape):
+    """ep takes ep / tp data-parallel coordinates when TP is on (the groups fold over the tp ranks), else ep; the cp
+    ranks lie between the data-parallel ranks and tp, outside the ep groups."""
+    layout = Layout(world, tp, ep, shard, pipeline_parallel=pp, context_parallel=cp)
     assert layout.mesh_shape == shape
-    stages, edp_replicate, ep_replicate, edp_shard, ep_shard, tensor = shape
-    assert ep_replicate * ep_shard * (tensor if ep > 1 else 1) == ep and tensor == tp and stages == pp
+    stages, edp_replicate, ep_replicate, edp_shard, ep_shard, context, tensor = shape
+    assert context == cp and layout.data_parallel * tp * pp * cp == world
+    assert ep_replicate * ep_shard * (tensor * context if ep > 1 else 1) == ep and tensor == tp and stages == pp
     assert edp_replicate * edp_shard == layout.expert_data_parallel
     assert edp_shard * ep_shard == shard

@@ -12,6 +12,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import torch
 from hydra.errors import CompactHydraException
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -373,10 +374,35 @@ def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
             f"{layout.microbatches}: the pipeline splits each rank's batch into that many"
         )
     seq_len = cfg.data.get("seq_len")
-    if layout.sequence_parallel and isinstance(seq_len, int) and seq_len % layout.tensor_parallel:
+    if not isinstance(seq_len, int):
+        return
+    if layout.sequence_parallel and seq_len % layout.tensor_parallel:
         raise ConfigError(
             f"data.seq_len={seq_len} must be divisible by parallelism.tensor_parallel={layout.tensor_parallel}: "
             f"sequence parallelism gives each TP rank an equal part of every row"
+        )
+    cp = layout.context_parallel
+    if cp > 1 and seq_len % (2 * cp):
+        raise ConfigError(
+            f"data.seq_len={seq_len} must be divisible by 2 x parallelism.context_parallel = {2 * cp}: each cp rank "
+            f"holds two of 2 x {cp} equal chunks of every row (one early, one late, so causal attention is balanced)"
+        )
+    if cp > 1 and layout.sequence_parallel and (seq_len // cp) % layout.tensor_parallel:
+        raise ConfigError(
+            f"data.seq_len={seq_len} / parallelism.context_parallel={cp} = {seq_len // cp} tokens per cp rank must "
+            f"be divisible by tensor_parallel={layout.tensor_parallel}: sequence parallelism splits them further"
+        )
+
+
+def check_context_parallel_kernel(cfg: DictConfig, config: GLM46Config) -> None:
+    """Context parallelism's attention runs the CPU flash kernel (glm46.parallel.context_parallel); planning a GPU
+    cluster with it is allowed, training on one is not yet."""
+    cp, accelerator = cfg.parallelism.get("context_parallel", 1), cfg.cluster.accelerator
+    if cp > 1 and (accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())):
+        raise ConfigError(
+            f"parallelism.context_parallel={cp} on cluster={cfg.cluster.name} (accelerator={cfg.cluster.accelerator}): "
+            f"context parallelism's attention is bound to the CPU flash-attention kernel only; on GPUs train long "
+            f"rows with sequence parallelism (parallelism=long_context), and plan CP with task=plan"
         )
 
 
@@ -428,6 +454,7 @@ CHECKS = (
     ("every interpolation training reads", TRAIN, lambda cfg, config: resolve(cfg, RESOLVED_BEFORE_TRAINING)),
     ("optimizer x precision, components, RL", TRAIN, lambda cfg, config: check_training(cfg)),
     ("memory per GPU x cluster", TRAIN, check_memory),
+    ("context parallelism x accelerator", TRAIN, check_context_parallel_kernel),
 )
 
 

@@ -67,15 +67,19 @@ def phase_steps(budget: int, ramp: DictConfig | None, start_tokens: int, global_
     return steps_for(budget, warmup, start_tokens, global_tokens // accumulation, accumulation)
 
 
-def data_parallel(num_nodes: int, devices: int, tensor_parallel: int = 1, pipeline_parallel: int = 1) -> int:
-    """`${data_parallel:nodes,devices,tp,pp}`: ranks that see different batches (the tensor-parallel ranks, and the
-    stages of one pipeline, share one)."""
-    if (num_nodes * devices) % (tensor_parallel * pipeline_parallel):
+def data_parallel(
+    num_nodes: int, devices: int, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1
+) -> int:
+    """`${data_parallel:nodes,devices,tp,pp,cp}`: ranks that see different batches (the tensor-parallel ranks, the
+    stages of one pipeline and the context-parallel ranks share one)."""
+    split = tensor_parallel * pipeline_parallel * context_parallel
+    if (num_nodes * devices) % split:
         raise ValueError(
             f"world size cluster.num_nodes x cluster.devices = {num_nodes} x {devices} is not divisible by "
-            f"parallelism.tensor_parallel x pipeline_parallel = {tensor_parallel} x {pipeline_parallel}"
+            f"parallelism.tensor_parallel x pipeline_parallel x context_parallel = {tensor_parallel} x "
+            f"{pipeline_parallel} x {context_parallel}"
         )
-    return num_nodes * devices // (tensor_parallel * pipeline_parallel)
+    return num_nodes * devices // split
 
 
 def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_parallel_ranks: int) -> int:
@@ -86,7 +90,7 @@ def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_paralle
         raise ValueError(
             f"phase.global_batch_tokens={global_tokens} is not divisible by data.batch_size x data.seq_len x "
             f"data-parallel ranks (cluster.num_nodes x cluster.devices / (parallelism.tensor_parallel x "
-            f"pipeline_parallel)) = "
+            f"pipeline_parallel x context_parallel)) = "
             f"{batch_size} x {seq_len} x {data_parallel_ranks} = {per_micro_step}"
         )
     return global_tokens // per_micro_step

@@ -149,13 +149,18 @@ class GLM46LitModule(L.LightningModule):
         self.log("train/mtp_weight", mtp_weight)
         self.log("train/tokens_seen", float(self.tokens_seen))
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
-        return loss
+        context = self.model.model.context
+        # Each cp rank's loss is its tokens' part, and FSDP2 averages the gradients over the cp ranks too: the sum.
+        return loss if context is None else loss * context.size
 
     def _whole(self, value: torch.Tensor) -> torch.Tensor:
-        """A loss term as one process has it (detached): under sequence parallelism each TP rank's value is its
-        tokens' part, summed here (the pipeline's terms are summed already)."""
-        sequence = self.model.model.sequence
-        return value.detach() if sequence is None or self.pipeline is not None else sequence.sum(value)
+        """A loss term as one process has it (detached): under context and sequence parallelism each rank's value
+        is its tokens' part, summed here (the pipeline's terms are summed already)."""
+        value = value.detach()
+        if self.pipeline is None:
+            for split in (self.model.model.sequence, self.model.model.context):
+                value = value if split is None else split.sum(value)
+        return value
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
         """Under pipeline parallelism the schedule already ran every microbatch's backward in training_step."""

@@ -86,6 +86,9 @@ class Attention(nn.Module):
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        # Context parallelism (glm46.parallel.context_parallel.ContextShards, set by the parallel code): x holds this
+        # rank's chunks of the sequence, and attention gathers every rank's keys and values. None: x is whole.
+        self.context = None
 
     def forward(
         self,
@@ -108,7 +111,9 @@ class Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
 
         scale = self.head_dim**-0.5
-        if documents is not None:
+        if self.context is not None and cache is None:
+            out = self.context.attention(q, k, v, documents.lengths if documents is not None else None, scale)
+        elif documents is not None:
             out = packed_attention(q, k, v, documents.lengths, scale)
         else:
             past, mask = 0, None

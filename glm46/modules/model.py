@@ -104,6 +104,14 @@ class GLM46Model(nn.Module):
         # Sequence parallelism (glm46.parallel.sequence_parallel.SequenceShards, set by the parallel code): between
         # the tensor-parallel regions each rank keeps its part of the sequence; None: every token here.
         self.sequence = None
+        # Context parallelism (glm46.parallel.context_parallel.ContextShards): each rank runs its chunks of every
+        # sequence (and splits them further under sequence parallelism); None: the whole sequence.
+        self.context = None
+
+    def local(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """This rank's tokens of a tensor every rank holds whole ([B, T, ...] ids, positions, labels) under context
+        parallelism (training and scoring; generation runs whole sequences)."""
+        return x if self.context is None or cache is not None else self.context.local(x)
 
     def forward(
         self,
@@ -113,15 +121,17 @@ class GLM46Model(nn.Module):
         documents: Documents | None = None,
     ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden] (this rank's part of T under
-        sequence parallelism), routing stats per MoE layer.
+        context and sequence parallelism), routing stats per MoE layer.
         documents: `Documents.from_positions(position_ids)` for rows of packed documents, else None."""
+        length = input_ids.shape[1]
+        input_ids, position_ids = self.local(input_ids, cache), self.local(position_ids, cache)
         h = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(position_ids, h.dtype)  # of every position: attention sees the whole sequence
         if self.sequence is not None:
             h = self.sequence.scatter(h)
         h, stats = run_layers(self.layers.values(), h, cos, sin, cache, documents)
         if cache is not None:
-            cache.advance(input_ids.shape[1])
+            cache.advance(length)
         return self.norm(h), stats
 
 
@@ -161,7 +171,7 @@ class GLM46ForCausalLM(nn.Module):
             position_ids = positions_after(cache, input_ids)
         documents = Documents.from_positions(position_ids) if packed else None
         hidden, stats = self.model(input_ids, position_ids, cache, documents)
-        sequence = self.model.sequence
+        sequence, local = self.model.sequence, self.model.local
 
         mtp_hidden = []
         if cache is None:
@@ -169,9 +179,9 @@ class GLM46ForCausalLM(nn.Module):
             for k, mtp in enumerate(self.mtp_layers, start=1):
                 # Token i+k at position i; the last k positions wrap around and have no target, nor (packed rows) the
                 # positions whose token i+k+1 is in the next document: shift_labels drops both.
-                embeds = self.model.embed_tokens(input_ids.roll(-k, dims=1))
+                embeds = self.model.embed_tokens(local(input_ids.roll(-k, dims=1)))
                 embeds = embeds if sequence is None else sequence.scatter(embeds)
-                cos, sin = self.model.rotary_emb(position_ids + k, embeds.dtype)
+                cos, sin = self.model.rotary_emb(local(position_ids) + k, embeds.dtype)
                 h, mtp_stats = mtp(h, embeds, cos, sin, documents)
                 mtp_hidden.append(h)
                 stats.append(mtp_stats)
@@ -181,8 +191,9 @@ class GLM46ForCausalLM(nn.Module):
             out.expert_counts = torch.stack([s.counts for s in stats])
             out.balance_loss = torch.stack([s.balance_loss for s in stats]).sum()
         if labels is None:
-            if sequence is not None:
-                hidden, mtp_hidden = sequence.gather(hidden), [sequence.gather(h) for h in mtp_hidden]
+            for split in (sequence, self.model.context if cache is None else None):  # innermost split first
+                if split is not None:
+                    hidden, mtp_hidden = split.gather(hidden), [split.gather(h) for h in mtp_hidden]
             out.logits = self.lm_head(hidden)
             out.mtp_logits = [self.lm_head(h) for h in mtp_hidden]
             return out
@@ -194,12 +205,13 @@ class GLM46ForCausalLM(nn.Module):
         return out
 
     def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean CE over the labelled tokens; under sequence parallelism this rank's tokens' part of it."""
-        sequence = self.model.sequence
-        if sequence is None:
-            return chunked_cross_entropy(hidden, self.lm_head.weight, labels, self.loss_chunk_size)
+        """Mean CE over the labelled tokens (labels of the whole rows); under context and sequence parallelism this
+        rank's tokens' part of it."""
         count = (labels != IGNORE_INDEX).sum().clamp(min=1)
-        return chunked_cross_entropy(hidden, self.lm_head.weight, sequence.local(labels), self.loss_chunk_size, count)
+        labels = self.model.local(labels)
+        if self.model.sequence is not None:
+            labels = self.model.sequence.local(labels)
+        return chunked_cross_entropy(hidden, self.lm_head.weight, labels, self.loss_chunk_size, count)
 
     @torch.no_grad()
     def generate(

@@ -1,5 +1,6 @@
 """The MoE feed-forward: sigmoid top-k routing over stacked experts, plus always-on shared experts."""
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -16,22 +17,23 @@ class RoutingStats(NamedTuple):
     balance_loss: torch.Tensor  # scalar: the sequence-wise balance loss (not yet weighted by alpha)
 
 
-def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: int, sequence=None) -> torch.Tensor:
+def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: int, splits=()) -> torch.Tensor:
     """DeepSeek-V3's sequence-wise balance loss sum_i f_i P_i, averaged over the batch's sequences.
 
     scores [N, E] sigmoid scores, indices [N, k] selected experts, N = batch x T. f_i is expert i's
     share of the sequence's selections times E / k; P_i its mean score normalised over experts.
-    sequence (glm46.parallel.sequence_parallel.SequenceShards): these are this rank's T / size tokens of each row;
-    f counts every rank's selections, P this rank's scores only, so the ranks' losses sum to the whole one.
+    splits: how the sequence is split over ranks (context, then sequence parallelism; objects with `size` and
+    `sum`): these are this rank's T / (product of sizes) tokens of each row; f counts every rank's selections, P
+    this rank's scores only, so the ranks' losses sum to the whole one.
     """
     num_experts, top_k = scores.shape[-1], indices.shape[-1]
     seq_len = scores.shape[0] // batch
-    total = seq_len * (sequence.size if sequence is not None else 1)
+    total = seq_len * math.prod(split.size for split in splits)
     probs = (scores / scores.sum(dim=-1, keepdim=True)).view(batch, seq_len, num_experts).sum(dim=1) / total
     selected = torch.zeros(batch, num_experts, device=scores.device)
     selected.scatter_add_(1, indices.view(batch, -1), torch.ones(batch, seq_len * top_k, device=scores.device))
-    if sequence is not None:
-        selected = sequence.sum(selected)
+    for split in splits:
+        selected = split.sum(selected)
     share = selected * num_experts / (top_k * total)
     return (share * probs).sum(dim=-1).mean()
 
@@ -66,8 +68,9 @@ class MoE(nn.Module):
         self.shared_experts = None
         if config.n_shared_experts > 0:
             self.shared_experts = MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
-        # Sequence parallelism (glm46.parallel.sequence_parallel sets it): x holds this rank's tokens only.
-        self.sequence = None
+        # How the sequence is split over ranks, x holding this rank's tokens only (glm46.parallel sets it): context
+        # parallelism's ContextShards, then sequence parallelism's SequenceShards, as far as they are on.
+        self.token_splits = ()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutingStats]:
         """x [B, T, hidden] -> output [B, T, hidden], routing statistics."""
@@ -76,7 +79,9 @@ class MoE(nn.Module):
         weights, indices, scores = self.gate(x)  # [N, k], [N, k], [N, E]
         flat_indices = indices.flatten()  # [N * k]
         rows = torch.bincount(flat_indices, minlength=self.num_experts)  # [E] of these tokens
-        counts = rows if self.sequence is None else self.sequence.sum(rows)  # of the whole sequences
+        counts = rows
+        for split in self.token_splits:  # of the whole sequences
+            counts = split.sum(counts)
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
         inverse = order.argsort()  # each (token, slot) pair's place in `order`
         pairs = x[:, None].expand(-1, self.top_k, -1).reshape(-1, shape[-1])  # [N * k, hidden], (token, slot) order
@@ -86,4 +91,6 @@ class MoE(nn.Module):
         out = out.to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out.view(shape), RoutingStats(counts, sequence_balance_loss(scores, indices, shape[0], self.sequence))
+        return out.view(shape), RoutingStats(
+            counts, sequence_balance_loss(scores, indices, shape[0], self.token_splits)
+        )

@@ -15,7 +15,13 @@ Sizes (the `parallelism` config group's keys):
   holding the same experts (their data-parallel degree) are dp x tp / ep;
 - `pipeline_parallel` (pp): the decoder split into pp x `virtual_stages` stages (torch.distributed.pipelining,
   glm46.parallel.pipeline_parallel), the outermost mesh dim as in torchtitan; the pp ranks of one pipeline see the same
-  batch, split into `microbatches` by the schedule (`pipeline_schedule`). dp = world_size / (tp x pp).
+  batch, split into `microbatches` by the schedule (`pipeline_schedule`);
+- `context_parallel` (cp): each of cp ranks holds 1/cp of every sequence (glm46.parallel.context_parallel); they see
+  the same batch and hold the same weights, which FSDP2 shards over the data-parallel shard ranks and the cp ranks
+  together (torchtitan's dp_shard_cp). Its mesh dim lies between the data-parallel ones and tp. With expert
+  parallelism the ep groups span the cp ranks first (as torchtitan borrows EP from dp_shard x cp): ep is a
+  multiple of cp (of cp x tp when folded over TP).
+dp = world_size / (tp x pp x cp).
 
 `Layout.from_config` checks the layout's own rules (sizes, world size, what each engine can split);
 `model_problems` the model against it (glm46.app.checks runs both before anything is queued).
@@ -32,7 +38,7 @@ from glm46.errors import ConfigError
 from glm46.modules.config import GLM46Config
 
 ENGINES = ("single", "ddp", "mesh", "deepspeed")
-MESH_DIMS = ("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp")
+MESH_DIMS = ("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "cp", "tp")
 # torch.distributed.pipelining's schedules by name -> stages per rank (None: `virtual_stages`, at least 2)
 PIPELINE_SCHEDULES = {"1F1B": 1, "GPipe": 1, "Interleaved1F1B": None, "ZBVZeroBubble": 2, "DualPipeV": 2}
 # Two stages per rank in a V (rank r runs stages r and 2 pp - 1 - r), the backward split into the inputs' gradients
@@ -58,6 +64,7 @@ class Layout:
     layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (pipeline_parallel.py)
     reshard_after_forward: bool | None = None  # FSDP2's; None: reshards_after_forward decides
     sequence_parallel: bool = False  # with TP (glm46.parallel.sequence_parallel)
+    context_parallel: int = 1  # ranks that split every sequence (glm46.parallel.context_parallel)
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -67,7 +74,8 @@ class Layout:
         if problems:
             raise ConfigError(f"parallelism={parallelism.name}: " + "; ".join(problems))
         shard = parallelism.data_parallel_shard
-        dp = world_size // (parallelism.tensor_parallel * parallelism.pipeline_parallel)
+        cp = parallelism.get("context_parallel", 1)
+        dp = world_size // (parallelism.tensor_parallel * parallelism.pipeline_parallel * cp)
         split = parallelism.get("layers_per_stage")
         return cls(
             world_size,
@@ -82,12 +90,13 @@ class Layout:
             layers_per_stage=tuple(split) if split else None,
             reshard_after_forward=parallelism.get("reshard_after_forward"),
             sequence_parallel=parallelism.get("sequence_parallel", False),
+            context_parallel=cp,
         )
 
     @property
     def data_parallel(self) -> int:
-        """Ranks that see different batches: all but the tensor- and pipeline-parallel ones."""
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel)
+        """Ranks that see different batches: all but the tensor-, pipeline- and context-parallel ones."""
+        return self.world_size // (self.tensor_parallel * self.pipeline_parallel * self.context_parallel)
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -112,8 +121,17 @@ class Layout:
 
     @property
     def expert_parallel_dp(self) -> int:
-        """How many data-parallel coordinates one ep group spans: ep, or ep / tp when the groups fold over TP."""
-        return self.expert_parallel // self.tensor_parallel if self.experts_fold_tp else self.expert_parallel
+        """How many data-parallel coordinates one ep group spans: ep, divided by tp when the groups fold over TP and
+        by cp when they span the context-parallel ranks."""
+        return self.expert_parallel // self.expert_parallel_inner
+
+    @property
+    def expert_parallel_inner(self) -> int:
+        """The ranks of an ep group that are not data-parallel: its cp ranks and, folded over TP, its tp ranks (1
+        without EP)."""
+        if self.expert_parallel == 1:
+            return 1
+        return self.context_parallel * (self.tensor_parallel if self.experts_fold_tp else 1)
 
     @property
     def expert_data_parallel(self) -> int:
@@ -121,17 +139,27 @@ class Layout:
         return self.data_parallel // self.expert_parallel_dp
 
     @property
-    def mesh_shape(self) -> tuple[int, int, int, int, int, int]:
+    def fsdp_shard(self) -> int:
+        """Ranks FSDP2 shards a dense weight over: the data-parallel shard ranks and the cp ranks (dp_shard_cp)."""
+        return self.data_parallel_shard * self.context_parallel
+
+    @property
+    def shards_weights(self) -> bool:
+        """Whether FSDP2 runs: ranks beside TP and EP that hold the same weights (data- or context-parallel)."""
+        return self.data_parallel * self.context_parallel > 1
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int, int, int, int, int]:
         """Sizes of MESH_DIMS. The data-parallel ranks are (replicate x shard); ep takes the innermost
         expert_parallel_dp of them: from inside the shard groups when it divides data_parallel_shard, otherwise
         all of each shard group and expert_parallel_dp / data_parallel_shard shard groups (folded over TP,
         glm46.parallel.mesh adds the tp dim to the ep group)."""
         shard, replicate, ep = self.data_parallel_shard, self.data_parallel_replicate, self.expert_parallel_dp
-        pp, tp = self.pipeline_parallel, self.tensor_parallel
+        pp, tp, cp = self.pipeline_parallel, self.tensor_parallel, self.context_parallel
         if shard % ep == 0:
-            return (pp, replicate, 1, shard // ep, ep, tp)
+            return (pp, replicate, 1, shard // ep, ep, cp, tp)
         outer = ep // shard
-        return (pp, replicate // outer, outer, 1, shard, tp)
+        return (pp, replicate // outer, outer, 1, shard, cp, tp)
 
 
 def is_muon(target: str) -> bool:
@@ -151,11 +179,17 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
     nothing). Checked in order, each group of rules only once the one before it holds."""
     engine, tp, ep = parallelism.engine, parallelism.tensor_parallel, parallelism.expert_parallel
     pp, shard = parallelism.pipeline_parallel, parallelism.data_parallel_shard
+    cp = parallelism.get("context_parallel", 1)
     basics = [
         (engine in ENGINES, f"parallelism.engine={engine!r} is not one of {list(ENGINES)}"),
         *(
             (value >= 1, f"parallelism.{key}={value!r} must be an integer >= 1")
-            for key, value in (("tensor_parallel", tp), ("expert_parallel", ep), ("pipeline_parallel", pp))
+            for key, value in (
+                ("tensor_parallel", tp),
+                ("expert_parallel", ep),
+                ("pipeline_parallel", pp),
+                ("context_parallel", cp),
+            )
         ),
         (
             shard >= 1 or shard == -1,
@@ -188,6 +222,16 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"engine=mesh with tensor_parallel > 1 (here {tp})",
         ),
         (
+            cp == 1 or engine == "mesh",
+            f"parallelism.context_parallel={cp} splits the sequence over ranks of the device mesh: it needs "
+            f"engine=mesh (fsdp2, tp, ep, ...), not {engine}",
+        ),
+        (
+            cp == 1 or pp == 1,
+            f"parallelism.context_parallel={cp} with pipeline_parallel={pp}: the pipeline stages send whole "
+            f"sequences, they do not split them over cp ranks yet; use one of the two",
+        ),
+        (
             engine != "single" or world_size == 1,
             f"parallelism=single runs one process, but the cluster has world size {world_size} "
             f"(cluster.num_nodes x cluster.devices): choose ddp, fsdp2, ... or devices=1",
@@ -197,33 +241,45 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
         problems = [message for ok, message in rules if not ok]
         if problems:
             return problems
-    if world_size % (tp * pp):
-        sizes = f"parallelism.tensor_parallel={tp}" if pp == 1 else f"tensor_parallel x pipeline_parallel = {tp} x {pp}"
-        return [f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {sizes}"]
+
+    def product(*sizes: tuple[str, int]) -> str:
+        """'tensor_parallel x context_parallel = 2 x 2' of the sizes that split (tensor_parallel always)."""
+        shown = [(k, v) for k, v in sizes if v > 1 or k == "tensor_parallel"]
+        if len(shown) == 1:
+            return f"parallelism.{shown[0][0]}={shown[0][1]}"
+        return " x ".join(k for k, _ in shown) + " = " + " x ".join(str(v) for _, v in shown)
+
+    outer = (("tensor_parallel", tp), ("pipeline_parallel", pp), ("context_parallel", cp))
+    if world_size % (tp * pp * cp):
+        return [f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {product(*outer)}"]
     if tp > 1 and ep > 1 and ep % tp:
         return [
             f"parallelism.expert_parallel={ep} must be a multiple of tensor_parallel={tp}: the experts fold over "
             f"the tensor-parallel ranks, so an ep group is whole tp groups"
         ]
-    dp = world_size // (tp * pp)
-    ep_dp = ep // tp if tp > 1 and ep > 1 else ep  # Layout.expert_parallel_dp
+    inner = cp * (tp if tp > 1 else 1)  # Layout.expert_parallel_inner
+    if cp > 1 and ep > 1 and ep % inner:
+        return [
+            f"parallelism.expert_parallel={ep} must be a multiple of {product(*outer[::2])} = {inner}: an ep group "
+            f"spans whole context-parallel groups{' and tp groups' if tp > 1 else ''}"
+        ]
+    dp = world_size // (tp * pp * cp)
+    ep_dp = ep // inner if ep > 1 else ep  # Layout.expert_parallel_dp
     resolved = dp if shard == -1 else shard
     sizes = [
         (
             dp % ep_dp == 0,
-            f"world size {world_size} must be divisible by tensor_parallel x "
-            + ("" if pp == 1 else "pipeline_parallel x ")
-            + f"expert_parallel = {tp} x {'' if pp == 1 else f'{pp} x '}{ep} = {tp * pp * ep} (experts are split "
-            f"over ep of the {dp} data-parallel ranks)"
+            f"world size {world_size} must be divisible by {product(*outer, ('expert_parallel', ep))} = "
+            f"{tp * pp * cp * ep} (experts are split over ep of the {dp} data-parallel ranks)"
             if ep_dp == ep
-            else f"the {dp} data-parallel ranks (world size {world_size} / (tensor_parallel x pipeline_parallel)) "
+            else f"the {dp} data-parallel ranks (world size {world_size} / ({product(*outer)})) "
             f"must be divisible by expert_parallel / tensor_parallel = {ep} / {tp} = {ep_dp} (the ep groups fold "
             f"over the tp ranks and take {ep_dp} data-parallel ranks each)",
         ),
         (
             engine != "mesh" or dp % resolved == 0,
             f"parallelism.data_parallel_shard={shard} must divide the data-parallel size world size / "
-            f"(tensor_parallel x pipeline_parallel) = {world_size} / {tp * pp} = {dp}",
+            f"({product(*outer)}) = {world_size} / {tp * pp * cp} = {dp}",
         ),
         (
             engine != "mesh" or dp % resolved or dp % ep_dp or resolved % ep_dp == 0 or ep_dp % resolved == 0,
@@ -374,12 +430,12 @@ def parameter_splits(name: str, layout: Layout, n_routed_experts: int) -> list[t
         splits.append((1, tp))
     if expert and ep > 1:
         splits.append((0, ep))
-    if layout.data_parallel > 1:
-        if expert and ep > 1:
-            shard = max(1, layout.data_parallel_shard // layout.expert_parallel_dp)  # the experts' FSDP2 groups
+    if layout.shards_weights:
+        if expert and ep > 1:  # the experts' FSDP2 groups (edp_shard)
+            shard = max(1, layout.data_parallel_shard // layout.expert_parallel_dp)
             splits.append((expert_split_dim(n_routed_experts // ep, shard), shard))
         else:
-            splits.append((0, layout.data_parallel_shard))
+            splits.append((0, layout.fsdp_shard))
     return [(dim, ways) for dim, ways in splits if ways > 1]
 
 

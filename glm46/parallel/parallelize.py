@@ -4,7 +4,7 @@ tokens all-to-all in GroupedExperts), activation checkpointing (composable `chec
 unchanged) and FSDP2 (`fully_shard` per decoder layer, experts on their own mesh, then the root).
 
 Order matters and follows torchtitan: pipeline split (pipeline_parallel.split_model, on the meta model, before
-this), TP, EP, activation checkpointing, FSDP; under pipeline parallelism each stage is an FSDP root.
+this), TP, EP, CP, activation checkpointing, FSDP; under pipeline parallelism each stage is an FSDP root.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from glm46.modules.decoder import DecoderLayer
 from glm46.modules.layers import RMSNorm
 from glm46.modules.model import GLM46ForCausalLM
 
+from .context_parallel import ContextShards
 from .expert_dispatch import ExpertDispatch
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
@@ -123,7 +124,7 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
             if mlp is not None:
                 gathered(mlp, token_dim)
             if layer.is_moe:
-                layer.mlp.sequence = shards
+                layer.mlp.token_splits = (shards,)
 
 
 def shard_experts(
@@ -132,7 +133,8 @@ def shard_experts(
     """Each ep rank keeps E / ep consecutive experts (a DTensor Shard(0) over `ep`) and exchanges tokens
     with its ep group; with `tp_mesh` (the groups fold over TP, without sequence parallelism) each TP rank sends 1/tp
     of its group's common tokens. An expert's gradient then sums the loss gradients of all tokens of the
-    `data_parallel_span` data-parallel ranks its ep group spans (Layout.expert_parallel_dp): the factor 1 / that
+    `data_parallel_span` data-parallel ranks its ep group spans (Layout.expert_parallel_dp; times cp, whose ranks'
+    losses are scaled by cp, when the group spans the context-parallel ranks): the factor 1 / that
     here, with FSDP's mean over the ranks holding the same experts, makes it the mean over all data-parallel ranks,
     as for every other weight."""
     for layer in decoder_layers(model):
@@ -145,6 +147,19 @@ def shard_experts(
             setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
         tp_group = tp_mesh.get_group() if tp_mesh is not None else None
         experts.dispatch = ExpertDispatch(ep_mesh.get_group(), 1.0 / data_parallel_span, tp_group)
+
+
+def apply_context_parallel(model: GLM46ForCausalLM, cp_mesh: DeviceMesh) -> None:
+    """Each cp rank runs its load-balanced chunks of every sequence (glm46.parallel.context_parallel): the model
+    takes them from the whole rows it is given, attention all-gathers the keys and values, and the MoE layers count
+    and balance over the whole sequences. The cp ranks hold the same weights: apply_fsdp shards them over
+    dp_shard_cp, whose gradient mean over cp the training step undoes (the rank's loss is its tokens' part)."""
+    shards = ContextShards(cp_mesh.get_group())
+    model.model.context = shards
+    for layer in decoder_layers(model):
+        layer.self_attn.context = shards
+        if layer.is_moe:
+            layer.mlp.token_splits = (shards, *layer.mlp.token_splits)
 
 
 def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
@@ -189,7 +204,7 @@ def apply_fsdp(
     leaves them alone."""
     from torch.distributed.fsdp import fully_shard
 
-    dense_mesh = hsdp_mesh(mesh, "dp_replicate", "dp_shard")
+    dense_mesh = hsdp_mesh(mesh, "dp_replicate", "dp_shard_cp")
     kwargs = {"mp_policy": mixed_precision_policy(mixed_precision), "reshard_after_forward": reshard_after_forward}
     if expert_parallel:
         expert_mesh = hsdp_mesh(mesh, "edp_replicate", "edp_shard")
@@ -222,11 +237,15 @@ def parallelize(
             stage.sequence = model.model.sequence
     if layout.expert_parallel > 1:  # folded over TP without sequence parallelism, the TP ranks split their tokens
         split_tokens = layout.experts_fold_tp and not layout.sequence_parallel
-        shard_experts(model, mesh["ep"], layout.expert_parallel_dp, mesh["tp"] if split_tokens else None)
+        # the tokens an expert sees are of expert_parallel_dp batches, each the loss of cp ranks (scaled by cp)
+        span = layout.expert_parallel_dp * layout.context_parallel
+        shard_experts(model, mesh["ep"], span, mesh["tp"] if split_tokens else None)
+    if layout.context_parallel > 1:
+        apply_context_parallel(model, mesh["cp"])
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then
     # DTensors, and its checkpoint a DCP folder that Lightning's ModelParallelStrategy loads, as every mesh layout's.
-    if layout.data_parallel > 1 or stages:
+    if layout.shards_weights or stages:
         apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, layout.reshards_after_forward, stages)
     return model

@@ -27,7 +27,7 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
 from glm46.optim.distributed_muon import splits_matrices
-from glm46.parallel.layout import Layout
+from glm46.parallel.layout import MESH_DIMS, Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
 from glm46.parallel.pipeline_parallel import split_layers, split_model
@@ -146,7 +146,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
 
 def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, layout: Layout) -> str:
     """The per-group table (this rank's shards beside the plan's most loaded rank) and the verdict."""
-    dims = dict(zip(("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "tp"), run.coordinate))
+    dims = dict(zip(MESH_DIMS, run.coordinate))
     lines = [
         f"dry run: rank {run.rank} of {layout.world_size} (fake process group), mesh coordinate "
         + ", ".join(f"{k}={v}" for k, v in dims.items())

@@ -133,7 +133,7 @@ def fsdp_units(config: GLM46Config, layout: Layout, held: Callable[[str], bool] 
     TP and EP), as glm46.parallel.parallelize.apply_fsdp groups them: the root (embedding, final norm, lm_head;
     under pipeline parallelism a stage's part of them), each decoder layer, each MTP layer, and with expert
     parallelism each MoE layer's experts on their own. `held`: which parameters the rank holds, by name."""
-    if layout.data_parallel == 1:
+    if not layout.shards_weights:
         return {}
     units: dict[str, int] = {}
     tp_and_ep_only = Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1)
@@ -149,16 +149,18 @@ def fsdp_units(config: GLM46Config, layout: Layout, held: Callable[[str], bool] 
 
 
 def activation_bytes_per_token(layout: Layout, config: GLM46Config) -> dict[str, float]:
-    """bf16 bytes saved for backward per token of the sequence on one TP rank: one MoE layer, one dense layer, and
-    one layer's input (all that a recomputed layer keeps). Folded over TP, a TP rank runs the experts on 1/tp of the
-    tokens; with sequence parallelism everything outside the TP regions holds 1/tp of the tokens, and the regions
-    keep their all-gathered input."""
+    """bf16 bytes saved for backward per token of the rank's part of the sequence (1/cp of it under context
+    parallelism) on one TP rank: one MoE layer, one dense layer, and one layer's input (all that a recomputed layer
+    keeps). Folded over TP, a TP rank runs the experts on 1/tp of the tokens; with sequence parallelism everything
+    outside the TP regions holds 1/tp of the tokens, and the regions keep their all-gathered input; under context
+    parallelism attention keeps the K and V of all cp ranks' tokens (all-gathered)."""
     tp, h, k = layout.tensor_parallel, config.hidden_size, config.num_experts_per_tok
     seq = tp if layout.sequence_parallel else 1  # the TP ranks a token's activations outside the regions split over
     gathered = h if seq > 1 else 0  # a TP region's input, all-gathered, saved by its column-parallel weights
     q = config.num_attention_heads * config.head_dim / tp
     kv = config.num_key_value_heads * config.head_dim / tp
-    attention = 2 * h / seq + gathered + 3 * q + 3 * kv  # norm input/output, q/k/v before and after RoPE, SDPA out
+    cp_keys = 2 * kv * layout.context_parallel if layout.context_parallel > 1 else 0  # K, V of the whole sequence
+    attention = 2 * h / seq + gathered + 3 * q + 3 * kv + cp_keys  # norm in/out, q/k/v before/after RoPE, SDPA out
     fold = tp if layout.experts_fold_tp or seq > 1 else 1
     # the layer's tokens and the k expert outputs per token weighted, then expert inputs, gate/up and activation
     routed = (h + k * h) / seq + k * (h + 3 * config.moe_intermediate_size) / fold
@@ -228,6 +230,7 @@ def stage_memory(
     else:
         full = chunks * full * share
     local_tokens = micro_batch_tokens // (layout.tensor_parallel if layout.sequence_parallel else 1)
+    local_tokens //= layout.context_parallel
     logits = min(local_tokens, loss_chunk) * config.vocab_size * (2 + 4 + 4) if head else 0  # bf16, fp32 x 2
     # What is left of the document mask of packed rows: one int64 document number per token (Documents.ids),
     # kept through the step; per-document attention needs no [T, T] mask (glm46.modules.attention).
@@ -236,7 +239,7 @@ def stage_memory(
         f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
         for kind in ("weights", "gradients", "optimizer")
     }
-    memory["activations"] = full * micro_batch_tokens + logits + documents + stage_inputs
+    memory["activations"] = full * micro_batch_tokens / layout.context_parallel + logits + documents + stage_inputs
     held = (lambda name: True) if pp_rank is None else (lambda name: stage_of(name, ranges, config) in mine)
     memory.update(gathered_bytes(fsdp_units(config, layout, held), layout.reshards_after_forward))
     if optimizer == "muon":  # held in the optimizer step, when activations are freed: counted on top, an upper bound
@@ -308,9 +311,15 @@ def plan(
     if memory["total"] > capacity:
         floor = memory["activations"] + memory["gathered (FSDP2)"] + memory["unsharded gradient (FSDP2)"]
         if floor > capacity:
+            held = (
+                "hold fewer microbatches in flight (the pipeline stages keep several; 128K rows run without stages: "
+                "parallelism=long_context, experiment=midtrain_long)"
+                if pipelined
+                else "add pipeline stages"
+            )
             fix = (
-                f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: this layout needs "
-                f"(more) pipeline stages, or context parallelism"
+                f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: split the sequence "
+                f"more (parallelism.sequence_parallel with TP, parallelism.context_parallel) or {held}"
                 + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing")
             )
         else:
@@ -350,8 +359,12 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
         f"at {hardware.peak_tflops:g} TFLOP/s bf16 and an assumed MFU of {hardware.mfu:.0%}",
         f"throughput: {result['tokens_per_second']:,.0f} tokens/s; {result['gpu_hours']:,.0f} GPU-hours = "
         f"{result['days']:,.1f} days; cost {result['cost']:,.0f} at {hardware.price_per_gpu_hour:g} per GPU-hour",
-        f"layout: world {layout.world_size} = tp {layout.tensor_parallel} x pp {layout.pipeline_parallel} x dp "
-        f"{layout.data_parallel} (ep {layout.expert_parallel}, FSDP shard {layout.data_parallel_shard})",
+        f"layout: world {layout.world_size} = tp {layout.tensor_parallel} x pp {layout.pipeline_parallel} x "
+        + (f"cp {layout.context_parallel} x " if layout.context_parallel > 1 else "")
+        + f"dp {layout.data_parallel} (ep {layout.expert_parallel}, FSDP shard {layout.fsdp_shard}"
+        + (f" = dp shard {layout.data_parallel_shard} x cp" if layout.context_parallel > 1 else "")
+        + ")"
+        + (", sequence parallel over tp" if layout.sequence_parallel else ""),
     ]
     if result["stages"]:
         lines.append(

@@ -28,6 +28,7 @@ class ParallelismConfig:
     sequence_parallel: bool = False  # with TP: the residual stream split over the sequence between TP regions
     expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
     pipeline_parallel: int = 1  # stages the decoder is split into (torch.distributed.pipelining, engine=mesh)
+    context_parallel: int = 1  # ranks each sequence is split over (engine=mesh); data.seq_len divisible by 2 x it
     pipeline_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble | DualPipeV | GPipe
     virtual_stages: int = 1  # stages per rank: 1 for 1F1B/GPipe, >= 2 for Interleaved1F1B, 2 for the V schedules
     microbatches: int = 1  # a rank's batch (data.batch_size) is split into this many for the pipeline

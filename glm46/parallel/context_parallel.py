@@ -1,0 +1,186 @@
+"""Context parallelism: each of `cp` ranks holds 1/cp of every sequence, and attention sees all of it.
+
+The variant Llama 3 trains long context with (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.2):
+each rank computes Q, K and V for its own tokens, K and V are all-gathered over the cp group (GQA makes them a
+fraction of the hidden state: GLM-4.6's 8 KV heads x 128 x 2 = 2,048 values per token against a hidden size of
+5,120), and each rank's queries attend to the gathered keys. Everything else (norms, MoE, MTP, loss) runs on the
+rank's own tokens, so activations take 1/cp of the memory.
+
+Load balancing (torch's `context_parallel` and Megatron-LM's): the sequence is cut into 2 x cp chunks and rank r
+keeps chunks r and 2 cp - 1 - r, so every rank has one early and one late chunk and the causal work is even.
+
+torch's own `context_parallel` (ring attention) patches the CUDA SDPA kernels and takes causal rows of one document;
+it does not run on the CPU's kernel, nor on rows of packed documents. So attention here is written on the per-block
+kernel that returns its log-sum-exp (`aten._scaled_dot_product_flash_attention_for_cpu`), as torch's ring attention
+is written on the CUDA ones: each query piece (the part of a local chunk inside one document) attends to its
+document's earlier keys without a mask and to its own keys causally, the two blocks merged by their log-sum-exps;
+the backward runs each block's kernel backward on the merged output and log-sum-exp, which gives exact gradients
+(the flash-attention backward only needs the final output and normaliser of each query).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+aten = torch.ops.aten
+
+
+class ContextShards:
+    """The cp group's load-balanced split of the sequence (dim 1 of [B, T, ...]): rank r holds chunks r and
+    2 cp - 1 - r of 2 cp."""
+
+    def __init__(self, group):
+        self.group = group
+        self.size = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+
+    def query_ranges(self, length: int) -> list[tuple[int, int]]:
+        """The two spans [start, end) of the whole sequence this rank holds, in the order it holds them."""
+        if length % (2 * self.size):
+            raise ValueError(
+                f"a sequence of {length} tokens does not split into 2 x context_parallel = {2 * self.size} chunks"
+            )
+        chunk = length // (2 * self.size)
+        return [(i * chunk, (i + 1) * chunk) for i in (self.rank, 2 * self.size - 1 - self.rank)]
+
+    def local(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens of a tensor every rank holds whole (input ids, positions, labels): [B, T, ...] ->
+        [B, T / cp, ...]."""
+        return torch.cat([x[:, start:end] for start, end in self.query_ranges(x.shape[1])], dim=1)
+
+    def gather(self, x: torch.Tensor, dim: int = 1) -> torch.Tensor:
+        """Every rank's tokens in sequence order, for what every rank then computes whole (the logits): backward
+        keeps this rank's part of the (same) gradient."""
+        return _GatherSequence.apply(x, dim, self, False)
+
+    def gather_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """K or V [B, heads, T / cp, d] -> [B, heads, T, d] in sequence order; backward sums every rank's gradient
+        of this rank's keys (each rank's queries attended to them)."""
+        return _GatherSequence.apply(x, 2, self, True)
+
+    def attention(self, q, k, v, lengths: list[list[int]] | None, scale: float) -> torch.Tensor:
+        """Attention of this rank's queries q [B, H, T / cp, d] with its keys and values k, v [B, KV, T / cp, d]
+        (RoPE applied) over the whole rows: K and V all-gathered, each query seeing its document's earlier tokens.
+        lengths: per row, its documents' lengths (glm46.modules.attention.Documents); None: one document per row."""
+        k, v = self.gather_keys(k), self.gather_keys(v)
+        ranges = self.query_ranges(k.shape[2])
+        rows = lengths if lengths is not None else [[k.shape[2]]] * q.shape[0]
+        return ContextAttention.apply(q, k, v, [attention_pieces(ranges, row) for row in rows], scale)
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The sum over the ranks' tokens of a count or loss term (no gradient)."""
+        x = x.detach().clone()
+        dist.all_reduce(x, group=self.group)
+        return x
+
+
+class _GatherSequence(torch.autograd.Function):
+    """All-gather of the ranks' chunks along `dim`, put back in sequence order (rank r's first half is chunk r, its
+    second chunk 2 cp - 1 - r). Backward: this rank's chunks of the gradient, summed over the ranks first when
+    `summed` (each rank used the gathered tensor for its own queries)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dim: int, shards: ContextShards, summed: bool) -> torch.Tensor:
+        ctx.dim, ctx.shards, ctx.summed = dim, shards, summed
+        parts = [torch.empty_like(x) for _ in range(shards.size)]
+        dist.all_gather(parts, x.contiguous(), group=shards.group)
+        halves = [part.chunk(2, dim=dim) for part in parts]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in reversed(halves)], dim=dim)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if ctx.summed:
+            grad = grad.contiguous()
+            dist.all_reduce(grad, group=ctx.shards.group)
+        chunks = grad.chunk(2 * ctx.shards.size, dim=ctx.dim)
+        rank = ctx.shards.rank
+        return torch.cat([chunks[rank], chunks[-1 - rank]], dim=ctx.dim), None, None, None
+
+
+def attention_pieces(query_ranges: list[tuple[int, int]], lengths: list[int]) -> list[tuple[int, int, int, int]]:
+    """The work of one row: its local queries (the spans `query_ranges` of the whole row, concatenated) cut at its
+    documents' boundaries (`lengths`, in order, summing to the row's length). Each piece is (q_start, q_end,
+    doc_start, key_start): local queries [q_start, q_end) are the whole row's [key_start, key_start + q_end -
+    q_start), in the document that starts at doc_start: they see its keys [doc_start, key_start) unmasked and
+    their own causally."""
+    pieces, local = [], 0
+    for start, end in query_ranges:
+        doc_start = 0
+        for length in lengths:
+            doc_end = doc_start + length
+            lo, hi = max(start, doc_start), min(end, doc_end)
+            if lo < hi:
+                pieces.append((local + lo - start, local + hi - start, doc_start, lo))
+            doc_start = doc_end
+        local += end - start
+    return pieces
+
+
+def _block(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of one block and its per-query log-sum-exp: q [1, H, L, d], k, v [1, KV, S, d] -> out [1, H, L, d],
+    lse [1, H, L] (fp32, or fp64 for fp64 inputs). Causal is top-left aligned (query i sees keys 0..i)."""
+    if q.device.type != "cpu":
+        raise NotImplementedError(
+            f"context parallelism's attention runs the CPU flash kernel; on {q.device.type} it is not bound yet"
+        )
+    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+
+
+def _block_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
+    return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, causal, scale=scale)
+
+
+def _blocks(piece: tuple[int, int, int, int]) -> list[tuple[int, int, bool]]:
+    """The key blocks of a piece: (start, end, causal) of the whole row's keys."""
+    q_start, q_end, doc_start, key_start = piece
+    blocks = [(key_start, key_start + q_end - q_start, True)]
+    if doc_start < key_start:
+        blocks.append((doc_start, key_start, False))
+    return blocks
+
+
+class ContextAttention(torch.autograd.Function):
+    """Local queries against the whole row's keys, per document: q [B, H, T / cp, d], k, v [B, KV, T, d] ->
+    [B, H, T / cp, d]. `pieces`: per row, attention_pieces of it."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, pieces: list[list[tuple[int, int, int, int]]], scale: float) -> torch.Tensor:
+        out = torch.zeros_like(q)
+        accumulate = torch.promote_types(q.dtype, torch.float32)  # the kernel's log-sum-exp dtype
+        lse = torch.full(q.shape[:3], float("-inf"), dtype=accumulate, device=q.device)
+        for b, row in enumerate(pieces):
+            for piece in row:
+                rows = (slice(b, b + 1), slice(None), slice(piece[0], piece[1]))
+                query = q[rows].contiguous()
+                outs, lses = zip(
+                    *(
+                        _block(query, k[b : b + 1, :, s:e], v[b : b + 1, :, s:e], causal, scale)
+                        for s, e, causal in _blocks(piece)
+                    )
+                )
+                total = torch.stack(lses).logsumexp(dim=0)  # the piece's log-sum-exp over all its keys
+                merged = sum(o.to(accumulate) * (part - total).exp()[..., None] for o, part in zip(outs, lses))
+                out[rows], lse[rows] = merged.to(q.dtype), total
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.pieces, ctx.scale = pieces, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for b, row in enumerate(ctx.pieces):
+            for piece in row:
+                rows = (slice(b, b + 1), slice(None), slice(piece[0], piece[1]))
+                # every block's backward on the piece's merged output and log-sum-exp
+                local = [t[rows].contiguous() for t in (grad, q, out, lse)]
+                for s, e, causal in _blocks(piece):
+                    keys = (slice(b, b + 1), slice(None), slice(s, e))
+                    gq, gk, gv = _block_backward(
+                        local[0], local[1], k[keys].contiguous(), v[keys].contiguous(), *local[2:], causal, ctx.scale
+                    )
+                    dq[rows] += gq
+                    dk[keys] += gk
+                    dv[keys] += gv
+        return dq, dk, dv, None, None
