@@ -88,7 +88,7 @@ def test_every_model_config_composes_and_validates(compose_config, model):
     assert isinstance(model_config(cfg), GLM46Config)
 
 
-FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "midtrain_long", "sft", "rl"}
+FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "midtrain_long", "midtrain_200k", "sft", "rl"}
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
