@@ -257,7 +257,7 @@ def test_sweep_runs_as_a_job_array_with_one_directory_per_point(tmp_path):
     assert jobs == [f"{array}_0", f"{array}_1"]
     assert sacct_states(array, records=2, timeout=300) == {job: "COMPLETED" for job in jobs}
     for job, lr in zip(jobs, ("0.001", "0.003")):
-        run_dir = tmp_path / "train" / job
+        run_dir = tmp_path / "train" / array / job.split("_")[1]  # a sweep's members side by side
         assert f"optim.lr={lr}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
         assert checkpoint_step(run_dir / "checkpoints" / "last.ckpt") == 3
 

@@ -184,10 +184,10 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
             stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
             started = time.time()
             with _output_dir(stage_dir):
-                train(stage_cfg, configs[name])
+                result = train(stage_cfg, configs[name])
             if not (stage_dir / "hf" / "config.json").is_file():
                 log.info(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
-                return {}
+                return result
             report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
         init_from = stage_dir / "hf"
     with open_dict(cfg):

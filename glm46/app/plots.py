@@ -135,6 +135,35 @@ def plot_curriculum(
     return out
 
 
+def plot_sweep(members: list[tuple[str, Path, int, int, bool]], out: Path) -> list[Path]:
+    """A sweep's members on one axis of tokens seen: train/loss left, val/loss right (when logged). members: (legend
+    label, metrics.csv, group, replicate, finished): a group's members share a color, its replicates (seeds) differ
+    in line style, an unfinished member's line is dotted. Nothing is drawn without a curve."""
+    styles = ["-", "--", "-.", (0, (5, 1)), (0, (3, 1, 1, 1, 1, 1))]
+    curves = [(m, read_metrics(m[1])) for m in members if m[1].is_file()]
+    curves = [(m, metrics) for m, metrics in curves if "train/tokens_seen" in metrics]
+    if not curves:
+        return []
+    panels = [name for name in ("train/loss", "val/loss") if any(name in metrics for _, metrics in curves)]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, series in zip(axes[0], panels):
+        for (name, _, group, replicate, done), metrics in curves:
+            if series in metrics:
+                ax.plot(
+                    *on_token_axis(metrics, series, 0.0),
+                    linestyle=styles[replicate % len(styles)] if done else ":",
+                    marker="o" if series.startswith("val") else None,
+                    color=f"C{group % 10}",
+                    label=name if done else f"{name} (unfinished)",
+                )
+        ax.set(xlabel="tokens seen", ylabel=f"{series} (nats)", title=series)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return [out]
+
+
 def plot_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     written = []

@@ -122,6 +122,14 @@ def job_id() -> str:
     return slurm_job_id() or time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(_START)) + f"_{os.getpid()}"
 
 
+def job_dir() -> str:
+    """`${job_dir:}`: a Slurm job's run directory under the sweep directory: `<array job>/<task>` for a task of a job
+    array (a sweep's members side by side, as a local multirun's `<sweep>/<number>`), else the job id."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}/{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return job_id()
+
+
 def register_resolvers() -> None:
     """Register them (uncached: `${job_id:}` in a config pickled for a Slurm job resolves inside the job)."""
     for function in (
@@ -139,5 +147,6 @@ def register_resolvers() -> None:
         matmul_dtype,
         ns_batch_bytes,
         job_id,
+        job_dir,
     ):
         OmegaConf.register_new_resolver(function.__name__, function, replace=True)

@@ -78,7 +78,7 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
     if interrupted:
         log.info(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")
-        return {}
+        return {"interrupted_at": interrupted[0]}
     # Every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes, with the dataset's tokenizer beside the weights.
     tokenizer_file = getattr(datamodule, "tokenizer_file", None)  # None: the byte-level stdlib DataModule
     tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None

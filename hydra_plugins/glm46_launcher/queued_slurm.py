@@ -4,8 +4,9 @@ hydra-submitit-launcher's SlurmLauncher submits every point of a sweep as one jo
 blocks until all of them finish; for an 80-day job the user needs the command back. QueuedSlurmLauncher
 is that launcher with two changes: every job's composition is validated (glm46.app.checks.validate, which
 checks it against the cluster) before anything is submitted, and it returns after submission,
-printing the job ids, log paths and the squeue/scancel lines, unless `wait: true`. When sbatch refuses
-the submission, the user gets one line (SlurmRefusedError) saying what was asked and what Slurm answered.
+printing the job ids, log paths and the squeue/scancel lines, unless `wait: true` (then it waits for the jobs and
+writes the sweep's summary, glm46.app.compare). A job array's manifest (glm46.app.sweep) lists its members.
+When sbatch refuses the submission, the user gets one line (SlurmRefusedError) saying what was asked and what Slurm answered.
 """
 
 from __future__ import annotations
@@ -46,8 +47,6 @@ class QueuedSlurmLauncher(SlurmLauncher):
         configs = [self.hydra_context.config_loader.load_sweep_config(self.config, list(o)) for o in job_overrides]
         if all(config.task in LOCAL_TASKS for config in configs):
             return [self.run_here(config) for config in configs]
-        if self.wait:
-            return super().launch(job_overrides, initial_job_idx)
         from glm46.app.checks import Refused, validate
         from glm46.errors import ConfigError
 
@@ -58,7 +57,8 @@ class QueuedSlurmLauncher(SlurmLauncher):
                 raise Refused(f"{' '.join(overrides) or '(no overrides)'}: {error}") from None
 
         executor = self.executor()
-        Path(str(self.config.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
         arguments = [
             (
                 list(overrides),
@@ -70,17 +70,37 @@ class QueuedSlurmLauncher(SlurmLauncher):
             for i, overrides in enumerate(job_overrides)
         ]
         jobs = self.submit(executor, arguments)
-        print(submission_report(jobs, job_overrides, str(self.config.hydra.sweep.dir)))
+        members_dir = record_sweep(jobs, job_overrides, sweep_dir)
+        print(submission_report(jobs, job_overrides, sweep_dir, members_dir), flush=True)
+        if self.wait:
+            return self.wait_for(jobs, job_overrides, configs, members_dir)
         return [
             JobReturn(
                 overrides=list(overrides),
                 cfg=config,
-                working_dir=str(self.config.hydra.sweep.dir),
+                working_dir=str(sweep_dir),
                 status=JobStatus.COMPLETED,
                 _return_value=job.job_id,
             )
             for job, overrides, config in zip(jobs, job_overrides, configs)
         ]
+
+    def wait_for(self, jobs: list, job_overrides: Sequence[Sequence[str]], configs: list, members_dir: Path | None):
+        """`wait: true`: block until every job has ended, write the sweep's summary, and return each job's result (a
+        failed job's as FAILED: Hydra then raises its error, after the summary is written)."""
+        returns = []
+        for job, overrides, config in zip(jobs, job_overrides, configs):
+            try:
+                returns.append(job.results()[0])
+            except Exception as error:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError: a failed job
+                returns.append(
+                    JobReturn(overrides=list(overrides), cfg=config, status=JobStatus.FAILED, _return_value=error)
+                )
+        if members_dir is not None:
+            from glm46.app.compare import summarize_sweep
+
+            summarize_sweep(members_dir)
+        return returns
 
     def __call__(self, *args, **kwargs) -> JobReturn:
         """Run the job inside its Slurm task. Hydra's run_job keeps the task's exception in the JobReturn, and the
@@ -140,14 +160,35 @@ class QueuedSlurmLauncher(SlurmLauncher):
         )
 
 
-def submission_report(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: str) -> str:
-    """What a user needs once the jobs are queued: ids, where the logs and runs go, how to watch or cancel."""
-    lines = [f"submitted {len(jobs)} job(s) to Slurm; run directories under {sweep_dir}/<job id>"]
+def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:
+    """A job array's members run in `<sweep dir>/<array id>/<task>` (conf/launch/slurm.yaml): write that directory's
+    manifest (glm46.app.sweep) so that a member that never starts is listed too; None for a job that is no array."""
+    from glm46.app.sweep import write_manifest
+
+    if "_" not in jobs[0].job_id:
+        return None
+    members_dir = sweep_dir / jobs[0].job_id.split("_")[0]
+    members = [
+        {"dir": job.job_id.split("_")[1], "overrides": list(overrides), "job_id": job.job_id}
+        for job, overrides in zip(jobs, job_overrides)
+    ]
+    write_manifest(members_dir, members)
+    return members_dir
+
+
+def submission_report(
+    jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path, members_dir: Path | None = None
+) -> str:
+    """What a user needs once the jobs are queued: ids, where the logs and runs go, how to watch, compare or cancel."""
+    where = f"{members_dir}/<task>" if members_dir else f"{sweep_dir}/<job id>"
+    lines = [f"submitted {len(jobs)} job(s) to Slurm; run directories {where}"]
     for job, overrides in zip(jobs, job_overrides):
         lines.append(f"  {job.job_id}: {' '.join(filter_overrides(overrides)) or '(no overrides)'}")
         lines.append(f"      log {job.paths.stdout}")
     array = jobs[0].job_id.split("_")[0]
     lines += [f"watch:  squeue -j {array}    sacct -j {array}", f"cancel: scancel {array}"]
+    if members_dir:
+        lines.append(f"compare when they end: python -m glm46.compare {members_dir}")
     return "\n".join(lines)
 
 
