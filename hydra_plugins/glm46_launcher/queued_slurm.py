@@ -6,7 +6,8 @@ is that launcher with two changes: every job's composition is validated (glm46.a
 checks it against the cluster) before anything is submitted, and it returns after submission,
 printing the job ids, log paths and the squeue/scancel lines, unless `wait: true` (then it waits for the jobs and
 writes the sweep's summary, glm46.app.compare). A job array's manifest (glm46.app.sweep) lists its members.
-When sbatch refuses the submission, the user gets one line (SlurmRefusedError) saying what was asked and what Slurm answered.
+When sbatch refuses the submission, the user gets one line (SlurmRefusedError) saying what was asked and what
+Slurm answered.
 """
 
 from __future__ import annotations
