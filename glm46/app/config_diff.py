@@ -9,7 +9,8 @@ by leaf, and their config-group choices (`hydra.runtime.choices`) are compared a
     python -m glm46.diff outputs/train/<job id> "optim=adamw" --yaml
 
 Exit status: 0 whether or not they differ (1 with `--exit-code` when they do), 2 when a side
-cannot be composed (a bad override, a missing run directory), with Hydra's message.
+cannot be composed (a bad override, a missing run directory), with Hydra's message. Two run directories also get
+their outcomes side by side (final train loss, validation loss, tokens/s, lm-eval metrics) under the differences.
 
 Not compared: the `hydra` node itself (only its choices), and `${hydra:...}` interpolations, which
 are kept unresolved on both sides: they name the run's own output directory, which differs between
@@ -214,10 +215,20 @@ def diff_configs(a: dict, b: dict) -> dict[str, dict[str, Any]]:
 
 
 def diff_specs(spec_a: str, spec_b: str, config_dir: str | Path | None = None) -> dict:
-    """{"defaults": choice differences, "changed": key differences} of two specs."""
+    """{"defaults": choice differences, "changed": key differences} of two specs; and when both are run directories,
+    "outcomes": {outcome: {"a", "b"}} for every outcome either run has (glm46.app.compare.read_outcomes)."""
     cfg_a, choices_a = compose_from(spec_a, config_dir)
     cfg_b, choices_b = compose_from(spec_b, config_dir)
-    return {"defaults": diff_configs(choices_a, choices_b), "changed": diff_configs(cfg_a, cfg_b)}
+    result = {"defaults": diff_configs(choices_a, choices_b), "changed": diff_configs(cfg_a, cfg_b)}
+    if is_run_dir(spec_a) and is_run_dir(spec_b):
+        from glm46.app.compare import read_outcomes
+
+        a, b = read_outcomes(Path(spec_a)), read_outcomes(Path(spec_b))
+        result["outcomes"] = {
+            name: {side: values[name] for side, values in (("a", a), ("b", b)) if name in values}
+            for name in dict.fromkeys([*a, *b])
+        }
+    return result
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -245,7 +256,17 @@ def format_text(result: dict, label_a: str = "A", label_b: str = "B") -> str:
         lines.append(f"{title} ({', '.join(counts)}):" if entries else f"{title}: no difference")
         for key, entry in entries.items():
             lines.append(f"  {key}: {_show(entry.get('a', _ABSENT))} -> {_show(entry.get('b', _ABSENT))}")
+    if "outcomes" in result:
+        lines.append("outcomes (b - a):" if result["outcomes"] else "outcomes: none recorded")
+        for name, entry in result["outcomes"].items():
+            a, b = entry.get("a"), entry.get("b")
+            delta = f" ({b - a:+.4g})" if a is not None and b is not None else ""
+            lines.append(f"  {name}: {_outcome(a)} -> {_outcome(b)}{delta}")
     return "\n".join(lines)
+
+
+def _outcome(value: float | None) -> str:
+    return "(absent)" if value is None else f"{value:.4g}"
 
 
 def format_yaml(result: dict) -> str:

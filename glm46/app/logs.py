@@ -1,9 +1,12 @@
 """Status lines of the application: through `logging` (Hydra writes them to the console and the run
-directory's <task>.log), from global rank zero only, so a 64-process job prints each line once."""
+directory's <task>.log), from global rank zero only, so a 64-process job prints each line once; and the
+dependencies' lines that are not the user's, dropped."""
 
 from __future__ import annotations
 
 import logging
+import sys
+import warnings
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
 
@@ -18,3 +21,31 @@ def rank_zero_logger(name: str) -> logging.Logger:
     if not any(isinstance(f, _RankZeroOnly) for f in logger.filters):
         logger.addFilter(_RankZeroOnly())
     return logger
+
+
+# What dependencies print on every run that asks nothing of a glm46 user. Python's own -W / PYTHONWARNINGS win: a
+# user who sets them sees everything.
+ADVERTISEMENTS = ("litlogger",)  # Lightning's tip for its hosted logger, on every Trainer
+FOREIGN_WARNINGS = (
+    # Lightning's hint when `srun` exists but the run is not under it: glm46 submits through submitit (the job runs
+    # under srun); a run outside Slurm on a machine that has it is meant to be one.
+    (r"The `srun` command is available on your system but is not used", Warning),
+    # torch 2.13 deprecates LeafSpec, which Lightning 2.6's pytree helper still builds (lightning/pytorch/utilities/
+    # _pytree.py); nothing a user can change.
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning),
+)
+
+
+class _DropAdvertisements(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(word in record.getMessage() for word in ADVERTISEMENTS)
+
+
+def quiet_dependencies() -> None:
+    """Drop the dependencies' lines above from this process's output (idempotent)."""
+    lightning_info = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if not any(isinstance(f, _DropAdvertisements) for f in lightning_info.filters):
+        lightning_info.addFilter(_DropAdvertisements())
+    if not sys.warnoptions:
+        for message, category in FOREIGN_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=category)

@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 
 from glm46.app.checks import validate
 from glm46.app.curriculum import train_stages
-from glm46.app.logs import rank_zero_logger
+from glm46.app.logs import quiet_dependencies, rank_zero_logger
 from glm46.app.preparation import prepare_cached, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.errors import ConfigError
@@ -106,4 +106,5 @@ TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
 
 
 def run_task(cfg: DictConfig) -> object:
+    quiet_dependencies()  # here, not in run.py: a Slurm job starts in submitit's process, not run.py's
     return TASKS[cfg.task](cfg, validate(cfg))

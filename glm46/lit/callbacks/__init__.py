@@ -1,9 +1,19 @@
-"""Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption, checkpoints."""
+"""Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption, checkpoints,
+progress."""
 
 from .balancer import ExpertBalancer, max_violation
 from .batch_warmup import BatchSizeWarmup
 from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
+from .progress import Progress
 from .throughput import Throughput
 
-__all__ = ["BatchSizeWarmup", "ExpertBalancer", "ModelCheckpoint", "Preemption", "Throughput", "max_violation"]
+__all__ = [
+    "BatchSizeWarmup",
+    "ExpertBalancer",
+    "ModelCheckpoint",
+    "Preemption",
+    "Progress",
+    "Throughput",
+    "max_violation",
+]
