@@ -143,6 +143,18 @@ class KillAtBatch(L.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class FailForSeed(L.Callback):
+    """Raises as training starts in the run whose `seed` is `failing`: one member of a sweep made to fail
+    (`+callbacks.fail._target_=tests.helpers.FailForSeed +callbacks.fail.seed=${seed} +callbacks.fail.failing=1`)."""
+
+    def __init__(self, seed: int, failing: int):
+        self.fails = seed == failing
+
+    def on_train_start(self, trainer, pl_module):
+        if self.fails:
+            raise RuntimeError("planted failure for this seed")
+
+
 class SignalDuringSave(L.Callback):
     """Send this process `signal` while a checkpoint is being assembled (a second signal during the save)."""
 
