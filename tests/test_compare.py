@@ -166,6 +166,8 @@ def test_failed_died_and_unstarted_members_are_listed_and_left_out_of_the_statis
     "record, slurm, started, expected",
     [
         ({"state": "completed"}, "COMPLETED", True, "completed"),
+        ({"state": "completed"}, "RUNNING", True, "completed"),  # its end written, the process exiting
+        ({"state": "failed"}, "PENDING", True, "pending"),  # requeued by hand after a failure
         ({"state": "interrupted"}, "PENDING", True, "pending"),  # requeued after a preemption: queued again
         ({"state": "running", "host": "elsewhere", "pid": 1}, "OUT_OF_MEMORY", True, "out_of_memory"),
         ({"state": "running", "host": "elsewhere", "pid": 1}, "COMPLETED", True, "died"),  # ended, never wrote its end

@@ -150,9 +150,11 @@ def sacct_states(job_ids: list[str]) -> dict[str, str]:
 
 
 def member_state(record: dict | None, slurm: str | None, started: bool) -> str:
-    """The member's state: Slurm's while the job is queued or running; else what the run wrote (state.json), unless
-    it never wrote its end: then Slurm's final state, or `died` when its process is gone from this host."""
-    if slurm in ALIVE:
+    """The member's state: Slurm's while the job is queued or running (a run that has written its end is only
+    exiting: its own word counts); else what the run wrote (state.json), unless it never wrote its end: then Slurm's
+    final state, or `died` when its process is gone from this host."""
+    ended = record is not None and record["state"] in ("completed", "failed")
+    if slurm in ALIVE and not (ended and slurm in ("RUNNING", "COMPLETING")):
         return slurm.lower()
     if record is None:
         return slurm.lower() if slurm else ("unknown" if started else "not started")
