@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from glm46.app.compare import Member, estimate, find_members, main, member_state, read_outcomes, summarize
 from glm46.app.config_diff import diff_specs, format_text
 from glm46.app.plots import read_metrics
+from glm46.app.sweep_summary import Member, estimate, find_members, main, member_state, read_outcomes, summarize
 
 from .slurm import require_slurm
 
@@ -28,7 +28,7 @@ T_975 = {1: 12.706204736, 2: 4.302652730}  # Student's t, 97.5% quantile, by deg
 
 
 def write_run(run_dir: Path, overrides: list[str], val: list[float], state: str = "completed", **record) -> Path:
-    """A run directory as training leaves it: .hydra/, metrics.csv (train and val loss against tokens) and state.json."""
+    """A run directory as training leaves it: .hydra/, metrics.csv (train and val loss by tokens) and state.json."""
     (run_dir / ".hydra").mkdir(parents=True)
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": 0}))
     (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))

@@ -1,20 +1,19 @@
-"""What a run and a sweep leave behind for `python -m glm46.compare`: each run's state, each sweep's members.
+"""What a run and a sweep leave behind for `python -m glm46.compare` (the files: glm46.app.run_files).
 
-- `<run dir>/state.json`: {"state": running | completed | failed | interrupted, "pid", "host", "job_id",
-  "started", "ended", "error"}, written by the Hydra callback RunState (hydra.callbacks in conf/config.yaml) when
-  the job starts and when it ends, from the first rank only. A process killed outright (SIGKILL, a lost node)
-  never writes its end: the reader then asks Slurm (sacct) or, on the same host, whether the process lives.
-- `<sweep dir>/sweep.json`: {"members": [{"dir", "overrides", "job_id"}]}, every member a sweep will run, written
-  before any of them starts (by RunState for a local multirun, by the Slurm launcher once the array is queued), so
-  that a member that never started or died early is listed, not dropped.
+- `<run dir>/state.json`, written by the Hydra callback RunState (hydra.callbacks in conf/config.yaml) when the job
+  starts and when it ends, from the first rank only. A process killed outright (SIGKILL, a lost node) never
+  writes its end: the reader then asks Slurm (sacct) or, on the same host, whether the process lives.
+- `<sweep dir>/sweep.json`, every member a sweep will run, written before any of them starts (by RunState for a
+  local multirun, by the Slurm launcher once the array is queued), so that a member that never started or died
+  early is listed, not dropped.
 
-A local multirun also rewrites the sweep's summary (glm46.app.compare) each time a member ends, so the summary is
-complete once the last one has ended, also when a member failed (Hydra then raises and skips on_multirun_end).
+A local multirun also rewrites the sweep's summary (glm46.app.sweep_summary) each time a member ends, so that the
+summary is complete once the last one has ended, also when a member failed (Hydra then raises and skips
+on_multirun_end).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -28,9 +27,9 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from glm46.app.run_files import STATE_FILE, SWEEP_FILE, read_json, write_json, write_manifest
+
 log = logging.getLogger(__name__)
-STATE_FILE = "state.json"
-SWEEP_FILE = "sweep.json"
 LOCAL_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID")  # what Lightning reads for the global rank
 
@@ -39,27 +38,6 @@ def first_rank() -> bool:
     """Whether this process is rank 0 (or the only one): read from the environment, as at job start no process
     group exists yet."""
     return all(os.environ.get(name, "0") == "0" for name in RANK_VARIABLES)
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Whole or not at all: a reader never sees half a file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value, indent=2))
-    os.replace(partial, path)
-
-
-def read_json(path: Path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def write_manifest(sweep_dir: Path, members: list[dict]) -> Path:
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    path = sweep_dir / SWEEP_FILE
-    write_json(path, {"members": members})
-    return path
 
 
 def sweep_jobs(overrides: list[str]) -> list[list[str]]:
@@ -124,7 +102,7 @@ class RunState(Callback):
     @staticmethod
     def summarize(sweep_dir: Path, run_dir: Path, state: dict) -> None:
         """One line for the member that ended; the sweep's summary (files, and the tables once it is the last)."""
-        from glm46.app.compare import summarize_sweep
+        from glm46.app.sweep_summary import summarize_sweep
 
         log.info(f"member {run_dir.name}: {state['state']} -> {run_dir}")
         manifest = read_json(sweep_dir / SWEEP_FILE) or {"members": []}

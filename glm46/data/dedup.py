@@ -20,9 +20,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 from datasketch import MinHashLSH
-from tqdm import tqdm
 
 from .documents import Document, Ledger
+from .loop_progress import progress
 
 _WORD = re.compile(r"\w+")
 
@@ -182,7 +182,7 @@ def minhash_signatures(
     work = partial(_signatures, shingle_size=shingle_size, num_perm=num_perm, seed=seed)
     chunks = [texts[i : i + chunk] for i in range(0, len(texts), chunk)]
     with ThreadPoolExecutor(num_workers) as pool:
-        parts = list(tqdm(pool.map(work, chunks), total=len(chunks), desc="minhash", unit="chunk", leave=False))
+        parts = list(progress(pool.map(work, chunks), desc="minhash", unit="chunk", total=len(chunks)))
     return np.concatenate(parts) if parts else np.zeros((0, num_perm), np.uint32)
 
 

@@ -17,11 +17,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from tqdm import tqdm
-
 from .dedup import dedup_exact, dedup_near, dedup_urls
 from .documents import Document, Ledger
 from .embedded import read_embedded
+from .loop_progress import progress
 from .quality import QualityRules, violation
 from .sources import read_jsonl, read_parquet, read_text_folder
 
@@ -35,7 +34,7 @@ class EmptyDatasetError(ValueError):
 def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
     """Unicode NFC, Unix newlines, no surrounding blank space; documents left empty are dropped."""
     kept = []
-    for doc in tqdm(docs, desc="read+normalise", unit="doc", leave=False):
+    for doc in progress(docs, desc="read+normalise", unit="doc"):
         before = doc.nbytes
         doc.text = unicodedata.normalize("NFC", doc.text.replace("\r\n", "\n").replace("\r", "\n")).strip()
         ledger.trimmed_bytes += before - doc.nbytes
@@ -60,7 +59,7 @@ def length_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> 
 
 def quality_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
     kept = []
-    for doc in tqdm(docs, desc="quality", unit="doc", leave=False):
+    for doc in progress(docs, desc="quality", unit="doc"):
         rule = violation(doc, rules)
         if rule:
             ledger.drop(doc, f"quality/{rule}")

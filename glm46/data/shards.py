@@ -11,8 +11,8 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
+from .loop_progress import progress
 from .tokenizer import GLMTokenizer
 
 EOS = "<|endoftext|>"
@@ -56,12 +56,11 @@ def encode_documents(
     eos, chunks = tokenizer.token_id(EOS), _chunks(texts, chunk_chars)
     with ThreadPoolExecutor(num_threads) as pool:
         encoded = list(
-            tqdm(
+            progress(
                 pool.map(partial(_encode_chunk, tokenizer, eos), chunks),
-                total=len(chunks),
                 desc="tokenize",
                 unit="chunk",
-                leave=False,
+                total=len(chunks),
             )
         )
     starts = np.cumsum([0] + [len(ids) for ids, _ in encoded])

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -125,6 +126,24 @@ def save(results: dict, folder: Path) -> None:
         (folder / f"samples_{task}.jsonl").write_text("".join(dump(sample) + "\n" for sample in samples))
 
 
+@contextlib.contextmanager
+def quiet_harness() -> Iterator[None]:
+    """lm-eval's INFO lines (seeds, the task list, context building: dozens per evaluation) and the datasets library's
+    "Generating test split" bars, held back; lm-eval's warnings and its results table still show."""
+    import datasets
+
+    harness = logging.getLogger("lm_eval")
+    level, bars = harness.level, datasets.is_progress_bar_enabled()
+    harness.setLevel(logging.WARNING)
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        harness.setLevel(level)
+        if bars:
+            datasets.enable_progress_bars()
+
+
 def evaluate(
     settings: DictConfig, model: str | Path, output_dir: Path, loggers: Sequence = (), step: int | None = None
 ) -> dict:
@@ -151,19 +170,20 @@ def evaluate(
         "max_gen_toks": settings.max_gen_toks,
     }
     seed = settings.seed
-    results = simple_evaluate(
-        model="glm46",
-        model_args=model_args,
-        tasks=list(settings.tasks),
-        batch_size=settings.batch_size,
-        limit=settings.limit,
-        bootstrap_iters=0,
-        task_manager=manager,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    with quiet_harness():
+        results = simple_evaluate(
+            model="glm46",
+            model_args=model_args,
+            tasks=list(settings.tasks),
+            batch_size=settings.batch_size,
+            limit=settings.limit,
+            bootstrap_iters=0,
+            task_manager=manager,
+            random_seed=seed,
+            numpy_random_seed=seed,
+            torch_random_seed=seed,
+            fewshot_random_seed=seed,
+        )
     save(results, folder)
     print(make_table(results))
     if "groups" in results:

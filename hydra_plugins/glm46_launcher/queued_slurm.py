@@ -5,7 +5,7 @@ blocks until all of them finish; for an 80-day job the user needs the command ba
 is that launcher with two changes: every job's composition is validated (glm46.app.checks.validate, which
 checks it against the cluster) before anything is submitted, and it returns after submission,
 printing the job ids, log paths and the squeue/scancel lines, unless `wait: true` (then it waits for the jobs and
-writes the sweep's summary, glm46.app.compare). A job array's manifest (glm46.app.sweep) lists its members.
+writes the sweep's summary, glm46.app.sweep_summary). A job array's manifest (glm46.app.run_files) lists its members.
 When sbatch refuses the submission, the user gets one line (SlurmRefusedError) saying what was asked and what
 Slurm answered.
 """
@@ -98,7 +98,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
                     JobReturn(overrides=list(overrides), cfg=config, status=JobStatus.FAILED, _return_value=error)
                 )
         if members_dir is not None:
-            from glm46.app.compare import summarize_sweep
+            from glm46.app.sweep_summary import summarize_sweep
 
             summarize_sweep(members_dir)
         return returns
@@ -164,7 +164,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
 def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:
     """A job array's members run in `<sweep dir>/<array id>/<task>` (conf/launch/slurm.yaml): write that directory's
     manifest (glm46.app.sweep) so that a member that never starts is listed too; None for a job that is no array."""
-    from glm46.app.sweep import write_manifest
+    from glm46.app.run_files import write_manifest
 
     if "_" not in jobs[0].job_id:
         return None

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from glm46.app.sweep import STATE_FILE, SWEEP_FILE, read_json
+from glm46.app.run_files import STATE_FILE, SWEEP_FILE, read_json
 
 SEED = "seed"
 # (column, metric in metrics.csv, which value): the outcomes every training run logs.
