@@ -32,6 +32,7 @@ from glm46.app.run_files import STATE_FILE, SWEEP_FILE, read_json, write_json, w
 log = logging.getLogger(__name__)
 LOCAL_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID")  # what Lightning reads for the global rank
+SUMMARIZED_TASKS = ("train", "eval")  # the tasks with outcomes (metrics.csv, eval/results.json)
 
 
 def first_rank() -> bool:
@@ -96,7 +97,8 @@ class RunState(Callback):
             state.update(state="interrupted" if interrupted else "completed")
         state["ended"] = time.time()
         write_json(run_dir / STATE_FILE, state)
-        if config.hydra.mode.name == "MULTIRUN" and config.hydra.launcher._target_ == LOCAL_LAUNCHER:
+        local_sweep = config.hydra.mode.name == "MULTIRUN" and config.hydra.launcher._target_ == LOCAL_LAUNCHER
+        if local_sweep and config.task in SUMMARIZED_TASKS:
             self.summarize(Path(config.hydra.sweep.dir), run_dir, state)
 
     @staticmethod
