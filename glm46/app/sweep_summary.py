@@ -122,12 +122,12 @@ def _overrides(run_dir: Path) -> list[str]:
 
 
 def _read_states(members: list[Member]) -> None:
-    records = {m.name: read_json(m.run_dir / STATE_FILE) for m in members}
+    records = {m.run_dir: read_json(m.run_dir / STATE_FILE) for m in members}
     for member in members:
-        member.job_id = member.job_id or (records[member.name] or {}).get("job_id")
+        member.job_id = member.job_id or (records[member.run_dir] or {}).get("job_id")
     slurm = sacct_states([m.job_id for m in members if m.job_id])
     for member in members:
-        record = records[member.name]
+        record = records[member.run_dir]
         member.state = member_state(record, slurm.get(member.job_id or ""), member.run_dir.is_dir())
         member.error = (record or {}).get("error")
 
