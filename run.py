@@ -15,9 +15,9 @@ register_configs()
 
 
 @hydra.main(config_path="conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> object:
     try:
-        run_task(cfg)
+        return run_task(cfg)  # the job's return value: glm46.app.sweep.RunState reads an interruption from it
     except ConfigError as error:  # a composition that cannot run: its message names the keys
         raise Refused(str(error)) from None
 

@@ -2,6 +2,7 @@
 without exporting, and `ckpt_path=last` continues it to the end; a second signal during the save changes
 nothing. (Bitwise equality of a resumed run with an uninterrupted one: tests/test_resume.py.)"""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -52,10 +53,13 @@ def test_signal_saves_at_the_step_boundary_and_the_run_resumes_to_the_end(tmp_pa
     assert "interrupted at step 4" in first.stdout  # the step in flight finished, then the save
     assert checkpoint(interrupted)["global_step"] == 4
     assert not (interrupted / "hf").exists()  # an interrupted run does not export
+    state = json.loads((interrupted / "state.json").read_text())  # what glm46.compare reads
+    assert state["state"] == "interrupted"
     second = run(interrupted, "ckpt_path=last")
     assert "interrupted at step" not in second.stdout
     assert checkpoint(interrupted)["global_step"] == 8
     assert (interrupted / "hf" / "config.json").is_file()
+    assert json.loads((interrupted / "state.json").read_text())["state"] == "completed"
 
 
 @pytest.mark.slow
