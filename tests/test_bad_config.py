@@ -196,14 +196,15 @@ TABLE = [
     ("guard-action-unknown", TINY, ["guard.on_repeated=retry"], VALIDATE,
      [r"guard\.on_repeated='retry': expected 'rollback' or 'stop'"]),
     ("guard-spike-factor-below-1", TINY, ["guard.spike_factor=0.5"], VALIDATE, [r"spike_factor=0\.5 must be > 1"]),
-    # -- RL: prompts, an RL phase and the GRPO module together, on one process, whole prompt groups per update
+    # -- RL: prompts, an RL phase and the GRPO module together, on data-parallel layouts, whole groups per update
     ("rl-phase-on-language-modelling-data", DATASET, ["phase=toy_rl", "module=grpo"], VALIDATE,
      [r"data=glm46\.lit\.shard_data\.ShardDataModule, phase=toy_rl, module=glm46\.rl\.grpo_module\.GRPOLitModule: "
       r"RL needs the prompts", r"phase=rl, toy_rl\) and module=grpo together"]),
     ("rl-phase-without-the-grpo-module", RL, ["module=causal_lm"], VALIDATE,
      [r"module=glm46\.lit\.GLM46LitModule: RL needs the prompts .* and module=grpo together \(experiment=rl\)"]),
-    ("rl-on-several-processes", RL, ["parallelism=ddp", "cluster.devices=2"], VALIDATE,
-     [r"parallelism=ddp: RL samples its rollouts with the training model's own generate, on one process"]),
+    ("rl-split-within-a-layer", RL, ["parallelism=tp", "cluster.devices=2"], VALIDATE,
+     [r"parallelism=tp \(parallelism\.tensor_parallel=2\): RL rolls out with the training model's own generate",
+      r"\(single, ddp\) or sharded by FSDP2 or expert parallelism \(fsdp2, ep, fsdp2_ep\)"]),
     ("rl-with-accumulation", RL, ["trainer.accumulate_grad_batches=2"], VALIDATE,
      [r"trainer\.accumulate_grad_batches=2: an RL step is one rollout batch"]),
     ("rl-updates-split-a-group", RL, ["phase.grpo.updates_per_rollout=3"], VALIDATE,

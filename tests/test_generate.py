@@ -174,6 +174,33 @@ def test_padded_sampling_equals_unpadded_sampling(model):
     assert not torch.equal(sample(padded)[:, 10:], expected[:, 6:]), "without the mask pads should change the output"
 
 
+def test_a_row_with_its_own_generator_samples_the_same_in_any_batch(model):
+    """Per-row generators (GRPO seeds each completion by its prompt): a row's tokens do not depend on its batch."""
+    x = torch.randint(0, 96, (3, 6), generator=torch.Generator().manual_seed(9))
+
+    def generators(*seeds):
+        return [torch.Generator().manual_seed(s) for s in seeds]
+
+    together = model.generate(x, 10, 1.3, generator=generators(11, 12, 13))
+    for i, seed in enumerate((11, 12, 13)):
+        alone = model.generate(x[i : i + 1], 10, 1.3, generator=generators(seed))
+        assert torch.equal(together[i : i + 1], alone), i
+    swapped = model.generate(x[[2, 0]], 10, 1.3, generator=generators(13, 11))
+    assert torch.equal(swapped, together[[2, 0]])
+    assert not torch.equal(together, model.generate(x, 10, 1.3, generator=generators(21, 22, 23)))
+
+
+def test_generation_runs_until_every_rank_has_finished(model):
+    """all_finished says whether every rank's rows have ended: until then this batch keeps stepping (padding with
+    its EOS), as ranks whose forwards are collective must."""
+    x = torch.randint(0, 96, (1, 4), generator=torch.Generator().manual_seed(3))
+    first = int(model.generate(x, 1)[0, -1])  # greedy's first token, made the EOS: it ends after one step
+    assert model.generate(x, 8, eos_token_id=first).shape[1] == 5
+    steps = []
+    held = model.generate(x, 8, eos_token_id=first, all_finished=lambda done: steps.append(done) or len(steps) == 6)
+    assert held.shape[1] == 4 + 6 and (held[0, 4:] == first).all() and all(steps)
+
+
 @pytest.mark.parametrize(
     ("mask", "match"),
     [

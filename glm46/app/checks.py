@@ -295,7 +295,7 @@ def grpo(cfg: DictConfig) -> DictConfig | None:
 
 
 def check_rl(cfg: DictConfig) -> None:
-    """RL: the prompts (data=rl), an RL phase and the GRPO module go together; on one process, whole rollouts."""
+    """RL: the prompts (data=rl), an RL phase and the GRPO module go together, on data-parallel layouts."""
     kinds = {
         "data": issubclass(get_class(cfg.data._target_), PromptDataModule),
         "phase": grpo(cfg) is not None,
@@ -310,10 +310,14 @@ def check_rl(cfg: DictConfig) -> None:
     if not kinds["data"] or cfg.task != "train":
         return
     settings = grpo(cfg)
-    if cfg.parallelism.name != "single":
+    layout = cfg.parallelism
+    split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}
+    if split or layout.engine == "deepspeed":
         raise ConfigError(
-            f"parallelism={cfg.parallelism.name}: RL samples its rollouts with the training model's own generate, "
-            f"on one process in this version (parallelism=single); at scale, rollouts need an inference engine"
+            f"parallelism={layout.name} ({', '.join(f'parallelism.{k}={v}' for k, v in split.items()) or 'ZeRO-3'}): "
+            f"RL rolls out with the training model's own generate, over data-parallel ranks whose model is whole "
+            f"(single, ddp) or sharded by FSDP2 or expert parallelism (fsdp2, ep, fsdp2_ep); not split within a "
+            f"layer or a sequence"
         )
     if cfg.trainer.accumulate_grad_batches != 1:
         raise ConfigError(

@@ -159,10 +159,14 @@ class MixtureWindows(IterableDataset):
             return window(tokens, item, self.seq_len)
         return packed(tokens, self.bins[domain][item], self.seq_len, self.pad_id, self.targets[domain])
 
+    def indices(self, number: int) -> np.ndarray:
+        """The global sample indices of this rank's batch `number` (counted from `start`)."""
+        local = np.arange(number * self.batch_size, (number + 1) * self.batch_size)
+        return self.start + local * self.world_size + self.rank
+
     def batch(self, number: int) -> dict[str, torch.Tensor]:
         """This rank's batch `number` (counted from `start`)."""
-        local = np.arange(number * self.batch_size, (number + 1) * self.batch_size)
-        domains, items = self.choose(self.start + local * self.world_size + self.rank)
+        domains, items = self.choose(self.indices(number))
         rows = [self.sample(int(d), int(i)) for d, i in zip(domains, items)]
         return {key: torch.from_numpy(np.stack([row[key] for row in rows])) for key in rows[0]}
 

@@ -1,6 +1,8 @@
 """What `generate()` needs beside the model: a preallocated key/value cache for all decoder layers, and the choice
 of the next token (greedy, or temperature sampling with optional top-k / top-p)."""
 
+from collections.abc import Sequence
+
 import torch
 
 from .config import GLM46Config
@@ -42,9 +44,10 @@ def sample_next_token(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | Sequence[torch.Generator] | None = None,
 ) -> torch.Tensor:
-    """logits [B, V] -> token ids [B]. temperature 0 is greedy."""
+    """logits [B, V] -> token ids [B]. temperature 0 is greedy. generator: one for the batch, or one per row (a row's
+    tokens then depend on its own generator only, not on which rows share its batch)."""
     if temperature <= 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
@@ -57,4 +60,7 @@ def sample_next_token(
         drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest prefix reaching top_p
         logits = logits.scatter(1, sorted_idx, sorted_logits.masked_fill(drop, float("-inf")))
     probs = logits.softmax(dim=-1)
+    if isinstance(generator, Sequence):
+        rows = [torch.multinomial(p[None], num_samples=1, generator=g) for p, g in zip(probs, generator, strict=True)]
+        return torch.cat(rows).squeeze(-1)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

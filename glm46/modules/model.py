@@ -6,7 +6,7 @@ Parameter names follow transformers' in-memory Glm4Moe layout (`model.layers.N.m
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -204,6 +204,13 @@ class GLM46ForCausalLM(nn.Module):
             out.mtp_loss = torch.stack(mtp_losses).mean()
         return out
 
+    def hidden_states(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The final norm's output [B, T, hidden] without the head or MTP: for a loss computed against
+        lm_head.weight outside (RL's token log-probs, in chunks). Under FSDP2 it is registered as a forward method
+        (glm46.rl.grpo_module), so that the root's weights are gathered for it."""
+        hidden, _ = self.model(input_ids, position_ids)
+        return hidden
+
     def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean CE over the labelled tokens (labels of the whole rows); under context and sequence parallelism this
         rank's tokens' part of it."""
@@ -222,8 +229,9 @@ class GLM46ForCausalLM(nn.Module):
         top_k: int | None = None,
         top_p: float | None = None,
         eos_token_id: int | list[int] | None = None,
-        generator: torch.Generator | None = None,
+        generator: torch.Generator | Sequence[torch.Generator] | None = None,
         attention_mask: torch.Tensor | None = None,
+        all_finished: Callable[[bool], bool] | None = None,
     ) -> torch.Tensor:
         """Continue prompts [B, T] by up to max_new_tokens with the KV cache -> [B, T + new].
 
@@ -231,8 +239,10 @@ class GLM46ForCausalLM(nn.Module):
         (as in transformers): positions count from each row's first real token and no token attends to a pad, so a
         row continues exactly as its prompt alone would. Right padding or a row of padding only is a ValueError.
         Without a mask (or with one of all ones) every token is real and attention takes the unmasked causal path.
-        temperature 0 is greedy. A row that emits an EOS token is padded with that token afterwards. MTP layers
-        are not used.
+        temperature 0 is greedy; generator: one, or one per row (glm46.modules.generation.sample_next_token). A row
+        that emits an EOS token is padded with that token afterwards. MTP layers are not used. all_finished(this
+        batch's rows all finished) -> whether every rank's are: on a model sharded over ranks, every rank must run the
+        same number of forwards (their collectives pair up), so generation stops when all ranks' rows have.
         """
         batch, prompt_len = input_ids.shape
         dtype = self.model.embed_tokens.weight.dtype
@@ -257,6 +267,7 @@ class GLM46ForCausalLM(nn.Module):
             finished |= torch.isin(next_token, eos)
             step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [B, 1] each
             tokens.append(step_input)
-            if finished.all():
+            done = bool(finished.all())
+            if done if all_finished is None else all_finished(done):
                 break
         return torch.cat(tokens, dim=1)

@@ -14,8 +14,11 @@ Rollouts and updates alternate within a step, so the module optimizes manually (
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
 router's correction bias stays frozen (balancer rate 0) and the sequence-aux loss is off during RL: the
 experiment sets both. The MTP layers are not trained here (slime trains them only with
---enable-mtp-training). Sampling is seeded by (seed, rollout index), so a resumed run draws the same
-completions as an uninterrupted one.
+--enable-mtp-training). Each completion's sampling is seeded by (seed, its prompt's global sample index, its
+number in the group), so a resumed run draws the same completions as an uninterrupted one, and N data-parallel
+processes (ddp, fsdp2, the expert layouts; each rolls out its share of the prompts, whole groups) the same as one.
+The token mean of the loss counts every rank's completion tokens, and ranks generate in step (a sharded model's
+forwards are collective).
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
-from glm46.parallel.strategies import data_parallel_rank_and_size
+from glm46.parallel.strategies import data_parallel_group, data_parallel_rank_and_size
 from glm46.rl.grpo_loss import AGGREGATIONS, group_advantages, policy_loss, token_logprobs
 from glm46.rl.rewards import verify
 
@@ -105,6 +109,7 @@ class GRPOLitModule(GLM46LitModule):
         """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml).
         reward(record, completion text) scores a completion of a prompt record {"answer": int}."""
         super().__init__(*args, **kwargs)
+        self.model.mtp_layers.requires_grad_(False)  # not trained in RL (DDP would find them unused in the loss)
         self.automatic_optimization = False
         self.tokenizer = GLMTokenizer.from_file(tokenizer_path)
         self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]
@@ -115,6 +120,15 @@ class GRPOLitModule(GLM46LitModule):
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.rollouts = 0  # rollout batches so far: seeds the sampling
         self.val_rewards: list[torch.Tensor] = []
+
+    def configure_model(self) -> None:
+        """The layout, then: under FSDP2 (fsdp2 and the expert layouts) generate and hidden_states run FSDP's forward
+        hooks like forward does (the root's embedding, final norm and lm_head gathered), as they are called instead
+        of it."""
+        super().configure_model()
+        if isinstance(self.model, FSDPModule):
+            for method in ("generate", "hidden_states"):
+                register_fsdp_forward_method(self.model, method)
 
     # -- rollout
     def left_padded(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,9 +148,31 @@ class GRPOLitModule(GLM46LitModule):
         first = torch.where(stops.any(1), stops.int().argmax(1) + 1, completions.shape[1])
         return first
 
+    def generators(self, batch: dict[str, torch.Tensor], samples: int) -> list[torch.Generator]:
+        """One generator per completion, seeded by (seed, the prompt's global sample index, the sample's number): a
+        prompt draws the same completions whichever rank, batch or layout samples it, and again after a resume."""
+        return [
+            torch.Generator(self.device).manual_seed(hash((self.seed, index, j)) % 2**63)
+            for index in batch["index"].tolist()
+            for j in range(samples)
+        ]
+
+    def all_finished(self, done: bool) -> bool:
+        """Whether every rank's completions have ended: ranks generate in step, as a sharded model's forwards gather
+        weights (FSDP2) or exchange tokens (EP) collectively."""
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return done
+        flag = torch.tensor(float(done), device=self.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
+        return bool(flag)
+
     @torch.no_grad()
     def sample(
-        self, batch: dict[str, torch.Tensor], samples: int, temperature: float, generator: torch.Generator | None
+        self,
+        batch: dict[str, torch.Tensor],
+        samples: int,
+        temperature: float,
+        generator: torch.Generator | list[torch.Generator] | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions of every prompt `samples` times -> (prompt lengths [N], completions [N, M], lengths [N]),
         rows group by group (prompt-major)."""
@@ -149,6 +185,7 @@ class GRPOLitModule(GLM46LitModule):
             eos_token_id=self.stop_ids,
             generator=generator,
             attention_mask=mask,
+            all_finished=self.all_finished,
         )
         completions = out[:, ids.shape[1] :]
         return (
@@ -180,20 +217,20 @@ class GRPOLitModule(GLM46LitModule):
         return input_ids, targets, (targets != IGNORE_INDEX).float()
 
     def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
-        rank, _ = data_parallel_rank_and_size(self.trainer)
-        generator = torch.Generator(self.device).manual_seed(hash((self.seed, self.rollouts, rank)) % 2**63)
+        samples = self.grpo.samples_per_prompt
         started = time.perf_counter()
         prompt_lengths, completions, lengths = self.sample(
-            batch, self.grpo.samples_per_prompt, self.grpo.temperature, generator
+            batch, samples, self.grpo.temperature, self.generators(batch, samples)
         )
         seconds = time.perf_counter() - started
         rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(self.grpo.samples_per_prompt))
         input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
         advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
-        self.log("rl/reward_mean", rewards.mean(), prog_bar=True)
-        self.log("rl/accuracy", (rewards == 1).float().mean())
-        self.log("rl/completion_length", lengths.float().mean())
-        self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds)
+        # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
+        self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
+        self.log("rl/accuracy", (rewards == 1).float().mean(), sync_dist=True)
+        self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
+        self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
         rollout = Rollout(input_ids, targets, mask, advantages)
         if self.grpo.updates_per_rollout > 1:  # later updates compare against the policy that sampled
             with torch.no_grad():
@@ -204,9 +241,19 @@ class GRPOLitModule(GLM46LitModule):
     def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        hidden, _ = self.model.model(input_ids, positions)
+        hidden = self.model.hidden_states(input_ids, positions)
         weight, chunk = self.model.lm_head.weight, self.model.loss_chunk_size
         return token_logprobs(hidden, weight, targets, self.grpo.temperature, chunk, return_entropy=True)
+
+    def global_token_share(self, mask: torch.Tensor) -> torch.Tensor | None:
+        """For the token mean over every data-parallel rank's completion tokens: their count / the ranks (the
+        gradients are averaged over the ranks), so that N processes take the step one process takes; None on one."""
+        _, ranks = data_parallel_rank_and_size(self.trainer)
+        if ranks == 1 or self.grpo.loss_aggregation != "token_mean":
+            return None  # seq_mean: each rank holds as many sequences, the average of their means is the mean
+        count = mask.sum()
+        torch.distributed.all_reduce(count, group=data_parallel_group(self.trainer.strategy))
+        return count / ranks
 
     def update(self, part: Rollout) -> dict[str, torch.Tensor]:
         logprobs, entropy = self.logprobs(part.input_ids, part.targets)
@@ -219,6 +266,7 @@ class GRPOLitModule(GLM46LitModule):
             self.grpo.eps_clip,
             self.grpo.eps_clip_high,
             self.grpo.loss_aggregation,
+            num_tokens=self.global_token_share(part.mask),
         )
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         self.manual_backward(loss)
@@ -241,12 +289,13 @@ class GRPOLitModule(GLM46LitModule):
         seconds = time.perf_counter() - started
         self.rollouts += 1
         self.prompts_seen += len(batch["prompt_ids"]) * ranks
-        self.log("train/loss", stats["loss"], prog_bar=True)
-        self.log("rl/clip_fraction", stats["clip_fraction"])
-        self.log("rl/entropy", stats["entropy"])
+        self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
+        self.log("rl/clip_fraction", stats["clip_fraction"], sync_dist=True)
+        self.log("rl/entropy", stats["entropy"], sync_dist=True)
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
-        self.log("perf/train_tokens_per_sec", float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds)
+        tokens_per_sec = float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds
+        self.log("perf/train_tokens_per_sec", tokens_per_sec, sync_dist=True, reduce_fx="sum")
 
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -256,7 +305,8 @@ class GRPOLitModule(GLM46LitModule):
     def on_validation_epoch_end(self) -> None:
         rewards = torch.cat(self.val_rewards) if self.val_rewards else torch.zeros(0)
         self.val_rewards = []
-        self.log("val/accuracy", rewards.float().mean() if len(rewards) else torch.tensor(0.0), prog_bar=True)
+        accuracy = rewards.float().mean() if len(rewards) else torch.tensor(0.0)
+        self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True)
 
     # -- checkpoint
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -1,9 +1,10 @@
 """Prompt batches for RL on verifiable answers (the embedded `rl` domain, or any chat documents that end
 with a reference assistant reply): each sample is the conversation's ids up to and including its last
 `<|assistant|>` (where the policy starts its reply), right-padded to seq_len, with its length and the
-reference answer, the integer that glm46.rl.rewards.verify checks completions against.
+reference answer, the integer that glm46.rl.rewards.verify checks completions against, and its global sample
+index (which seeds its completions' sampling, so that a prompt draws the same completions on any rank of any layout).
 
-    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B]}
+    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B], "index": [B]}
     prompt = batch["prompt_ids"][i, : batch["prompt_length"][i]]        # ends with <|assistant|>
     reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from functools import partial
 
 import numpy as np
+import torch
 
 from glm46.data.chat import ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
@@ -43,6 +45,9 @@ class Prompts(MixtureWindows):
         prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
         prompt[:end] = document[:end]
         return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer)}
+
+    def batch(self, number: int) -> dict[str, torch.Tensor]:
+        return super().batch(number) | {"index": torch.from_numpy(self.indices(number))}
 
 
 class PromptDataModule(ShardDataModule):

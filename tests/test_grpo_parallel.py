@@ -1,0 +1,168 @@
+"""GRPO on several processes equals GRPO on one: each data-parallel rank rolls out its share of the step's prompts
+(whole groups), the loss's token mean counts every rank's tokens, and sampling is seeded per prompt, so DDP, FSDP2
+and expert parallelism (gloo, 2 processes) see the same prompts, draw the same completions and end with the
+single-process weights within 1e-5 after 3 steps (fp32, Muon with fp32 Newton-Schulz, gradient clipping).
+
+Each run is this file as a script (`python -m tests.test_grpo_parallel SPEC`); Lightning's launcher starts the other
+rank. Every run starts from the same HF checkpoint through `init_from` (the mesh layouts build the model on the meta
+device and read their slices)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS, SAMPLES, STEPS, TOLERANCE = 4, 8, 3, 1e-5
+NEW_TOKENS = 16  # long enough for some completions to stop early: the ranks' token counts differ
+VOCAB = 400
+
+
+def main(spec: dict) -> None:
+    import lightning as L
+
+    from glm46.optim import Muon
+    from glm46.parallel import Layout, build_strategy
+    from glm46.parallel.grads import total_grad_norm
+    from glm46.parallel.state import full_state_items, is_writer
+    from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
+    from glm46.rl.prompts import PromptDataModule
+    from tests.helpers import tiny_config
+    from tests.test_grpo import starts_with_a_digit
+    from tests.test_parallel import compose_layout
+
+    devices = spec["devices"]
+    cfg = compose_layout(spec["layout"], [])
+    layout = Layout.from_config(cfg.parallelism, devices)
+    torch.manual_seed(0)
+    module = GRPOLitModule(
+        tiny_config(vocab_size=VOCAB),
+        optimizer=functools.partial(Muon, lr=3e-3, eps=1e-5, ns_dtype=torch.float32),
+        lr_schedule=lambda tokens: 1.0,
+        mtp_weight=lambda tokens: 0.0,
+        empty_init=cfg.parallelism.engine == "mesh",
+        init_from=spec["init_from"],
+        tokenizer_path=str(Path(spec["dataset"]) / "tokenizer.json"),
+        grpo=GRPOSettings(samples_per_prompt=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0),
+        reward=starts_with_a_digit,
+        gradient_clip_val=1.0,
+        seed=0,
+    )
+
+    class Record(L.Callback):
+        """Each step's prompt indices and completion rewards on this rank, and the gradient norm before clipping (the
+        gradients' scale, which Muon's update hardly sees: a loss averaged per rank instead of over all ranks'
+        tokens changes it, not the weights)."""
+
+        def __init__(self):
+            self.indices, self.rewards, self.grad_norms = [], [], []
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.indices += batch["index"].tolist()
+
+        def on_after_backward(self, trainer, pl_module):
+            self.grad_norms.append(float(total_grad_norm(pl_module.parameters())))
+
+    record = Record()
+    rewards = module.rewards
+
+    def recorded_rewards(*args):
+        values = rewards(*args)
+        if module.training:
+            record.rewards.append(sorted(values.tolist()))
+        return values
+
+    module.rewards = recorded_rewards
+    data = PromptDataModule(
+        spec["dataset"], seq_len=128, batch_size=PROMPTS // devices, mixture={"rl": 1.0}, seed=1, val_windows=8
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=build_strategy(cfg.parallelism, layout),
+        precision="32-true",
+        max_steps=STEPS,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        callbacks=[record],
+    )
+    trainer.fit(module, datamodule=data)
+    state = {name: None if t is None else t.clone() for name, t in full_state_items(module.model)}  # whole on rank 0
+    ranks = [(record.indices, record.rewards)]
+    if torch.distributed.is_initialized():
+        ranks = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(ranks, (record.indices, record.rewards))
+    if is_writer():
+        rewards_per_step = [sorted(sum((rewards[step] for _, rewards in ranks), [])) for step in range(STEPS)]
+        indices = [indices for indices, _ in ranks]
+        result = {"state": state, "rewards": rewards_per_step, "indices": indices, "grad_norms": record.grad_norms}
+        torch.save(result, Path(spec["out"]) / "result.pt")
+
+
+def run(tmp_path: Path, layout: str, devices: int, **spec) -> dict:
+    from tests.helpers import launcher_env
+
+    out = tmp_path / f"{layout}-{devices}"
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {"layout": layout, "devices": devices, "out": str(out), **spec}
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.test_grpo_parallel", json.dumps(spec)],
+        cwd=ROOT,
+        env=launcher_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    return torch.load(out / "result.pt", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory) -> dict:
+    """The prompts (a prepared chat dataset) and the weights every run starts from."""
+    from glm46.hf import save_hf
+    from tests.helpers import random_model, tiny_config
+    from tests.test_sft import make_chat_dataset
+
+    root = tmp_path_factory.mktemp("grpo-parallel")
+    weights = save_hf(random_model(tiny_config(vocab_size=VOCAB), seed=0), root / "hf")
+    return {"dataset": str(make_chat_dataset(root / "data")), "init_from": str(weights)}
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, setting) -> dict:
+    return run(tmp_path_factory.mktemp("single"), "single", 1, **setting)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2", "ep"])
+def test_grpo_on_two_processes_equals_one_process(tmp_path, setting, one_process, layout):
+    run_ = run(tmp_path, layout, 2, **setting)
+    reference = one_process
+    # the same prompts: one process's batches are the union of the two ranks' (global sample g on rank g % 2)
+    assert sorted(reference["indices"][0]) == sorted(run_["indices"][0] + run_["indices"][1]) == list(range(12))
+    assert set(run_["indices"][0]).isdisjoint(run_["indices"][1])
+    # the same completions: every step's rewards over the ranks are the single process's
+    assert run_["rewards"] == reference["rewards"]
+    assert 0 < sum(map(sum, reference["rewards"])) < STEPS * PROMPTS * SAMPLES  # rewards differ: gradients flowed
+    assert run_["grad_norms"] == pytest.approx(reference["grad_norms"], rel=TOLERANCE)
+    for name, expected in reference["state"].items():
+        if expected is None:
+            continue
+        got = run_["state"][name]
+        error = float((got - expected).abs().max() / expected.abs().max().clamp(min=1e-12))
+        assert error < TOLERANCE, (name, error)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
