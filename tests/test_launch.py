@@ -139,6 +139,20 @@ def test_a_refused_job_is_never_submitted(tmp_path):
     assert not (tmp_path / "train" / ".submitit").exists()
 
 
+def test_plan_of_the_355b_rl_job_on_fsdp2_x_ep(tmp_path):
+    """experiment=rl lays the 355B model out on FSDP2 x EP 32 with activation checkpointing (RL's generate needs whole
+    layers and sequences): it fits, and its phase is off the recipe's clock (no pre-training timeline composed with
+    RL's keys, which failed before)."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), "task=plan", "experiment=rl", "cluster=h800_1024n", "data.path=/d",
+         "init_from=/ckpt", f"paths.sweep_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "fits 80 GiB (with a 10% margin): yes" in result.stdout and "(ep 32, FSDP shard 8192)" in result.stdout
+    assert "phase=rl is not on the recipe's clock" in result.stdout and "recipe timeline" not in result.stdout
+
+
 def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
     """6 x 32.08B active x 15T tokens = 2.887e24 FLOPs: yottaFLOPs, not the seeds' "zettaFLOPs"."""
     result = subprocess.run(

@@ -44,9 +44,12 @@ def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
 
 def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
     """The composed job's plan (glm46.planning.plan): parameters, FLOPs, tokens/s, days, cost, memory per GPU; then the
-    recipe's timeline (glm46.planning.timeline)."""
+    recipe's timeline (glm46.planning.timeline), for a phase on the recipe's clock."""
     result, hardware, layout = composed_plan(cfg, config)
     log.info(format_plan(result, hardware, layout))
+    if cfg.phase.name not in cfg.recipe.phases:  # SFT, RL: the recipe's phases are composed by their own experiments
+        log.info(f"phase={cfg.phase.name} is not on the recipe's clock: its schedules run over its own tokens")
+        return {**result, "timeline": []}
     rows = timeline(phase_compositions(cfg))
     log.info(format_timeline(rows, cfg.phase.name, HydraConfig.get().runtime.choices.get("recipe", "recipe")))
     return {**result, "timeline": rows}
