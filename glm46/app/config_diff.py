@@ -36,6 +36,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from glm46.app.aliases import renamed_overrides
+from glm46.app.run_files import is_run_dir as run_directory
 from glm46.app.schema import register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -58,7 +59,7 @@ def default_config_dir() -> Path:
 
 
 def is_run_dir(spec: str) -> bool:
-    return bool(spec.strip()) and (Path(spec) / ".hydra" / "config.yaml").is_file()
+    return bool(spec.strip()) and run_directory(Path(spec))
 
 
 def compose_from(spec: str, config_dir: str | Path | None = None) -> tuple[dict, dict]:

@@ -17,6 +17,11 @@ STATE_FILE = "state.json"
 SWEEP_FILE = "sweep.json"
 
 
+def is_run_dir(path: Path) -> bool:
+    """A run directory: Hydra saved the composition it ran with there."""
+    return (path / ".hydra" / "config.yaml").is_file()
+
+
 def write_json(path: Path, value: Any) -> None:
     """Whole or not at all: a reader never sees half a file."""
     partial = path.with_name(path.name + ".partial")

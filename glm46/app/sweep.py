@@ -73,13 +73,13 @@ class RunState(Callback):
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         if not first_rank():
             return
-        from glm46.app.resolvers import job_id
+        from glm46.lit.callbacks.preemption import slurm_job_id
 
         state = {
             "state": "running",
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "job_id": job_id() if "SLURM_JOB_ID" in os.environ else None,
+            "job_id": slurm_job_id(),
             "started": time.time(),
         }
         write_json(Path(config.hydra.runtime.output_dir) / STATE_FILE, state)

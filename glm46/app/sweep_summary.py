@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from glm46.app.run_files import STATE_FILE, SWEEP_FILE, read_json
+from glm46.app.run_files import STATE_FILE, SWEEP_FILE, is_run_dir, read_json
 
 SEED = "seed"
 # (column, metric in metrics.csv, which value): the outcomes every training run logs.
@@ -69,10 +69,6 @@ class Member:
 
 
 # --- members -----------------------------------------------------------------------------------------------------
-
-
-def is_run_dir(path: Path) -> bool:
-    return (path / ".hydra" / "config.yaml").is_file()
 
 
 def _natural(name: str) -> tuple:
@@ -403,15 +399,23 @@ def write_summary(summary: Summary, folder: Path) -> list[Path]:
     return [folder / "summary.md", folder / "summary.csv", *plotted]
 
 
-def summarize_sweep(sweep_dir: Path, show: bool = True) -> Summary:
-    """The sweep's summary written into it; printed too when `show`."""
-    members, _ = find_members([sweep_dir])
+def report(paths: list[Path], output: Path | None = None, show: bool = True) -> Summary:
+    """The summary of the members `paths` name, written into `output` (default: the sweep directory, when one alone
+    was given) and printed when `show`. Raises CompareError for a path that names no run."""
+    members, sweep_dir = find_members(paths)
     summary = summarize(members)
-    written = write_summary(summary, sweep_dir)
+    folder = output or sweep_dir
+    written = write_summary(summary, folder) if folder is not None else []
     if show:
         print(format_summary(summary), flush=True)
-        print(f"sweep summary: {', '.join(str(p) for p in written)}", flush=True)
+        if written:
+            print(f"sweep summary: {', '.join(str(p) for p in written)}", flush=True)
     return summary
+
+
+def summarize_sweep(sweep_dir: Path, show: bool = True) -> Summary:
+    """The sweep's summary written into it; printed too when `show`."""
+    return report([sweep_dir], sweep_dir, show)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,13 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="where to write the summary (default: the sweep)")
     args = parser.parse_args(argv)
     try:
-        members, sweep_dir = find_members(args.paths)
+        report(args.paths, args.output)
     except CompareError as e:
         print(f"glm46.compare: {e}", file=sys.stderr)
         return 2
-    summary = summarize(members)
-    print(format_summary(summary))
-    folder = args.output or sweep_dir
-    if folder is not None:
-        print(f"wrote {', '.join(str(p) for p in write_summary(summary, folder))}")
     return 0

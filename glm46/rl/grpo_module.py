@@ -118,7 +118,6 @@ class GRPOLitModule(GLM46LitModule):
         self.gradient_clip_val, self.seed = gradient_clip_val, seed
         self.reward = reward
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
-        self.rollouts = 0  # rollout batches so far: seeds the sampling
         self.val_rewards: list[torch.Tensor] = []
 
     def configure_model(self) -> None:
@@ -223,7 +222,7 @@ class GRPOLitModule(GLM46LitModule):
             batch, samples, self.grpo.temperature, self.generators(batch, samples)
         )
         seconds = time.perf_counter() - started
-        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(self.grpo.samples_per_prompt))
+        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(samples))
         input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
         advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
@@ -287,7 +286,6 @@ class GRPOLitModule(GLM46LitModule):
             # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
             self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout
         seconds = time.perf_counter() - started
-        self.rollouts += 1
         self.prompts_seen += len(batch["prompt_ids"]) * ranks
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
         self.log("rl/clip_fraction", stats["clip_fraction"], sync_dist=True)
@@ -311,8 +309,8 @@ class GRPOLitModule(GLM46LitModule):
     # -- checkpoint
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["rl"] = {"prompts_seen": self.prompts_seen, "rollouts": self.rollouts}
+        checkpoint["rl"] = {"prompts_seen": self.prompts_seen}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
-        self.prompts_seen, self.rollouts = checkpoint["rl"]["prompts_seen"], checkpoint["rl"]["rollouts"]
+        self.prompts_seen = checkpoint["rl"]["prompts_seen"]

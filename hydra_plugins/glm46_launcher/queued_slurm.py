@@ -163,7 +163,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
 
 def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:
     """A job array's members run in `<sweep dir>/<array id>/<task>` (conf/launch/slurm.yaml): write that directory's
-    manifest (glm46.app.sweep) so that a member that never starts is listed too; None for a job that is no array."""
+    manifest (glm46.app.run_files) so that a member that never starts is listed too; None for a job that is no array."""
     from glm46.app.run_files import write_manifest
 
     if "_" not in jobs[0].job_id:
