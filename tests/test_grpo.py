@@ -28,8 +28,9 @@ def starts_with_a_digit(record, completion: str) -> float:
     return float(completion[:1].isdigit())
 
 
-def module(dataset, **overrides) -> GRPOLitModule:
-    """GRPOLitModule with GRPO settings (GRPOSettings fields) overridden by `overrides`."""
+def module(dataset, rollout=None, **overrides) -> GRPOLitModule:
+    """GRPOLitModule with GRPO settings (GRPOSettings fields) overridden by `overrides`, rolling out with `rollout`
+    (RolloutSettings; None: the model's generate)."""
     settings = dict(samples_per_prompt=8, max_new_tokens=4, temperature=1.0) | overrides
     L.seed_everything(0)
     return GRPOLitModule(
@@ -39,6 +40,7 @@ def module(dataset, **overrides) -> GRPOLitModule:
         mtp_weight=lambda tokens: 0.0,
         tokenizer_path=str(dataset / "tokenizer.json"),
         grpo=GRPOSettings(**settings),
+        rollout=rollout,
         reward=starts_with_a_digit,
         seed=0,
     )
@@ -50,8 +52,8 @@ def prompts(dataset, batch_size=4) -> PromptDataModule:
     )
 
 
-def fit(model, dataset, root, max_steps, ckpt_path=None, every=None) -> L.Trainer:
-    callbacks = (
+def fit(model, dataset, root, max_steps, ckpt_path=None, every=None, callbacks=()) -> L.Trainer:
+    callbacks = list(callbacks) + (
         [ModelCheckpoint(dirpath=root / "checkpoints", every_n_train_steps=every, save_last=True)] if every else []
     )
     trainer = L.Trainer(

@@ -112,6 +112,7 @@ def _check_policy_args(
     num_tokens: torch.Tensor | float | None,
     kl_coef: float,
     ref_logprobs: torch.Tensor | None,
+    token_weights: torch.Tensor | None,
 ) -> None:
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
@@ -125,7 +126,9 @@ def _check_policy_args(
         raise ValueError("kl_coef > 0 needs ref_logprobs, the reference model's log-probs [B, T]")
     if logprobs.dim() != 2:
         raise ValueError(f"logprobs must be [B, T], got shape {tuple(logprobs.shape)}")
-    tensors = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs}
+    if token_weights is not None and token_weights.requires_grad:
+        raise ValueError("token_weights must be detached: they weigh the loss, they are not optimized")
+    tensors = {"old_logprobs": old_logprobs, "mask": mask, "ref_logprobs": ref_logprobs, "token_weights": token_weights}
     for name, tensor in tensors.items():
         if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(f"{name} {tuple(tensor.shape)} differs from logprobs {tuple(logprobs.shape)}")
@@ -144,18 +147,32 @@ def policy_loss(
     num_tokens: torch.Tensor | float | None = None,
     kl_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
+    token_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's clipped surrogate: -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) per token, aggregated.
 
     logprobs [B, T] (with grad), old_logprobs [B, T] (the rollout policy's), advantages [B], mask [B, T] (1 on
     the completion tokens that count). eps_high None is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds
     TRL's beta term, the k3 estimate exp(ref - logp) - (ref - logp) - 1 of KL(policy || reference); GLM-4.5 trains
-    without it. Returns the loss and detached statistics: clip_fraction (the masked tokens whose clip is active,
+    without it. token_weights [B, T] (detached) multiply each token's loss before the aggregation: the truncated
+    importance ratios min(exp(old_logprobs - engine_logprobs), C) of a rollout sampled by an inference engine
+    (slime's `--use-tis`, TRL's `vllm_importance_sampling_correction`).
+    Returns the loss and detached statistics: clip_fraction (the masked tokens whose clip is active,
     TRL's `clip_ratio/region_mean` and slime's clipfrac), ratio_mean, and kl when ref_logprobs is given.
     """
     eps_high = eps_low if eps_high is None else eps_high
     _check_policy_args(
-        logprobs, old_logprobs, advantages, mask, eps_low, eps_high, aggregation, num_tokens, kl_coef, ref_logprobs
+        logprobs,
+        old_logprobs,
+        advantages,
+        mask,
+        eps_low,
+        eps_high,
+        aggregation,
+        num_tokens,
+        kl_coef,
+        ref_logprobs,
+        token_weights,
     )
     valid = mask.bool()
     weights = valid.to(logprobs.dtype)  # [B, T]
@@ -164,6 +181,8 @@ def policy_loss(
     advantages = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
+    if token_weights is not None:
+        per_token = per_token * token_weights
     clip_active = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
     stats = {
         "clip_fraction": _masked_mean(clip_active.to(weights.dtype), weights),
@@ -176,3 +195,17 @@ def policy_loss(
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl
     return _aggregate(per_token, weights, aggregation, num_tokens), stats
+
+
+def truncated_importance_weights(
+    trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance sampling (TIS; Yao et al. 2025): min(pi_trainer / pi_engine, cap) per token [B, T].
+
+    An inference engine samples from numbers slightly different from the trainer's (its kernels, its precision), so
+    its rollout is off-policy by that gap; weighing each token's loss by the ratio corrects it, and the cap bounds
+    the variance of rare tokens the engine under-rated. trainer_logprobs are the trainer's under the rollout policy,
+    engine_logprobs the engine's of the same tokens, both [B, T]; the result is detached (slime's `tis_clip`, TRL's
+    `vllm_importance_sampling_cap`, both 2.0 by default).
+    """
+    return (trainer_logprobs - engine_logprobs).exp().clamp(max=cap).detach()

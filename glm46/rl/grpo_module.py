@@ -19,24 +19,41 @@ number in the group), so a resumed run draws the same completions as an uninterr
 processes (ddp, fsdp2, the expert layouts; each rolls out its share of the prompts, whole groups) the same as one.
 The token mean of the loss counts every rank's completion tokens, and ranks generate in step (a sharded model's
 forwards are collective).
+
+With `phase.rollout.engine=vllm` the training rollouts are sampled by a vLLM engine instead (glm46.rl.engine): the
+first rank gathers every rank's prompts, the engine samples them (each completion with the same seed as above) and
+returns each token's log-prob, and the loss weighs each token by the truncated importance ratio between the
+trainer's and the engine's log-probs. The policy's weights are pushed to the engine before each rollout that follows
+an update. Validation stays greedy through `generate`.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
+from glm46.checkpoint.hf_write import save_hf
 from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
+from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.strategies import data_parallel_group, data_parallel_rank_and_size
-from glm46.rl.grpo_loss import AGGREGATIONS, group_advantages, policy_loss, token_logprobs
+from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
+from glm46.rl.grpo_loss import (
+    AGGREGATIONS,
+    group_advantages,
+    policy_loss,
+    token_logprobs,
+    truncated_importance_weights,
+)
 from glm46.rl.rewards import verify
 
 
@@ -49,11 +66,12 @@ class Rollout:
     mask: torch.Tensor  # [N, T] 1 where targets holds a completion token
     advantages: torch.Tensor  # [N]
     old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (several updates per rollout)
+    engine_logprobs: torch.Tensor | None = None  # [N, T] the inference engine's, of the tokens it sampled
 
     def split(self, parts: int) -> list[Rollout]:
         """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
         rows = self.input_ids.shape[0] // parts
-        fields = ("input_ids", "targets", "mask", "advantages", "old_logprobs")
+        fields = ("input_ids", "targets", "mask", "advantages", "old_logprobs", "engine_logprobs")
         return [
             Rollout(
                 **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
@@ -101,13 +119,15 @@ class GRPOLitModule(GLM46LitModule):
         *args,
         tokenizer_path: str,
         grpo: GRPOSettings,
+        rollout: RolloutSettings | None = None,
         gradient_clip_val: float | None = None,
         seed: int = 0,
         reward: Callable[[Mapping, str], float] = verify,
         **kwargs,
     ):
-        """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml).
-        reward(record, completion text) scores a completion of a prompt record {"answer": int}."""
+        """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml) and
+        where its rollouts are sampled (`phase.rollout`; None: the model's own generate). reward(record, completion
+        text) scores a completion of a prompt record {"answer": int}."""
         super().__init__(*args, **kwargs)
         self.model.mtp_layers.requires_grad_(False)  # not trained in RL (DDP would find them unused in the loss)
         self.automatic_optimization = False
@@ -115,6 +135,9 @@ class GRPOLitModule(GLM46LitModule):
         self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]
         self.pad_id = ChatTokens(self.tokenizer).eos
         self.grpo = grpo
+        self.rollout_settings = rollout or RolloutSettings()
+        self.engine: VLLMRolloutEngine | None = None  # on global rank 0, with engine=vllm
+        self.engine_step = -1  # the global step whose weights the engine holds
         self.gradient_clip_val, self.seed = gradient_clip_val, seed
         self.reward = reward
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
@@ -147,14 +170,13 @@ class GRPOLitModule(GLM46LitModule):
         first = torch.where(stops.any(1), stops.int().argmax(1) + 1, completions.shape[1])
         return first
 
+    def sample_seeds(self, batch: dict[str, torch.Tensor], samples: int) -> list[int]:
+        """One seed per completion, from (seed, the prompt's global sample index, the sample's number): a prompt draws
+        the same completions whichever rank, batch or layout samples it, and again after a resume."""
+        return [hash((self.seed, index, j)) % 2**63 for index in batch["index"].tolist() for j in range(samples)]
+
     def generators(self, batch: dict[str, torch.Tensor], samples: int) -> list[torch.Generator]:
-        """One generator per completion, seeded by (seed, the prompt's global sample index, the sample's number): a
-        prompt draws the same completions whichever rank, batch or layout samples it, and again after a resume."""
-        return [
-            torch.Generator(self.device).manual_seed(hash((self.seed, index, j)) % 2**63)
-            for index in batch["index"].tolist()
-            for j in range(samples)
-        ]
+        return [torch.Generator(self.device).manual_seed(seed) for seed in self.sample_seeds(batch, samples)]
 
     def all_finished(self, done: bool) -> bool:
         """Whether every rank's completions have ended: ranks generate in step, as a sharded model's forwards gather
@@ -215,12 +237,116 @@ class GRPOLitModule(GLM46LitModule):
             targets[i, p - 1 : p + n - 1] = completions[i, :n]  # position t predicts token t + 1
         return input_ids, targets, (targets != IGNORE_INDEX).float()
 
+    # -- rollouts through an inference engine (phase.rollout.engine=vllm)
+    def from_first_rank(self, value):
+        """Global rank 0's `value` on every rank."""
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def to_first_rank(self, value) -> list | None:
+        """Every rank's `value`, in rank order, on global rank 0 (None on the others)."""
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return [value]
+        values = [None] * torch.distributed.get_world_size() if self.trainer.is_global_zero else None
+        torch.distributed.gather_object(value, values, dst=0)
+        return values
+
+    def on_first_rank(self, work: Callable[[], object]):
+        """work() on global rank 0, its result on every rank; a RolloutEngineError there is raised on every rank."""
+        result = None
+        if self.trainer.is_global_zero:
+            try:
+                result = work()
+            except RolloutEngineError as error:
+                result = error
+        result = self.from_first_rank(result)
+        if isinstance(result, RolloutEngineError):
+            raise RolloutEngineError(str(result))
+        return result
+
+    def push_weights(self) -> None:
+        """Write the policy as an HF directory (every rank: a sharded model is written slice by slice) and load it into
+        the engine, which the first push starts; the previous directory is then removed."""
+        root = Path(self.trainer.default_root_dir) / "rollout"
+        directory = root / f"policy-step{self.trainer.global_step}"
+        started = time.perf_counter()
+        save_hf(self.model, directory, tokenizer=self.tokenizer)
+
+        def load():
+            if self.engine is None:
+                dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+                log = root / "engine.log"
+                self.engine = VLLMRolloutEngine(self.rollout_settings, directory, log, dtype, seed=self.seed)
+            else:
+                self.engine.load_weights(directory)
+            for previous in root.glob("policy-step*"):
+                if previous != directory:
+                    shutil.rmtree(previous, ignore_errors=True)
+
+        self.on_first_rank(load)
+        self.engine_step = self.trainer.global_step
+        self.log("perf/weight_push_s", time.perf_counter() - started)
+
+    def engine_sample(
+        self, batch: dict[str, torch.Tensor], samples: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`sample`'s (prompt lengths, completions, lengths) from the engine, with its log-probs of the completion
+        tokens [N, M]. Rank 0 sends every rank's prompts to the engine in one request."""
+        lengths = batch["prompt_length"].tolist()
+        prompts = [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
+        requests = self.to_first_rank((prompts, self.sample_seeds(batch, samples)))
+
+        def generate():
+            answer = self.engine.generate(
+                [p for prompts, _ in requests for p in prompts],
+                [s for _, seeds in requests for s in seeds],
+                self.grpo.temperature,
+                self.grpo.max_new_tokens,
+                self.stop_ids,
+            )
+            starts = torch.tensor([0] + [len(prompts) for prompts, _ in requests]).cumsum(0).tolist()
+            return [(answer["completions"][a:b], answer["logprobs"][a:b]) for a, b in zip(starts, starts[1:])]
+
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        completions, logprobs = self.on_first_rank(generate)[rank]
+        width = max(map(len, completions))
+        tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
+        values = torch.zeros(len(completions), width)
+        for i, (ids, lps) in enumerate(zip(completions, logprobs)):
+            tokens[i, : len(ids)], values[i, : len(ids)] = torch.tensor(ids), torch.tensor(lps)
+        tokens = tokens.to(self.device)
+        prompt_lengths = batch["prompt_length"].to(self.device).repeat_interleave(samples)
+        return prompt_lengths, tokens, self.completion_lengths(tokens), values.to(self.device)
+
+    def checkpointed(self, error: RolloutEngineError) -> RolloutEngineError:
+        """Save the state before this step (nothing of it has been trained) as `last.ckpt`, and the error to raise."""
+        path = Preemption.checkpoint_path(self.trainer)
+        self.trainer.save_checkpoint(path)
+        return RolloutEngineError(
+            f"{error}\nThe run stops: {path} holds step {self.trainer.global_step}; `ckpt_path=last` resumes from it."
+        )
+
+    def teardown(self, stage: str) -> None:
+        """The engine ends with the run, and the last weights pushed to it (the final export holds them) go."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
+            for pushed in (Path(self.trainer.default_root_dir) / "rollout").glob("policy-step*"):
+                shutil.rmtree(pushed, ignore_errors=True)
+
     def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
         samples = self.grpo.samples_per_prompt
         started = time.perf_counter()
-        prompt_lengths, completions, lengths = self.sample(
-            batch, samples, self.grpo.temperature, self.generators(batch, samples)
-        )
+        engine_logprobs = None
+        if self.rollout_settings.engine == "vllm":
+            prompt_lengths, completions, lengths, engine_logprobs = self.engine_sample(batch, samples)
+        else:
+            prompt_lengths, completions, lengths = self.sample(
+                batch, samples, self.grpo.temperature, self.generators(batch, samples)
+            )
         seconds = time.perf_counter() - started
         rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(samples))
         input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
@@ -231,6 +357,10 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
         rollout = Rollout(input_ids, targets, mask, advantages)
+        if engine_logprobs is not None:  # at the positions of their targets, as the trainer's log-probs
+            rollout.engine_logprobs = torch.zeros_like(mask)
+            for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
+                rollout.engine_logprobs[i, p - 1 : p + n - 1] = engine_logprobs[i, :n]
         if self.grpo.updates_per_rollout > 1:  # later updates compare against the policy that sampled
             with torch.no_grad():
                 rollout.old_logprobs = self.logprobs(input_ids, targets)[0]
@@ -257,6 +387,13 @@ class GRPOLitModule(GLM46LitModule):
     def update(self, part: Rollout) -> dict[str, torch.Tensor]:
         logprobs, entropy = self.logprobs(part.input_ids, part.targets)
         old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
+        weights, engine_stats = None, {}
+        if part.engine_logprobs is not None:
+            gap = (old - part.engine_logprobs).abs() * part.mask  # the trainer's vs the engine's, same policy
+            engine_stats = {"engine_logprob_gap": gap.sum() / part.mask.sum().clamp(min=1), "engine_gap_max": gap.max()}
+            if self.rollout_settings.tis_cap is not None:
+                weights = truncated_importance_weights(old, part.engine_logprobs, self.rollout_settings.tis_cap)
+                engine_stats["tis_weight"] = (weights * part.mask).sum() / part.mask.sum().clamp(min=1)
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -266,6 +403,7 @@ class GRPOLitModule(GLM46LitModule):
             self.grpo.eps_clip_high,
             self.grpo.loss_aggregation,
             num_tokens=self.global_token_share(part.mask),
+            token_weights=weights,
         )
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         self.manual_backward(loss)
@@ -275,11 +413,16 @@ class GRPOLitModule(GLM46LitModule):
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
-        return {"loss": loss.detach(), "entropy": entropy, **stats}
+        return {"loss": loss.detach(), "entropy": entropy, **stats, **engine_stats}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         _, ranks = data_parallel_rank_and_size(self.trainer)
-        rollout = self.rollout(batch)
+        try:
+            if self.rollout_settings.engine == "vllm" and self.engine_step != self.trainer.global_step:
+                self.push_weights()
+            rollout = self.rollout(batch)
+        except RolloutEngineError as error:
+            raise self.checkpointed(error) from None
         started = time.perf_counter()
         for part in rollout.split(self.grpo.updates_per_rollout):
             stats = self.update(part)
@@ -290,6 +433,11 @@ class GRPOLitModule(GLM46LitModule):
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
         self.log("rl/clip_fraction", stats["clip_fraction"], sync_dist=True)
         self.log("rl/entropy", stats["entropy"], sync_dist=True)
+        for name in ("engine_logprob_gap", "tis_weight"):
+            if name in stats:
+                self.log(f"rl/{name}", stats[name], sync_dist=True)
+        if "engine_gap_max" in stats:
+            self.log("rl/engine_logprob_gap_max", stats["engine_gap_max"], sync_dist=True, reduce_fx="max")
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
         tokens_per_sec = float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds
