@@ -215,6 +215,22 @@ TABLE = [
      [r"phase\.grpo\.kl_coef=0\.1: the KL term needs a reference model"]),
     ("rl-a-group-of-one", RL, ["phase.grpo.samples_per_prompt=1"], VALIDATE,
      [r"phase\.grpo\.samples_per_prompt=1 leaves no group to normalise over"]),
+    # -- RL rollouts from an inference engine (phase.rollout)
+    ("rl-unknown-rollout-engine", RL, ["phase.rollout.engine=sglang"], VALIDATE,
+     [r"phase\.rollout\.engine='sglang': expected local or vllm"]),
+    ("rl-engine-tp-splits-a-head", RL, ["phase/rollout=vllm", "phase.rollout.tensor_parallel_size=3",
+                                       "cluster.devices=4", "parallelism=ddp"], VALIDATE,
+     [r"phase\.rollout\.engine=vllm: phase\.rollout\.tensor_parallel_size=3 must divide num_attention_heads=8"]),
+    ("rl-engine-tp-beyond-a-node", RL, ["phase/rollout=vllm", "phase.rollout.tensor_parallel_size=2"], VALIDATE,
+     [r"phase\.rollout\.tensor_parallel_size=2 > cluster\.devices=1: the engine is the first rank's child"]),
+    ("rl-engine-on-gpus-of-its-own", RL, ["phase/rollout=vllm", "phase.rollout.colocate=false"], VALIDATE,
+     [r"phase\.rollout\.colocate=false: an engine on GPUs of its own .* is not built"]),
+    ("rl-importance-cap-below-1", RL, ["phase/rollout=vllm", "phase.rollout.tis_cap=0.5"], VALIDATE,
+     [r"phase\.rollout\.tis_cap=0\.5: the cap of the importance ratio must be >= 1"]),
+    ("rl-engine-share-of-a-gpu", RL, ["phase/rollout=vllm", "phase.rollout.gpu_memory_utilization=1.5"], VALIDATE,
+     [r"phase\.rollout\.gpu_memory_utilization=1\.5: expected \(0, 1\]"]),
+    ("rl-rollout-quantization", RL, ["phase/rollout=vllm", "phase.rollout.quantization=int4"], VALIDATE,
+     [r"phase\.rollout\.quantization='int4': expected null or fp8"]),
 ]
 # fmt: on
 

@@ -23,6 +23,13 @@ MIDTRAIN_LONG_CP2_H800 = [
     "data.path=/nowhere/no-data-needed",
     "init_from=/nowhere/no-weights-read",
 ]
+# GRPO's trainer side (FSDP2 x EP 32), beside a colocated FP8 vLLM engine that takes 60% of each GPU
+RL_H800 = [
+    "experiment=rl",
+    "cluster=h800_1024n",
+    "data.path=/nowhere/no-data-needed",
+    "init_from=/nowhere/no-weights-read",
+]
 AIR_H100 = [
     "experiment=pretrain_phase1",
     "cluster=h100_8n",
@@ -69,8 +76,8 @@ def figures(result: subprocess.CompletedProcess) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
-    [PHASE1_H800, MIDTRAIN_LONG_CP2_H800, AIR_H100],
-    ids=["355b-h800_1024n", "355b-128k-cp2-h800_1024n", "air-h100_8n"],
+    [PHASE1_H800, MIDTRAIN_LONG_CP2_H800, RL_H800, AIR_H100],
+    ids=["355b-h800_1024n", "355b-128k-cp2-h800_1024n", "355b-rl-h800_1024n", "air-h100_8n"],
 )
 def test_rank_0_holds_exactly_the_shards_the_plan_counts(overrides):
     """Rank 0 has the largest shards (torch.chunk rounds up): its bytes by group equal the plan's to the byte."""

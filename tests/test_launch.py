@@ -151,6 +151,26 @@ def test_plan_of_the_355b_rl_job_on_fsdp2_x_ep(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fits 80 GiB (with a 10% margin): yes" in result.stdout and "(ep 32, FSDP shard 8192)" in result.stdout
     assert "phase=rl is not on the recipe's clock" in result.stdout and "recipe timeline" not in result.stdout
+    # The colocated FP8 engine on every GPU: 356,785,884,416 weights / TP 8 at one byte = 41.54 GiB, in a share of
+    # 0.6 x 80 GiB = 48 GiB, the rest its KV cache (92 layers x 1 KV head per GPU x 128 x 2 x 2 bytes per token).
+    assert re.search(r"rollout engine weights +41\.54 GiB", result.stdout), result.stdout
+    assert re.search(r"rollout KV \(147K tokens\) +6\.46 GiB", result.stdout), result.stdout
+    assert re.search(r"total +69\.26 GiB", result.stdout), result.stdout
+
+
+def test_plan_refuses_a_colocated_engine_whose_weights_exceed_its_share(tmp_path):
+    """In bf16 the 355B weights need 83 GiB per GPU at TP 8, more than the engine's 48 GiB: the plan says what to
+    change."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "run.py"), "task=plan", "experiment=rl", "cluster=h800_1024n", "data.path=/d",
+         "init_from=/ckpt", "phase.rollout.quantization=null", f"paths.sweep_dir={tmp_path}"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert "fits 80 GiB (with a 10% margin): NO" in result.stdout, result.stdout[-3000:]
+    assert (
+        "the rollout engine's bf16 weights need 83.1 GiB per GPU at phase.rollout.tensor_parallel_size=8, more than "
+        "its share (phase.rollout.gpu_memory_utilization=0.6: 48.0 GiB)" in result.stdout
+    )
 
 
 def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):

@@ -280,7 +280,13 @@ def check_training(cfg: DictConfig) -> None:
             f"null follows trainer.precision) or choose trainer.precision=bf16-mixed"
         )
     # components that check their own arguments: built once, here
-    for build, node in ((instantiate, cfg.schedule.lr), (instantiate, cfg.guard), (OmegaConf.to_object, grpo(cfg))):
+    built = (
+        (instantiate, cfg.schedule.lr),
+        (instantiate, cfg.guard),
+        (OmegaConf.to_object, grpo(cfg)),
+        (OmegaConf.to_object, cfg.phase.get("rollout")),
+    )
+    for build, node in built:
         if node is not None:
             try:
                 build(node)
@@ -329,6 +335,31 @@ def check_rl(cfg: DictConfig) -> None:
             f"phase.grpo.updates_per_rollout={settings.updates_per_rollout} must divide the prompts of a "
             f"step (data.batch_size={cfg.data.batch_size}): each update takes whole prompt groups"
         )
+    if cfg.phase.rollout.engine == "vllm":
+        check_rollout_engine(cfg)
+
+
+def check_rollout_engine(cfg: DictConfig) -> None:
+    """phase.rollout.engine=vllm: an engine vLLM can start for this model, where this version starts it."""
+    rollout = OmegaConf.to_object(cfg.phase.rollout)
+    if not rollout.colocate:
+        raise ConfigError(
+            "phase.rollout.colocate=false: an engine on GPUs of its own (slime's disaggregated mode) is not built; "
+            "the engine runs beside the first rank, on the training GPUs (colocate=true)"
+        )
+    if rollout.tensor_parallel_size > cfg.cluster.devices:
+        raise ConfigError(
+            f"phase.rollout.tensor_parallel_size={rollout.tensor_parallel_size} > cluster.devices="
+            f"{cfg.cluster.devices}: the engine is the first rank's child process, on that rank's node"
+        )
+    on_this_machine = cfg.cluster.scheduler == "none"
+    cpu = cfg.trainer.accelerator == "cpu" or (on_this_machine and not torch.cuda.is_available())
+    device = "cpu" if cpu else "gpu"
+    problems = serving_problems(
+        model_config(cfg), "vllm", device, rollout.tensor_parallel_size, tp_key="phase.rollout.tensor_parallel_size"
+    )
+    if problems:
+        raise ConfigError("phase.rollout.engine=vllm: " + "; ".join(problems))
 
 
 def check_serve(cfg: DictConfig) -> GLM46Config:

@@ -24,10 +24,11 @@ def serving_problems(
     device: str = "cpu",
     tensor_parallel_size: int = 1,
     mtp: bool = False,
+    tp_key: str = "serve.tensor_parallel_size",
 ) -> list[str]:
     """Why `engine` on `device` would refuse to serve a model of `config`, one message per key (the model's, or
-    task=serve's `serve.*`); [] if it would not. The defaults are the strictest target this project tests:
-    vLLM's CPU build, one process."""
+    task=serve's `serve.*`; tp_key names the tensor-parallel one); [] if it would not. The defaults are the
+    strictest target this project tests: vLLM's CPU build, one process."""
     problems = []
     if engine == "vllm" and device == "cpu" and config.head_dim not in VLLM_CPU_HEAD_DIMS:
         problems.append(
@@ -36,10 +37,10 @@ def serving_problems(
         )
     tp, heads, kv_heads = tensor_parallel_size, config.num_attention_heads, config.num_key_value_heads
     if heads % tp:
-        problems.append(f"serve.tensor_parallel_size={tp} must divide num_attention_heads={heads}")
+        problems.append(f"{tp_key}={tp} must divide num_attention_heads={heads}")
     if kv_heads % tp and tp % kv_heads:
         problems.append(
-            f"serve.tensor_parallel_size={tp} must divide num_key_value_heads={kv_heads} or be a multiple of it "
+            f"{tp_key}={tp} must divide num_key_value_heads={kv_heads} or be a multiple of it "
             f"(each rank holds whole key/value heads)"
         )
     if mtp and config.num_nextn_predict_layers < 1:

@@ -43,8 +43,8 @@ from glm46.planning.plan import (
     state_bytes,
 )
 
-# The plan's kinds of memory besides the state the dry run measures itself
-TRANSIENT = ("activations", "gathered", "unsharded", "Newton-Schulz")
+# The plan's memory beside the state a dry run measures itself: transient buffers, a colocated rollout engine's share
+TRANSIENT = ("activations", "gathered", "unsharded", "Newton-Schulz", "rollout")
 SPLIT_BEFORE_FSDP = ("tp", "ep")  # mesh dims that split a tensor before FSDP2; its all-gather leaves them split
 
 

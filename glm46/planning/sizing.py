@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from glm46.modules import GLM46Config
 from glm46.parallel.layout import Layout, is_muon
 from glm46.planning.plan import Hardware, plan
+from glm46.planning.rollout import add_colocated_engine
 
 
 def composed_layout(cfg: DictConfig) -> Layout:
@@ -50,4 +51,7 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         cfg.parallelism.activation_checkpointing,
         **newton_schulz,
     )
+    rollout = cfg.phase.get("rollout")
+    if rollout is not None and rollout.engine == "vllm" and rollout.colocate:
+        add_colocated_engine(result, config, rollout, hardware)
     return result, hardware, layout

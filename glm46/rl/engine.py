@@ -44,6 +44,7 @@ class RolloutSettings:
     tensor_parallel_size: int = 1  # the engine's: GPUs that split each layer (must divide the attention heads)
     colocate: bool = True  # the engine on the training GPUs (slime's --colocate), else on GPUs of its own
     gpu_memory_utilization: float = 0.5  # the share of each GPU the engine takes (weights + KV cache), vLLM's flag
+    quantization: str | None = None  # fp8: vLLM quantizes the pushed weights at each load (GLM-4.5's FP8 rollouts)
     tis_cap: float | None = 2.0  # truncated importance sampling's cap C (slime and TRL: 2.0); null: no correction
     dtype: str = "auto"  # the engine's weights and compute (auto: the trainer's parameter dtype)
     python: str | None = None  # the serving venv's interpreter; null: $GLM46_SERVING_PYTHON or the default venv
@@ -58,6 +59,8 @@ class RolloutSettings:
             raise ConfigError(f"phase.rollout.tensor_parallel_size={self.tensor_parallel_size} must be >= 1")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"phase.rollout.gpu_memory_utilization={self.gpu_memory_utilization}: expected (0, 1]")
+        if self.quantization not in (None, "fp8"):
+            raise ConfigError(f"phase.rollout.quantization={self.quantization!r}: expected null or fp8")
         if self.tis_cap is not None and self.tis_cap < 1:
             raise ConfigError(
                 f"phase.rollout.tis_cap={self.tis_cap}: the cap of the importance ratio must be >= 1 (null: none)"
@@ -121,6 +124,7 @@ class VLLMRolloutEngine:
                 "max_model_len": max_model_len,
                 "tensor_parallel_size": settings.tensor_parallel_size,
                 "gpu_memory_utilization": settings.gpu_memory_utilization,
+                "quantization": settings.quantization,
                 "seed": seed,
             }
         )

@@ -9,6 +9,7 @@ from hydra.core.config_store import ConfigStore
 
 from glm46.app.resolvers import register_resolvers
 from glm46.modules import GLM46Config
+from glm46.rl.engine import RolloutSettings
 
 from .data import Phase, PromptData, RLPhase, ShardData, SourceData, StdlibData
 from .launch import DeepSpeedParallelism, ParallelismConfig
@@ -38,6 +39,7 @@ GROUP_SCHEMAS = {
     },
     "source": {"schema": SourceData},
     "phase": {"schema": Phase, "rl_schema": RLPhase},
+    "phase/rollout": {"rollout_schema": RolloutSettings},
     "parallelism": {"schema": ParallelismConfig, "deepspeed_schema": DeepSpeedParallelism},
     "callbacks/schema": CALLBACKS,
     "logger/schema": LOGGERS,

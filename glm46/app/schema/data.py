@@ -17,6 +17,7 @@ from omegaconf import MISSING
 from glm46.data.quality import QualityRules
 from glm46.lit import StdlibDataModule
 from glm46.lit.shard_data import ShardDataModule
+from glm46.rl.engine import RolloutSettings
 from glm46.rl.grpo_module import GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 
@@ -72,6 +73,7 @@ class RLPhase(Phase):
     prompts_per_step: int = MISSING
     max_prompt_len: int = MISSING
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
+    rollout: RolloutSettings = field(default_factory=RolloutSettings)
 
 
 @dataclass
