@@ -1,7 +1,9 @@
 """GRPO on several processes equals GRPO on one: each data-parallel rank rolls out its share of the step's prompts
 (whole groups), the loss's token mean counts every rank's tokens, and sampling is seeded per prompt, so DDP, FSDP2
 and expert parallelism (gloo, 2 processes) see the same prompts, draw the same completions and end with the
-single-process weights within 1e-5 after 3 steps (fp32, Muon with fp32 Newton-Schulz, gradient clipping).
+single-process weights within 1e-5 after 3 steps (fp32, Muon with fp32 Newton-Schulz, gradient clipping). So does
+a 2-process run stopped after 2 steps and resumed from its checkpoint, and (marker `serving`) a 2-process run whose
+rollouts come from one vLLM engine, against one process with the same engine.
 
 Each run is this file as a script (`python -m tests.test_grpo_parallel SPEC`); Lightning's launcher starts the other
 rank. Every run starts from the same HF checkpoint through `init_from` (the mesh layouts build the model on the meta
@@ -26,11 +28,13 @@ VOCAB = 400
 
 def main(spec: dict) -> None:
     import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
 
     from glm46.optim import Muon
     from glm46.parallel import Layout, build_strategy
     from glm46.parallel.grads import total_grad_norm
     from glm46.parallel.state import full_state_items, is_writer
+    from glm46.rl.engine import RolloutSettings
     from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
     from glm46.rl.prompts import PromptDataModule
     from tests.helpers import tiny_config
@@ -50,6 +54,7 @@ def main(spec: dict) -> None:
         init_from=spec["init_from"],
         tokenizer_path=str(Path(spec["dataset"]) / "tokenizer.json"),
         grpo=GRPOSettings(samples_per_prompt=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0),
+        rollout=RolloutSettings(engine=spec.get("engine", "local")),
         reward=starts_with_a_digit,
         gradient_clip_val=1.0,
         seed=0,
@@ -82,36 +87,40 @@ def main(spec: dict) -> None:
     data = PromptDataModule(
         spec["dataset"], seq_len=128, batch_size=PROMPTS // devices, mixture={"rl": 1.0}, seed=1, val_windows=8
     )
+    max_steps = spec.get("max_steps", STEPS)
+    checkpoints = [ModelCheckpoint(Path(spec["out"]) / "checkpoints", save_last=True, every_n_train_steps=max_steps)]
     trainer = L.Trainer(
         accelerator="cpu",
         devices=devices,
         strategy=build_strategy(cfg.parallelism, layout),
         precision="32-true",
-        max_steps=STEPS,
+        max_steps=max_steps,
         logger=False,
-        enable_checkpointing=False,
+        enable_checkpointing=True,
         enable_progress_bar=False,
         enable_model_summary=False,
         limit_val_batches=0,
-        callbacks=[record],
+        callbacks=[record, *checkpoints],
+        default_root_dir=spec["out"],
     )
-    trainer.fit(module, datamodule=data)
+    trainer.fit(module, datamodule=data, ckpt_path=spec.get("ckpt_path"))
     state = {name: None if t is None else t.clone() for name, t in full_state_items(module.model)}  # whole on rank 0
     ranks = [(record.indices, record.rewards)]
     if torch.distributed.is_initialized():
         ranks = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(ranks, (record.indices, record.rewards))
     if is_writer():
-        rewards_per_step = [sorted(sum((rewards[step] for _, rewards in ranks), [])) for step in range(STEPS)]
+        steps = len(ranks[0][1])  # this run's (a resumed run records the steps after its checkpoint)
+        rewards_per_step = [sorted(sum((rewards[step] for _, rewards in ranks), [])) for step in range(steps)]
         indices = [indices for indices, _ in ranks]
         result = {"state": state, "rewards": rewards_per_step, "indices": indices, "grad_norms": record.grad_norms}
         torch.save(result, Path(spec["out"]) / "result.pt")
 
 
-def run(tmp_path: Path, layout: str, devices: int, **spec) -> dict:
+def run(tmp_path: Path, layout: str, devices: int, name: str = "", **spec) -> dict:
     from tests.helpers import launcher_env
 
-    out = tmp_path / f"{layout}-{devices}"
+    out = tmp_path / f"{layout}-{devices}{name}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"layout": layout, "devices": devices, "out": str(out), **spec}
     result = subprocess.run(
@@ -143,6 +152,15 @@ def one_process(tmp_path_factory, setting) -> dict:
     return run(tmp_path_factory.mktemp("single"), "single", 1, **setting)
 
 
+def assert_same_weights(run_: dict, reference: dict) -> None:
+    for name, expected in reference["state"].items():
+        if expected is None:
+            continue
+        got = run_["state"][name]
+        error = float((got - expected).abs().max() / expected.abs().max().clamp(min=1e-12))
+        assert error < TOLERANCE, (name, error)
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.parametrize("layout", ["ddp", "fsdp2", "ep"])
@@ -156,12 +174,36 @@ def test_grpo_on_two_processes_equals_one_process(tmp_path, setting, one_process
     assert run_["rewards"] == reference["rewards"]
     assert 0 < sum(map(sum, reference["rewards"])) < STEPS * PROMPTS * SAMPLES  # rewards differ: gradients flowed
     assert run_["grad_norms"] == pytest.approx(reference["grad_norms"], rel=TOLERANCE)
-    for name, expected in reference["state"].items():
-        if expected is None:
-            continue
-        got = run_["state"][name]
-        error = float((got - expected).abs().max() / expected.abs().max().clamp(min=1e-12))
-        assert error < TOLERANCE, (name, error)
+    assert_same_weights(run_, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_resumed_two_process_run_equals_one_process(tmp_path, setting, one_process):
+    """2 steps on DDP, a checkpoint, then a new job resumes it for the third step: the third step draws the prompts
+    and completions the uninterrupted run drew, and ends with its weights."""
+    run(tmp_path, "ddp", 2, "-first", max_steps=2, **setting)
+    last = tmp_path / "ddp-2-first" / "checkpoints" / "last.ckpt"
+    resumed = run(tmp_path, "ddp", 2, "-resumed", ckpt_path=str(last), **setting)
+    assert resumed["rewards"] == one_process["rewards"][2:]
+    assert sorted(resumed["indices"][0] + resumed["indices"][1]) == sorted(one_process["indices"][0])[8:]
+    assert_same_weights(resumed, one_process)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.serving
+def test_grpo_with_vllm_rollouts_on_two_processes_equals_one_process(tmp_path, setting):
+    """One engine serves both ranks (the first rank sends every rank's prompts in one request, each completion with
+    its own seed): the same completions as one process with the engine, and the same weights."""
+    from tests.test_serving import require_serving
+
+    require_serving()
+    reference = run(tmp_path, "single", 1, "-vllm", engine="vllm", **setting)
+    run_ = run(tmp_path, "ddp", 2, "-vllm", engine="vllm", **setting)
+    assert run_["rewards"] == reference["rewards"]
+    assert 0 < sum(map(sum, reference["rewards"])) < STEPS * PROMPTS * SAMPLES
+    assert_same_weights(run_, reference)
 
 
 if __name__ == "__main__":
