@@ -238,14 +238,6 @@ class GRPOLitModule(GLM46LitModule):
         return input_ids, targets, (targets != IGNORE_INDEX).float()
 
     # -- rollouts through an inference engine (phase.rollout.engine=vllm)
-    def from_first_rank(self, value):
-        """Global rank 0's `value` on every rank."""
-        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-            return value
-        box = [value]
-        torch.distributed.broadcast_object_list(box, src=0)
-        return box[0]
-
     def to_first_rank(self, value) -> list | None:
         """Every rank's `value`, in rank order, on global rank 0 (None on the others)."""
         if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
@@ -254,18 +246,25 @@ class GRPOLitModule(GLM46LitModule):
         torch.distributed.gather_object(value, values, dst=0)
         return values
 
-    def on_first_rank(self, work: Callable[[], object]):
-        """work() on global rank 0, its result on every rank; a RolloutEngineError there is raised on every rank."""
-        result = None
+    def from_first_rank(self, work: Callable[[], list]):
+        """work() on global rank 0 returns one item per rank; each rank gets its own. A RolloutEngineError there is
+        raised on every rank (so that they all write the checkpoint and stop)."""
+        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+        items = None
         if self.trainer.is_global_zero:
             try:
-                result = work()
+                items = work()
             except RolloutEngineError as error:
-                result = error
-        result = self.from_first_rank(result)
-        if isinstance(result, RolloutEngineError):
-            raise RolloutEngineError(str(result))
-        return result
+                items = [error] * world
+        if world > 1:
+            mine = [None]
+            torch.distributed.scatter_object_list(mine, items, src=0)
+            item = mine[0]
+        else:
+            item = items[0]
+        if isinstance(item, RolloutEngineError):
+            raise RolloutEngineError(str(item))
+        return item
 
     def push_weights(self) -> None:
         """Write the policy as an HF directory (every rank: a sharded model is written slice by slice) and load it into
@@ -285,8 +284,9 @@ class GRPOLitModule(GLM46LitModule):
             for previous in root.glob("policy-step*"):
                 if previous != directory:
                     shutil.rmtree(previous, ignore_errors=True)
+            return [None] * self.trainer.world_size
 
-        self.on_first_rank(load)
+        self.from_first_rank(load)
         self.engine_step = self.trainer.global_step
         self.log("perf/weight_push_s", time.perf_counter() - started)
 
@@ -310,8 +310,7 @@ class GRPOLitModule(GLM46LitModule):
             starts = torch.tensor([0] + [len(prompts) for prompts, _ in requests]).cumsum(0).tolist()
             return [(answer["completions"][a:b], answer["logprobs"][a:b]) for a, b in zip(starts, starts[1:])]
 
-        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-        completions, logprobs = self.on_first_rank(generate)[rank]
+        completions, logprobs = self.from_first_rank(generate)
         width = max(map(len, completions))
         tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
         values = torch.zeros(len(completions), width)
