@@ -72,11 +72,11 @@ def fit(model, dataset, root, max_steps, ckpt_path=None, every=None, callbacks=(
     return trainer
 
 
-def rewards_logged(root) -> list[float]:
+def rewards_logged(root, key: str = "rl/reward_mean") -> list[float]:
     import csv
 
     with open(root / "metrics.csv") as f:
-        return [float(row["rl/reward_mean"]) for row in csv.DictReader(f) if row.get("rl/reward_mean")]
+        return [float(row[key]) for row in csv.DictReader(f) if row.get(key)]
 
 
 def test_rollout_rows_hold_prompt_then_completion_with_targets_on_the_completion_only(dataset):
@@ -118,6 +118,8 @@ def test_the_reward_rises_on_an_easy_task(dataset, tmp_path):
     rewards = rewards_logged(tmp_path)
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
     assert first < 0.5 and last > first + 0.3, rewards
+    flat = rewards_logged(tmp_path, "rl/flat_groups")  # every group all 0 at a step whose rewards are all 0
+    assert all(f == 1 for f, r in zip(flat, rewards) if r == 0) and 0 <= min(flat) < 1, flat
 
 
 @pytest.mark.parametrize("updates_per_rollout", [1, 2])

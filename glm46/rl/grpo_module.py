@@ -353,6 +353,9 @@ class GRPOLitModule(GLM46LitModule):
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
         self.log("rl/accuracy", (rewards == 1).float().mean(), sync_dist=True)
+        # Groups whose rewards are all equal have advantages 0: no gradient (slime's dynamic sampling drops them).
+        flat = rewards.view(-1, samples).std(dim=1) == 0
+        self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
         rollout = Rollout(input_ids, targets, mask, advantages)
