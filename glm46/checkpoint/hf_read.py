@@ -17,6 +17,7 @@ from glm46.parallel.boxes import intersect, local_box, local_tensor, shift
 from glm46.parallel.materialize import ShardedNormal
 from glm46.parallel.state import is_sharded
 
+from .fp8 import SCALE_SUFFIX, block_size, dequantize, scale_region
 from .hub_config import CheckpointError, config_from_hf
 from .hub_keys import expected_slots, from_hf, hub_region
 
@@ -65,7 +66,9 @@ def load_hf(
     config_file = path / "config.json"
     if not config_file.exists():
         raise CheckpointError(f"{config_file} not found")
-    config = config_from_hf(json.loads(config_file.read_text()))
+    hf_config = json.loads(config_file.read_text())
+    config = config_from_hf(hf_config)
+    block = block_size(hf_config, str(config_file))
     if model is None:
         with torch.device("meta"):
             model = GLM46ForCausalLM(config)
@@ -75,7 +78,7 @@ def load_hf(
         for file in _shard_files(path):
             handle = files.enter_context(safe_open(file, framework="pt", device="cpu"))
             handles |= dict.fromkeys(handle.keys(), handle)
-        missing = _read_slices(model, handles, path)
+        missing = _read_slices(model, handles, path, block)
     if missing:
         log.warning("%s has no (complete) MTP weights; MTP layers are initialised afresh", path)
         if is_sharded(model):
@@ -86,9 +89,10 @@ def load_hf(
     return model
 
 
-def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
+def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path, block: int | None = None) -> set:
     """Copy into each of the model's tensors the part this rank holds, from the open safetensors `handles`
-    (Hub key -> file); returns the missing MTP slots, raises CheckpointError for anything else missing."""
+    (Hub key -> file), dequantizing block-wise FP8 weights (`block`: their block size, glm46.checkpoint.fp8);
+    returns the missing MTP slots, raises CheckpointError for anything else missing."""
     state = model.state_dict(keep_vars=True)  # parameters and persistent buffers themselves (DTensors stay sharded)
     shapes = {name: tensor.shape for name, tensor in state.items()}  # a DTensor's shape is the global one
     slots_by_name = defaultdict(set)  # a whole stacked tensor (transformers v5 files) fills all its slots
@@ -99,7 +103,7 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
     with torch.no_grad():
         for key, handle in handles.items():
             name, expert, part = from_hf(key, model.config.num_hidden_layers)
-            if name is None:
+            if name is None or (block and key.endswith(SCALE_SUFFIX)):
                 continue
             if name not in state:
                 unexpected.append(key)
@@ -112,9 +116,19 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path) -> set:
                 continue
             target, held = local_tensor(state[name]), local_box(state[name])
             common = intersect(held, region)
+            scales = key + SCALE_SUFFIX
+            if source.get_dtype().startswith("F8") and not (block and scales in handles):
+                raise CheckpointError(
+                    f"{path}: {key} is FP8 ({source.get_dtype()}) without "
+                    + (f"its {scales}" if block else "a quantization_config in config.json")
+                )
             if common is not None:
                 destination = shift(common, held)
-                piece = source[shift(common, region)[0 if expert is None else 1 :]]
+                part_of_source = shift(common, region)[0 if expert is None else 1 :]
+                piece = source[part_of_source]
+                if block and scales in handles:
+                    blocks = handles[scales].get_slice(scales)[scale_region(*part_of_source, block)]
+                    piece = dequantize(piece, blocks, *part_of_source, block)
                 target[destination] = piece.view(target[destination].shape)
             filled |= slots_by_name[name] if expert is None else {(name, expert, part)}
 

@@ -1,0 +1,65 @@
+"""Block-wise FP8 weights as the Hub's FP8 checkpoints store them (GLM-4.6-FP8, DeepSeek-V3).
+
+Such a checkpoint says so in config.json: `quantization_config: {"quant_method": "fp8", "fmt": "e4m3",
+"activation_scheme": "dynamic", "weight_block_size": [128, 128]}`. Each quantized weight W [out, in] is stored as
+`<name>` in float8_e4m3fn beside `<name>_scale_inv` [ceil(out / 128), ceil(in / 128)] in float32, and
+W = fp8 x scale_inv block by block (the name notwithstanding, the stored scale multiplies: DeepSeek-V3's
+`inference/kernel.py` `weight_dequant`, transformers' FineGrainedFP8 integration). Embeddings, lm_head, norms, the
+router and biases stay in bf16. Reading dequantizes slice by slice, so a rank reads only the blocks of its shard.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .hub_config import CheckpointError
+
+SCALE_SUFFIX = "_scale_inv"
+E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+def block_size(hf_config: dict, where: str = "config.json") -> int | None:
+    """The square block of a block-wise FP8 checkpoint, None when it is not quantized; anything else is refused."""
+    quantization = hf_config.get("quantization_config")
+    if quantization is None:
+        return None
+    method, block = quantization.get("quant_method"), quantization.get("weight_block_size")
+    fmt = quantization.get("fmt", "e4m3")
+    if method == "fp8" and fmt == "e4m3" and block and len(block) == 2 and block[0] == block[1]:
+        return int(block[0])
+    raise CheckpointError(
+        f"{where}: quantization_config {quantization} is not read here: glm46 reads unquantized checkpoints and "
+        f"block-wise FP8 ones (quant_method 'fp8', fmt 'e4m3', a square weight_block_size, weights with "
+        f"'{SCALE_SUFFIX}' scales: GLM-4.6-FP8, DeepSeek-V3); dequantize it first (or use the unquantized release)"
+    )
+
+
+def dequantize(values: torch.Tensor, scales: torch.Tensor, rows: slice, cols: slice, block: int) -> torch.Tensor:
+    """The float32 weights of the part [rows, cols] of a quantized matrix: values are its FP8 entries there, scales
+    the rows of `<name>_scale_inv` from block rows.start // block and its columns from block cols.start // block."""
+    expanded = scales.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
+    top, left = rows.start % block, cols.start % block
+    return values.float() * expanded[top : top + rows.stop - rows.start, left : left + cols.stop - cols.start]
+
+
+def scale_region(rows: slice, cols: slice, block: int) -> tuple[slice, slice]:
+    """The blocks of `<name>_scale_inv` that cover the part [rows, cols] of the matrix."""
+    return (
+        slice(rows.start // block, math.ceil(rows.stop / block)),
+        slice(cols.start // block, math.ceil(cols.stop / block)),
+    )
+
+
+def quantize(weight: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """W [out, in] -> (float8_e4m3fn values [out, in], float32 scale_inv [ceil(out / block), ceil(in / block)]): each
+    block scaled so that its largest magnitude maps to E4M3's largest (448)."""
+    out_features, in_features = weight.shape
+    rows, cols = math.ceil(out_features / block), math.ceil(in_features / block)
+    padded = weight.new_zeros(rows * block, cols * block, dtype=torch.float32)
+    padded[:out_features, :in_features] = weight.float()
+    blocks = padded.view(rows, block, cols, block)
+    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX  # [rows, cols]
+    values = (blocks / scale[:, None, :, None]).view_as(padded)[:out_features, :in_features]
+    return values.to(torch.float8_e4m3fn), scale
