@@ -362,16 +362,23 @@ def check_rollout_engine(cfg: DictConfig) -> None:
         raise ConfigError("phase.rollout.engine=vllm: " + "; ".join(problems))
 
 
+def exported_model(key: str, path: str | None, what: str) -> tuple[Path, dict, GLM46Config]:
+    """The HF directory at `path` (itself, or a run directory's hf/), its config.json and model config; `key` names
+    the setting in errors, `what` the task."""
+    if path is None:
+        raise ConfigError(f"{key}: no model to {what}; set {key}=<a run directory or an HF directory>")
+    try:
+        weights = find_weights(path)
+        hf_config = json.loads((weights / "config.json").read_text())
+        return weights, hf_config, config_from_hf(hf_config)
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"{key}={path}: {error}") from None
+
+
 def check_serve(cfg: DictConfig) -> GLM46Config:
     """task=serve: an export that the engine, device and launch settings can serve; returns its model config."""
     settings = cfg.serve
-    if settings.model is None:
-        raise ConfigError("serve.model: no model to serve; set serve.model=<a run directory or an HF directory>")
-    try:
-        weights = find_weights(settings.model)
-        config = config_from_hf(json.loads((weights / "config.json").read_text()))
-    except (FileNotFoundError, ValueError, TypeError, KeyError) as error:
-        raise ConfigError(f"serve.model={settings.model}: {error}") from None
+    weights, _, config = exported_model("serve.model", settings.model, "serve")
     if settings.tensor_parallel_size < 1 or settings.speculative_steps < 1:
         raise ConfigError(
             f"serve.tensor_parallel_size={settings.tensor_parallel_size} and serve.speculative_steps="
@@ -383,6 +390,27 @@ def check_serve(cfg: DictConfig) -> GLM46Config:
     if problems:
         where = f"serve.engine={settings.engine} serve.device={settings.device}: {weights} cannot be served: "
         raise ConfigError(where + "; ".join(problems))
+    return config
+
+
+def check_export(cfg: DictConfig) -> GLM46Config:
+    """task=export: an unquantized export to read, a new directory to write, a format built here."""
+    settings = cfg.export
+    weights, hf_config, config = exported_model("export.model", settings.model, "export")
+    if hf_config.get("quantization_config"):
+        raise ConfigError(
+            f"export.model={settings.model}: {weights} is already quantized ({hf_config['quantization_config']}); "
+            f"export the unquantized model"
+        )
+    if settings.output is None:
+        raise ConfigError("export.output: no directory to write; set export.output=<a new directory>")
+    output = Path(settings.output)
+    if output.exists() and any(output.iterdir()):
+        raise ConfigError(f"export.output={output} holds files: an export writes a new directory, never over one")
+    if settings.block_size < 1:
+        raise ConfigError(f"export.block_size={settings.block_size} must be >= 1 (GLM-4.6-FP8: 128)")
+    if settings.format == "gguf":
+        raise ConfigError("export.format=gguf is not built yet: export.format=fp8 is")
     return config
 
 
@@ -498,6 +526,8 @@ def validate(cfg: DictConfig) -> GLM46Config:
     export's)."""
     if cfg.task == "serve":  # reads the export and serve.*, not the composition's model or data
         return check_serve(cfg)
+    if cfg.task == "export":  # likewise: the export and export.*
+        return check_export(cfg)
     refuse_missing(cfg)
     config = model_config(cfg)
     if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them

@@ -15,6 +15,7 @@ from glm46.app.curriculum import train_stages
 from glm46.app.logs import quiet_dependencies, rank_zero_logger
 from glm46.app.preparation import prepare_cached, prepare_once
 from glm46.checkpoint import find_weights
+from glm46.checkpoint.fp8 import export_fp8
 from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
 from glm46.modules import GLM46Config
@@ -97,6 +98,14 @@ def serve(cfg: DictConfig, config: GLM46Config) -> dict:
     return {"command": command, "returncode": launch(command, env)}
 
 
+def export(cfg: DictConfig, config: GLM46Config) -> dict:
+    """A quantized copy of export.model's HF directory in export.output (glm46.checkpoint.fp8)."""
+    settings = cfg.export
+    output = export_fp8(find_weights(settings.model), Path(settings.output), settings.block_size)
+    print(f"FP8 export: {output}", flush=True)
+    return {"output": str(output)}
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "estimate": estimate,
     "plan": plan_job,
@@ -105,6 +114,7 @@ TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "dryrun": dryrun_job,
     "eval": eval_model,
     "serve": serve,
+    "export": export,
 }
 
 

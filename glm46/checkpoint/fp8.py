@@ -10,13 +10,24 @@ router and biases stay in bf16. Reading dequantizes slice by slice, so a rank re
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import shutil
+from pathlib import Path
 
 import torch
+from safetensors import safe_open
 
 from .hub_config import CheckpointError
+from .safetensors_writer import StreamingSafetensors
+
+log = logging.getLogger(__name__)
 
 SCALE_SUFFIX = "_scale_inv"
+# Kept in bf16 (besides every 1-D tensor: norms, biases, the router's correction bias): the embedding, the lm_head
+# and its MTP copy, and the router, whose small logits decide the routing (vLLM builds GLM's gate unquantized).
+UNQUANTIZED = ("embed_tokens.weight", "lm_head.weight", "shared_head.head.weight", ".mlp.gate.weight")
 E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
@@ -63,3 +74,64 @@ def quantize(weight: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torc
     scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX  # [rows, cols]
     values = (blocks / scale[:, None, :, None]).view_as(padded)[:out_features, :in_features]
     return values.to(torch.float8_e4m3fn), scale
+
+
+def quantized(key: str, shape: tuple[int, ...]) -> bool:
+    """Whether the FP8 export stores this Hub tensor in FP8."""
+    return len(shape) == 2 and key.endswith(".weight") and not key.endswith(UNQUANTIZED)
+
+
+def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
+    """Write the HF directory `source` as a block-wise FP8 checkpoint in `output`, one tensor at a time: each
+    quantized matrix as e4m3 values and `<name>_scale_inv`, the rest in bf16 (the router's correction bias in fp32, as
+    the Hub's checkpoints keep it); the files keep the source's split, the configs and tokenizer are copied."""
+    from .hf_read import INDEX_FILE, shard_files
+
+    config = json.loads((source / "config.json").read_text())
+    if config.get("quantization_config"):
+        raise CheckpointError(f"{source}: already quantized ({config['quantization_config']}); export its source")
+    output.mkdir(parents=True, exist_ok=True)
+    weight_map, total = {}, 0
+    for file in shard_files(source):
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            entries = []
+            for key in handle.keys():
+                shape = tuple(handle.get_slice(key).get_shape())
+                if quantized(key, shape):
+                    scales = (math.ceil(shape[0] / block), math.ceil(shape[1] / block))
+                    entries += [(key, shape, torch.float8_e4m3fn), (key + SCALE_SUFFIX, scales, torch.float32)]
+                else:
+                    fp32 = key.endswith("e_score_correction_bias")
+                    entries.append((key, shape, torch.float32 if fp32 else torch.bfloat16))
+            writer = StreamingSafetensors(output / file.name, entries)
+            for key, _, dtype in entries:
+                if key.endswith(SCALE_SUFFIX):
+                    continue
+                tensor = handle.get_tensor(key)
+                if dtype == torch.float8_e4m3fn:
+                    values, scales = quantize(tensor, block)
+                    writer.write(key, values)
+                    writer.write(key + SCALE_SUFFIX, scales)
+                else:
+                    writer.write(key, tensor.to(dtype))
+            writer.close()
+        weight_map |= dict.fromkeys((key for key, _, _ in entries), file.name)
+        total += sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in entries)
+    if (source / INDEX_FILE).exists():
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (output / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    config |= {
+        "torch_dtype": "bfloat16",
+        "quantization_config": {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [block, block],
+        },
+    }
+    (output / "config.json").write_text(json.dumps(config, indent=2))
+    for extra in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        if (source / extra).exists():
+            shutil.copy(source / extra, output / extra)
+    log.info("%s: FP8 export of %s (%d tensors, %.2f GiB)", output, source, len(weight_map), total / 2**30)
+    return output

@@ -38,7 +38,7 @@ def find_weights(path: str | Path) -> Path:
     )
 
 
-def _shard_files(path: Path) -> list[Path]:
+def shard_files(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.exists():
         weight_map = json.loads(index.read_text())["weight_map"]
@@ -75,7 +75,7 @@ def load_hf(
         model.to_empty(device=device).to(dtype)
     with ExitStack() as files:
         handles = {}
-        for file in _shard_files(path):
+        for file in shard_files(path):
             handle = files.enter_context(safe_open(file, framework="pt", device="cpu"))
             handles |= dict.fromkeys(handle.keys(), handle)
         missing = _read_slices(model, handles, path, block)

@@ -18,6 +18,7 @@ _SAFETENSORS_DTYPES = {
     torch.int32: "I32",
     torch.uint8: "U8",
     torch.bool: "BOOL",
+    torch.float8_e4m3fn: "F8_E4M3",
 }
 
 

@@ -26,6 +26,7 @@ class Task(StrEnum):
     dryrun = "dryrun"  # one rank of the job at its real world size, on this CPU
     eval = "eval"  # lm-evaluation-harness on a trained model's weights (glm46.eval), offline
     serve = "serve"  # print and run the vLLM or SGLang command that serves an export (glm46.serve)
+    export = "export"  # write a quantized copy of an export (FP8 for vLLM/SGLang, GGUF for llama.cpp)
 
 
 class Engine(StrEnum):
@@ -86,6 +87,28 @@ class ServeConfig:
     dry: bool = False
 
 
+class ExportFormat(StrEnum):
+    fp8 = "fp8"
+    gguf = "gguf"
+
+
+class GGUFType(StrEnum):
+    f16 = "f16"
+    q8_0 = "q8_0"
+    q4_k_m = "q4_k_m"
+
+
+@dataclass
+class ExportConfig:
+    """Settings of task=export (conf/export/default.yaml explains each key)."""
+
+    model: Optional[str] = None  # required by task=export
+    format: ExportFormat = ExportFormat.fp8
+    output: Optional[str] = None  # required by task=export
+    block_size: int = 128
+    gguf_type: GGUFType = GGUFType.f16
+
+
 @dataclass
 class RunConfig:
     task: Task = Task.train
@@ -107,6 +130,7 @@ class RunConfig:
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None
