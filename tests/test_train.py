@@ -388,7 +388,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     # the run directory is the last stage's (GRPO), as any run directory
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == 4 and checkpoint["PromptDataModule"]["phase"] == "toy_rl"
-    assert checkpoint["rl"]["prompts_seen"] == 16  # 4 steps of data.batch_size=4 prompts
+    assert checkpoint["rl"]["prompts_seen"] == 8  # 4 updates: 2 rollouts of 4 prompts, 2 updates each (toy_rl)
     rewards = column(metrics(run_dir), "rl/reward_mean")
     assert (run_dir / "hf" / "config.json").is_file() and rewards and all(0 <= r <= 1 for r in rewards)
     # the final export serves as it is: the dataset's tokenizer (and chat template) beside the weights, GLM's stops
