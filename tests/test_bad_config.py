@@ -229,6 +229,8 @@ TABLE = [
      [r"phase\.rollout\.tis_cap=0\.5: the cap of the importance ratio must be >= 1"]),
     ("rl-engine-share-of-a-gpu", RL, ["phase/rollout=vllm", "phase.rollout.gpu_memory_utilization=1.5"], VALIDATE,
      [r"phase\.rollout\.gpu_memory_utilization=1\.5: expected \(0, 1\]"]),
+    ("rl-engine-python-missing", RL, ["phase/rollout=vllm", "phase.rollout.python=/nowhere/python"], VALIDATE,
+     [r"phase\.rollout\.python=/nowhere/python does not exist: build the serving venv"]),
     ("rl-rollout-quantization", RL, ["phase/rollout=vllm", "phase.rollout.quantization=int4"], VALIDATE,
      [r"phase\.rollout\.quantization='int4': expected null or fp8"]),
 ]

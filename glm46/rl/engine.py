@@ -113,9 +113,12 @@ class VLLMRolloutEngine:
             "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",  # a function of vllm_rollout.py runs in vLLM's workers
         }
         with open(self.log_file, "ab") as log:
-            self.process = subprocess.Popen(
-                [str(python), "-P", str(SCRIPT), str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-            )
+            try:
+                self.process = subprocess.Popen(
+                    [str(python), "-P", str(SCRIPT), str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
+                )
+            except OSError as error:
+                raise RolloutEngineError(f"the vLLM rollout engine cannot start {python}: {error}") from None
         self.connection = self._connect(port, authkey, settings.start_timeout_s)
         self.connection.send(
             {
