@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from glm46.checkpoint.fp8 import dequantize, quantize
+from glm46.checkpoint.fp8 import dequantize, export_fp8, quantize
 from glm46.checkpoint.hf_read import SINGLE_FILE
 from glm46.checkpoint.hub_config import CheckpointError
 from glm46.hf import load_hf, save_hf
@@ -176,6 +176,20 @@ def test_the_fp8_export_is_glm_fp8_layout_and_transformers_reads_it(tmp_path):
     ids = torch.randint(0, 160, (2, 24))
     with torch.no_grad():
         assert relative_error(theirs(ids).logits, ours(ids).logits) < 0.02
+
+
+def test_the_planned_export_sizes_are_the_files_data(tmp_path):
+    """glm46.planning.export_size, which task=estimate prints for the 355B model, counts what the exports write."""
+    from glm46.planning.export_size import export_bytes
+
+    config = tiny_config(**CONFIG)  # partial blocks at the edges
+    source = save_hf(random_model(config, seed=0).to(torch.bfloat16), tmp_path / "hf")
+    export_fp8(source, tmp_path / "fp8")
+
+    def data_bytes(directory) -> int:
+        return sum(t.numel() * t.element_size() for t in load_file(directory / SINGLE_FILE).values())
+
+    assert export_bytes(config) == {"bf16": data_bytes(source), "fp8": data_bytes(tmp_path / "fp8")}
 
 
 def test_an_export_is_refused_before_it_writes(tmp_path):

@@ -20,6 +20,7 @@ from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
 from glm46.modules import GLM46Config
 from glm46.planning.counts import count_parameters, format_counts
+from glm46.planning.export_size import export_bytes
 from glm46.planning.plan import format_plan
 from glm46.planning.sizing import composed_plan
 from glm46.planning.timeline import format_timeline, phase_compositions, timeline
@@ -32,8 +33,12 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
     """The parameter counts of the composed model."""
     counts = count_parameters(config)
     name = HydraConfig.get().runtime.choices.get("model", "model") if HydraConfig.initialized() else "model"
-    log.info(format_counts(name, counts))
-    return counts
+    sizes = export_bytes(config)
+    log.info(
+        format_counts(name, counts)
+        + f"\nexport on disk: bf16 {sizes['bf16'] / 1e9:,.2f} GB, block FP8 (task=export) {sizes['fp8'] / 1e9:,.2f} GB"
+    )
+    return counts | {f"export_bytes_{k}": v for k, v in sizes.items()}
 
 
 def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
