@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from glm46.checkpoint.fp8 import dequantize, export_fp8, quantize
-from glm46.checkpoint.hf_read import SINGLE_FILE
 from glm46.checkpoint.hub_config import CheckpointError
+from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.hf import load_hf, save_hf
 
 from .helpers import random_model, relative_error, tiny_config

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, Glm4MoeConfig, Glm4MoeForCausalLM
 
-from glm46.checkpoint.hf_read import INDEX_FILE
+from glm46.checkpoint.hub_files import INDEX_FILE
 from glm46.hf import load_hf, save_hf
 
 from .helpers import TINY, random_model, randomise, relative_error, tiny_config

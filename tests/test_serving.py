@@ -21,8 +21,8 @@ from transformers import AutoTokenizer
 
 from glm46.app.checks import model_config
 from glm46.app.tasks import run_task
-from glm46.checkpoint.hf_read import SINGLE_FILE
 from glm46.checkpoint.hub_config import config_to_hf
+from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
 from glm46.data.shards import load_shard
 from glm46.data.tokenizer import GLMTokenizer

@@ -14,8 +14,9 @@ and resuming under another layout.
 | engine_limits.py | what vLLM or SGLang refuses in an export, said before it is launched |
 """
 
-from .hf_read import find_weights, load_hf
+from .hf_read import load_hf
 from .hf_write import save_hf
 from .hub_config import CheckpointError
+from .hub_files import find_weights
 
 __all__ = ["CheckpointError", "find_weights", "load_hf", "save_hf"]

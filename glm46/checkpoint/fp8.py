@@ -20,6 +20,7 @@ import torch
 from safetensors import safe_open
 
 from .hub_config import CheckpointError
+from .hub_files import INDEX_FILE, shard_files
 from .safetensors_writer import StreamingSafetensors
 
 log = logging.getLogger(__name__)
@@ -85,8 +86,6 @@ def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
     """Write the HF directory `source` as a block-wise FP8 checkpoint in `output`, one tensor at a time: each
     quantized matrix as e4m3 values and `<name>_scale_inv`, the rest in bf16 (the router's correction bias in fp32, as
     the Hub's checkpoints keep it); the files keep the source's split, the configs and tokenizer are copied."""
-    from .hf_read import INDEX_FILE, shard_files
-
     config = json.loads((source / "config.json").read_text())
     if config.get("quantization_config"):
         raise CheckpointError(f"{source}: already quantized ({config['quantization_config']}); export its source")

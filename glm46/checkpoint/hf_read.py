@@ -19,33 +19,10 @@ from glm46.parallel.state import is_sharded
 
 from .fp8 import SCALE_SUFFIX, block_size, dequantize, scale_region
 from .hub_config import CheckpointError, config_from_hf
+from .hub_files import shard_files
 from .hub_keys import expected_slots, from_hf, hub_region
 
 log = logging.getLogger(__name__)
-
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
-
-
-def find_weights(path: str | Path) -> Path:
-    """The HF directory (config.json + safetensors) at `path`: itself, or a run directory's hf/."""
-    path = Path(path).absolute()
-    for candidate in (path, path / "hf"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(
-        f"{path} holds no model: neither config.json (an HF directory) nor hf/config.json (a run directory)"
-    )
-
-
-def shard_files(path: Path) -> list[Path]:
-    index = path / INDEX_FILE
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [path / name for name in sorted(set(weight_map.values()))]
-    if (path / SINGLE_FILE).exists():
-        return [path / SINGLE_FILE]
-    raise CheckpointError(f"{path}: neither {INDEX_FILE} nor {SINGLE_FILE} found")
 
 
 def load_hf(

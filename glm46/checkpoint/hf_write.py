@@ -13,8 +13,8 @@ import torch
 from glm46.modules import GLM46ForCausalLM
 from glm46.parallel.state import gathered_parts, is_sharded, is_writer, rank_and_world, state_shapes
 
-from .hf_read import INDEX_FILE, SINGLE_FILE
 from .hub_config import write_configs
+from .hub_files import INDEX_FILE, SINGLE_FILE
 from .hub_keys import to_hf
 from .safetensors_writer import StreamingSafetensors
 
