@@ -352,12 +352,12 @@ def check_rollout_engine(cfg: DictConfig) -> None:
             f"phase.rollout.tensor_parallel_size={rollout.tensor_parallel_size} > cluster.devices="
             f"{cfg.cluster.devices}: the engine is the first rank's child process, on that rank's node"
         )
-    if rollout.python is not None and cfg.cluster.scheduler == "none" and not Path(rollout.python).is_file():
+    on_this_machine = cfg.cluster.scheduler == "none"
+    if rollout.python is not None and on_this_machine and not Path(rollout.python).is_file():
         raise ConfigError(
             f"phase.rollout.python={rollout.python} does not exist: build the serving venv with "
             f"`bash scripts/serving_venv.sh` (it prints its python)"
         )
-    on_this_machine = cfg.cluster.scheduler == "none"
     cpu = cfg.trainer.accelerator == "cpu" or (on_this_machine and not torch.cuda.is_available())
     device = "cpu" if cpu else "gpu"
     problems = serving_problems(

@@ -68,7 +68,7 @@ def quantize(weight: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torc
     """W [out, in] -> (float8_e4m3fn values [out, in], float32 scale_inv [ceil(out / block), ceil(in / block)]): each
     block scaled so that its largest magnitude maps to E4M3's largest (448)."""
     out_features, in_features = weight.shape
-    rows, cols = math.ceil(out_features / block), math.ceil(in_features / block)
+    rows, cols = scale_shape(weight.shape, block)
     padded = weight.new_zeros(rows * block, cols * block, dtype=torch.float32)
     padded[:out_features, :in_features] = weight.float()
     blocks = padded.view(rows, block, cols, block)
@@ -80,6 +80,17 @@ def quantize(weight: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torc
 def quantized(key: str, shape: tuple[int, ...]) -> bool:
     """Whether the FP8 export stores this Hub tensor in FP8."""
     return len(shape) == 2 and key.endswith(".weight") and not key.endswith(UNQUANTIZED)
+
+
+def unquantized_dtype(key: str) -> torch.dtype:
+    """A Hub tensor's dtype in a bf16 export and in the FP8 export's unquantized part: the router's correction bias
+    stays fp32, as the Hub's checkpoints keep it."""
+    return torch.float32 if key.endswith("e_score_correction_bias") else torch.bfloat16
+
+
+def scale_shape(shape: tuple[int, ...], block: int) -> tuple[int, int]:
+    """The shape of `<name>_scale_inv` for a quantized matrix of `shape`."""
+    return math.ceil(shape[0] / block), math.ceil(shape[1] / block)
 
 
 def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
@@ -97,11 +108,10 @@ def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
             for key in handle.keys():
                 shape = tuple(handle.get_slice(key).get_shape())
                 if quantized(key, shape):
-                    scales = (math.ceil(shape[0] / block), math.ceil(shape[1] / block))
+                    scales = scale_shape(shape, block)
                     entries += [(key, shape, torch.float8_e4m3fn), (key + SCALE_SUFFIX, scales, torch.float32)]
                 else:
-                    fp32 = key.endswith("e_score_correction_bias")
-                    entries.append((key, shape, torch.float32 if fp32 else torch.bfloat16))
+                    entries.append((key, shape, unquantized_dtype(key)))
             writer = StreamingSafetensors(output / file.name, entries)
             for key, _, dtype in entries:
                 if key.endswith(SCALE_SUFFIX):

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from glm46.checkpoint.fp8 import quantized
+from glm46.checkpoint.fp8 import quantized, scale_shape, unquantized_dtype
 from glm46.checkpoint.hub_keys import to_hf
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 
@@ -24,10 +24,10 @@ def export_bytes(config: GLM46Config, block: int = 128) -> dict[str, int]:
     for name, tensor in model.state_dict().items():
         for key, _, shape in to_hf(name, tensor.shape, config.num_hidden_layers):
             numel = math.prod(shape)
-            plain = numel * (4 if key.endswith("e_score_correction_bias") else 2)
+            plain = numel * unquantized_dtype(key).itemsize
             sizes["bf16"] += plain
             if quantized(key, shape):
-                sizes["fp8"] += numel + math.ceil(shape[0] / block) * math.ceil(shape[1] / block) * 4
+                sizes["fp8"] += numel + math.prod(scale_shape(shape, block)) * torch.float32.itemsize
             else:
                 sizes["fp8"] += plain
     return sizes

@@ -88,11 +88,10 @@ class VLLMRolloutEngine:
         model: Path,
         log_file: Path,
         dtype: str,
-        max_model_len: int | None = None,
         seed: int = 0,
     ):
         """Start vLLM on the HF directory `model` in `dtype` (settings.dtype unless it is auto), logging to log_file;
-        max_model_len None: the model's max_position_embeddings."""
+        its context is the model's max_position_embeddings."""
         from glm46.serve.offline import serving_python
 
         python = settings.python or serving_python()
@@ -124,7 +123,6 @@ class VLLMRolloutEngine:
             {
                 "model": str(Path(model).absolute()),
                 "dtype": dtype if settings.dtype == "auto" else settings.dtype,
-                "max_model_len": max_model_len,
                 "tensor_parallel_size": settings.tensor_parallel_size,
                 "gpu_memory_utilization": settings.gpu_memory_utilization,
                 "quantization": settings.quantization,

@@ -33,6 +33,7 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -307,7 +308,7 @@ class GRPOLitModule(GLM46LitModule):
                 self.grpo.max_new_tokens,
                 self.stop_ids,
             )
-            starts = torch.tensor([0] + [len(prompts) for prompts, _ in requests]).cumsum(0).tolist()
+            starts = list(accumulate((len(prompts) for prompts, _ in requests), initial=0))
             return [(answer["completions"][a:b], answer["logprobs"][a:b]) for a, b in zip(starts, starts[1:])]
 
         completions, logprobs = self.from_first_rank(generate)

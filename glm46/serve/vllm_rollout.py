@@ -7,8 +7,7 @@ runs there as a script, importing nothing of glm46 (glm46.rl.engine starts it an
 
 It listens on 127.0.0.1:<port> (multiprocessing.connection, authenticated by the key) for one trainer, which sends,
 as pickled dicts:
-- {"model": HF dir, "dtype", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization", "quantization",
-  "seed"} first:
+- {"model": HF dir, "dtype", "tensor_parallel_size", "gpu_memory_utilization", "quantization", "seed"} first:
   the engine starts and answers {"engine_start_s", "vllm_version"};
 - {"op": "generate", "prompts": [[ids], ...], "seeds": [int, ...], "temperature", "max_tokens", "stop_token_ids"}:
   one completion per prompt, sampled with its own seed, answered with {"completions": [[ids]], "logprobs":
@@ -37,7 +36,6 @@ def start(settings: dict):
         model=settings["model"],
         dtype=settings["dtype"],
         enforce_eager=True,
-        max_model_len=settings["max_model_len"],
         tensor_parallel_size=settings["tensor_parallel_size"],
         gpu_memory_utilization=settings["gpu_memory_utilization"],
         quantization=settings["quantization"],
