@@ -6,6 +6,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from glm46.app.schema import register_configs
+from glm46.data.tokenizer import GLMTokenizer
+from glm46.hf import save_hf
+
+from .helpers import train_tiny
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
@@ -45,3 +49,20 @@ def compose_config():
 
     yield _compose
     GlobalHydra.instance().clear()
+
+
+@pytest.fixture(scope="session")
+def chat_dataset(tmp_path_factory):
+    """The generated sft and rl domains, prepared with a 512-token vocabulary (tests.test_sft.make_chat_dataset)."""
+    from .test_sft import make_chat_dataset
+
+    return make_chat_dataset(tmp_path_factory.mktemp("chat"), conversations=60, prompts=150, vocab_size=512)
+
+
+@pytest.fixture(scope="session")
+def trained_chat_model(chat_dataset, tmp_path_factory):
+    """(the tiny model trained on chat_dataset's sft domain, its export with the tokenizer): trained once for the
+    engines' tests (vLLM, llama.cpp), which need clear argmaxes for greedy decoding to compare."""
+    tokenizer = GLMTokenizer.from_file(chat_dataset / "tokenizer.json")
+    model = train_tiny(chat_dataset, tokenizer)
+    return model, save_hf(model, tmp_path_factory.mktemp("trained") / "hf", tokenizer=tokenizer)

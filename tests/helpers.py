@@ -8,8 +8,12 @@ import time
 from pathlib import Path
 
 import lightning as L
+import numpy as np
+import pytest
 import torch
 
+from glm46.data.shards import load_shard
+from glm46.data.tokenizer import GLMTokenizer
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,3 +181,31 @@ class LinearModule(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def require_venv(python: Path | None, what: str, build_script: str, require_variable: str) -> Path:
+    """An engine venv's python (vLLM's, llama.cpp's); without it the test skips, unless $require_variable is 1
+    (CI, which builds the venvs), where it fails."""
+    if python is None:
+        reason = f"no {what} venv: run `bash {build_script}` (CI does) to test it"
+        if os.environ.get(require_variable) == "1":
+            pytest.fail(f"{require_variable}=1 but {reason}", pytrace=False)
+        pytest.skip(reason)
+    return python
+
+
+def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM46ForCausalLM:
+    """The tiny model trained on the chat domain (next token and MTP), so that greedy decoding has clear argmaxes
+    and the MTP layer drafts tokens worth accepting."""
+    tokens, _ = load_shard(dataset / "tokens", "sft")
+    torch.manual_seed(0)
+    model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    starts = np.random.default_rng(0).integers(0, len(tokens) - 129, size=(steps, 8))
+    for batch in starts:
+        x = torch.from_numpy(np.stack([tokens[s : s + 129] for s in batch]).astype(np.int64))
+        out = model(x[:, :-1], labels=x[:, 1:])
+        optimizer.zero_grad()
+        (out.loss + 0.3 * out.mtp_loss).backward()
+        optimizer.step()
+    return model.eval()

@@ -12,7 +12,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
@@ -24,15 +23,13 @@ from glm46.app.tasks import run_task
 from glm46.checkpoint.hub_config import config_to_hf
 from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
-from glm46.data.shards import load_shard
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.hf import load_hf, save_hf
 from glm46.modules import GLM46ForCausalLM
 from glm46.serve.offline import serving_python, vllm_generate
 
-from .helpers import random_model, tiny_config
-from .test_sft import make_chat_dataset
+from .helpers import random_model, require_venv, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # The keys of GLM-4.x's Hub config.json (zai-org/GLM-4.7 refs/pr/49, the GLM-4.5/4.6 architecture).
@@ -57,8 +54,8 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return make_chat_dataset(tmp_path_factory.mktemp("chat"), conversations=60, prompts=150, vocab_size=512)
+def dataset(chat_dataset):
+    return chat_dataset
 
 
 @pytest.fixture(scope="module")
@@ -256,38 +253,13 @@ def test_the_odd_export_serves_on_a_gpu(compose_config, capsys, export_without_m
 
 
 def require_serving() -> Path:
-    """The serving venv's python; skips without it, unless GLM46_REQUIRE_SERVING=1 (CI), where it fails."""
-    python = serving_python()
-    if python is None:
-        reason = "no serving venv: run `bash scripts/serving_venv.sh` (CI does) to test vLLM serving"
-        if os.environ.get("GLM46_REQUIRE_SERVING") == "1":
-            pytest.fail(f"GLM46_REQUIRE_SERVING=1 but {reason}", pytrace=False)
-        pytest.skip(reason)
-    return python
-
-
-def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM46ForCausalLM:
-    """The tiny model trained on the chat domain (next token and MTP), so that greedy decoding has clear argmaxes
-    and the MTP layer drafts tokens worth accepting."""
-    tokens, _ = load_shard(dataset / "tokens", "sft")
-    torch.manual_seed(0)
-    model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    starts = np.random.default_rng(0).integers(0, len(tokens) - 129, size=(steps, 8))
-    for batch in starts:
-        x = torch.from_numpy(np.stack([tokens[s : s + 129] for s in batch]).astype(np.int64))
-        out = model(x[:, :-1], labels=x[:, 1:])
-        optimizer.zero_grad()
-        (out.loss + 0.3 * out.mtp_loss).backward()
-        optimizer.step()
-    return model.eval()
+    return require_venv(serving_python(), "vLLM", "scripts/serving_venv.sh", "GLM46_REQUIRE_SERVING")
 
 
 @pytest.fixture(scope="module")
-def trained(dataset, tokenizer, tmp_path_factory):
+def trained(dataset, tokenizer, trained_chat_model):
     """(model, its export, chat prompts of 5 lengths, our greedy completions cut after the first stop token)."""
-    model = train_tiny(dataset, tokenizer)
-    export = save_hf(model, tmp_path_factory.mktemp("trained") / "hf", tokenizer=tokenizer)
+    model, export = trained_chat_model
     rl = [json.loads(line)["text"] for line in (dataset / "documents" / "rl.jsonl").read_text().splitlines()]
     prompts = [
         tokenizer.encode(doc[: doc.rindex(ROLE_TOKENS["assistant"]) + len(ROLE_TOKENS["assistant"])]) for doc in rl[-4:]

@@ -31,6 +31,8 @@ from glm46.parallel.layout import Layout, is_muon, model_problems
 from glm46.planning.sizing import composed_layout, composed_plan
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule
+from glm46.serve.llama_cpp import BUILD_SCRIPT as LLAMA_CPP_BUILD_SCRIPT
+from glm46.serve.llama_cpp import llama_cpp_python
 
 log = rank_zero_logger(__name__)
 
@@ -412,11 +414,28 @@ def check_export(cfg: DictConfig) -> GLM46Config:
     output = Path(settings.output)
     if output.exists() and any(output.iterdir()):
         raise ConfigError(f"export.output={output} holds files: an export writes a new directory, never over one")
-    if settings.block_size < 1:
+    if settings.format == "fp8" and settings.block_size < 1:
         raise ConfigError(f"export.block_size={settings.block_size} must be >= 1 (GLM-4.6-FP8: 128)")
     if settings.format == "gguf":
-        raise ConfigError("export.format=gguf is not built yet: export.format=fp8 is")
+        if not (weights / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"export.model={settings.model}: {weights} has no tokenizer.json, and a GGUF file carries its "
+                f"tokenizer; export a run's model (its hf/ holds the tokenizer it was trained with)"
+            )
+        if settings.gguf_type == "q4_k_m" and llama_cpp(f"export.gguf_type={settings.gguf_type}") is None:
+            raise ConfigError(
+                f"export.gguf_type=q4_k_m is made by llama.cpp's quantizer, and no llama.cpp venv is built: run "
+                f"bash {LLAMA_CPP_BUILD_SCRIPT} (or set GLM46_LLAMA_CPP_PYTHON), or export gguf_type=f16|q8_0"
+            )
     return config
+
+
+def llama_cpp(key: str) -> Path | None:
+    """The llama.cpp venv's python (None: not built); a GLM46_LLAMA_CPP_PYTHON that does not exist is an error."""
+    try:
+        return llama_cpp_python()
+    except FileNotFoundError as error:
+        raise ConfigError(f"{key}: {error}") from None
 
 
 def check_layout(cfg: DictConfig, config: GLM46Config, layout: Layout) -> None:

@@ -16,6 +16,7 @@ from glm46.app.logs import quiet_dependencies, rank_zero_logger
 from glm46.app.preparation import prepare_cached, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.fp8 import export_fp8
+from glm46.checkpoint.gguf_export import export_gguf
 from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
 from glm46.modules import GLM46Config
@@ -34,10 +35,9 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
     counts = count_parameters(config)
     name = HydraConfig.get().runtime.choices.get("model", "model") if HydraConfig.initialized() else "model"
     sizes = export_bytes(config)
-    log.info(
-        format_counts(name, counts)
-        + f"\nexport on disk: bf16 {sizes['bf16'] / 1e9:,.2f} GB, block FP8 (task=export) {sizes['fp8'] / 1e9:,.2f} GB"
-    )
+    names = {"bf16": "bf16", "fp8": "block FP8", "gguf_f16": "GGUF f16", "gguf_q8_0": "q8_0", "gguf_q4_k_m": "q4_k_m"}
+    on_disk = ", ".join(f"{names[key]} {size / 1e9:,.2f} GB" for key, size in sizes.items())
+    log.info(format_counts(name, counts) + f"\nexport on disk (task=export): {on_disk}")
     return counts | {f"export_bytes_{k}": v for k, v in sizes.items()}
 
 
@@ -104,10 +104,15 @@ def serve(cfg: DictConfig, config: GLM46Config) -> dict:
 
 
 def export(cfg: DictConfig, config: GLM46Config) -> dict:
-    """A quantized copy of export.model's HF directory in export.output (glm46.checkpoint.fp8)."""
+    """A quantized copy of export.model's HF directory in export.output: block FP8 (glm46.checkpoint.fp8) or GGUF
+    for llama.cpp (glm46.checkpoint.gguf_export)."""
     settings = cfg.export
-    output = export_fp8(find_weights(settings.model), Path(settings.output), settings.block_size)
-    print(f"FP8 export: {output}", flush=True)
+    source, output = find_weights(settings.model), Path(settings.output)
+    if settings.format == "fp8":
+        output = export_fp8(source, output, settings.block_size)
+    else:
+        output = export_gguf(source, output, str(settings.gguf_type))
+    print(f"{str(settings.format).upper()} export: {output}", flush=True)
     return {"output": str(output)}
 
 
