@@ -205,6 +205,10 @@ TABLE = [
     ("rl-split-within-a-layer", RL, ["parallelism=tp", "cluster.devices=2"], VALIDATE,
      [r"parallelism=tp \(parallelism\.tensor_parallel=2\): RL rolls out with the training model's own generate",
       r"\(single, ddp\) or sharded by FSDP2 or expert parallelism \(fsdp2, ep, fsdp2_ep\)"]),
+    ("rl-evaluated-on-prompts-it-trains-on", RL, ["eval.after_train=true", "eval.domain_val_fraction.rl=0.02"],
+     VALIDATE,
+     [r"eval\.domain_val_fraction\.rl=0\.02 differs from data\.val_fraction=0\.1: the evaluation after training would "
+      r"read prompts RL trained on"]),
     ("rl-with-accumulation", RL, ["trainer.accumulate_grad_batches=2"], VALIDATE,
      [r"trainer\.accumulate_grad_batches=2: an RL step is one rollout batch"]),
     ("rl-updates-split-a-group", RL, ["phase.grpo.updates_per_rollout=3"], VALIDATE,

@@ -34,7 +34,8 @@ from .helpers import random_model, tiny_config
 from .test_sft import make_chat_dataset
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-SETTINGS = ("eval.val_fraction=0.1", "eval.max_length=96", "eval.max_gen_toks=16", "eval.ppl_chars=600")
+SETTINGS = ("eval.val_fraction=0.1", "eval.domain_val_fraction.rl=0.2", "eval.max_length=96", "eval.max_gen_toks=16")
+SETTINGS += ("eval.ppl_chars=600",)
 PPL_METRICS = ("word_perplexity", "byte_perplexity", "bits_per_byte")
 
 
@@ -127,8 +128,8 @@ def test_task_files_are_the_held_out_documents_by_absolute_path(dataset, tasks):
     assert yaml.safe_load((folder / "glm46.yaml").read_text())["task"] == names[:-1]
 
     tokenizer = GLMTokenizer.from_file(dataset / "tokenizer.json")
-    prompts, documents = records(folder / "glm46_arithmetic.jsonl"), held_out_documents(dataset, "rl")
-    assert len(prompts) == len(documents) == round(150 * 0.1)  # every prompt the RL DataModule holds out
+    prompts, documents = records(folder / "glm46_arithmetic.jsonl"), held_out_documents(dataset, "rl", 0.2)
+    assert len(prompts) == len(documents) == round(150 * 0.2)  # the rl domain's own share (data=rl's val_fraction)
     for prompt, ids in zip(prompts, documents):
         end = int(np.flatnonzero(ids == tokenizer.token_id(ROLE_TOKENS["assistant"]))[-1]) + 1
         assert tokenizer.encode(prompt["prompt"]) == ids[:end].tolist()  # special tokens included
@@ -142,7 +143,8 @@ def test_task_files_are_the_held_out_documents_by_absolute_path(dataset, tasks):
         assert len(set(question["choices"])) == 4 and question["choices"][question["gold"]] == str(extract_answer(text))
 
     for domain in domains:
-        texts, documents = records(folder / f"glm46_ppl_{domain}.jsonl"), held_out_documents(dataset, domain)
+        share = 0.2 if domain == "rl" else 0.1
+        texts, documents = records(folder / f"glm46_ppl_{domain}.jsonl"), held_out_documents(dataset, domain, share)
         assert [t["text"] for t in texts] == [tokenizer.decode(ids[:-1].tolist())[:600] for ids in documents[:16]]
 
 
@@ -180,7 +182,7 @@ def test_task_eval_writes_lm_eval_results_logs_metrics_and_prints_the_table(eval
         assert all(isinstance(results["results"][task][f"{m},none"], float) for m in names), task
         assert all(f"{task}/{m}" in summary for m in names) and task in printed
         assert (output_dir / "eval" / f"samples_{task}.jsonl").is_file()
-    assert summary["glm46_arithmetic/n"] == len(held_out_documents(dataset, "rl")) == 15
+    assert summary["glm46_arithmetic/n"] == len(held_out_documents(dataset, "rl", 0.2)) == 30
     assert summary["my_sums/n"] == 3
     with open(output_dir / "metrics.csv") as file:
         (row,) = list(csv.DictReader(file))

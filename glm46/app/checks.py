@@ -317,6 +317,12 @@ def check_rl(cfg: DictConfig) -> None:
         )
     if not kinds["data"] or cfg.task != "train":
         return
+    evaluated = cfg.eval.get("domain_val_fraction", {}).get("rl", cfg.eval.val_fraction)
+    if cfg.eval.after_train and evaluated != cfg.data.val_fraction:
+        raise ConfigError(
+            f"eval.domain_val_fraction.rl={evaluated} differs from data.val_fraction={cfg.data.val_fraction}: the "
+            f"evaluation after training would read prompts RL trained on (or leave held-out ones out); set both alike"
+        )
     settings = grpo(cfg)
     layout = cfg.parallelism
     split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}

@@ -112,7 +112,8 @@ def _write_task(folder: Path, name: str, records: list[dict], config: dict) -> N
 
 def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
     """Write the tasks of the dataset at settings.dataset into `folder`; return their names, the group last.
-    Reads settings.val_fraction, ppl_documents, ppl_chars, max_gen_toks and seed (of the distractors)."""
+    Reads settings.val_fraction (domain_val_fraction by domain), ppl_documents, ppl_chars, max_gen_toks and seed (of
+    the distractors)."""
     tokens_dir = Path(settings.dataset) / "tokens"
     if not (tokens_dir / "shards.json").is_file():
         raise FileNotFoundError(
@@ -120,7 +121,10 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
             f"prepare it with `python run.py task=prepare source=embedded`, or set eval.dataset"
         )
     tokenizer = GLMTokenizer.from_file(Path(settings.dataset) / "tokenizer.json")
-    domains = {d: held_out(tokens_dir, d, settings.val_fraction) for d in read_index(tokens_dir)["domains"]}
+    shares = settings.get("domain_val_fraction") or {}
+    domains = {
+        d: held_out(tokens_dir, d, shares.get(d, settings.val_fraction)) for d in read_index(tokens_dir)["domains"]
+    }
 
     def texts(domain: str, count: int | None = None) -> tuple[int, list[str]]:
         first, documents = domains[domain]

@@ -55,6 +55,7 @@ class EvalConfig:
     dataset: str = MISSING
     tokenizer: Optional[str] = None
     val_fraction: float = MISSING
+    domain_val_fraction: Dict[str, float] = field(default_factory=dict)
     limit: Optional[int] = None
     batch_size: int = MISSING
     max_gen_toks: int = MISSING
