@@ -5,6 +5,8 @@ an engine that cannot start or dies ends the run with a clear error (and a check
 
 import csv
 import sys
+import time
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -73,6 +75,27 @@ def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_
     assert [p.name for p in (tmp_path / "rollout").iterdir()] == ["engine.log"]  # pushed weights removed at the end
 
 
+def descendants(pid: int) -> list[int]:
+    """The processes `pid` started, and theirs (Linux /proc)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    found = [int(c) for c in children.read_text().split()] if children.exists() else []
+    return found + [d for child in found for d in descendants(child)]
+
+
+def running(pids: list[int], wait_s: float) -> list[int]:
+    """Those of `pids` still running (not exited, not a zombie) after waiting up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [
+            p
+            for p in pids
+            if Path(f"/proc/{p}/stat").exists() and Path(f"/proc/{p}/stat").read_text().split()[2] != "Z"
+        ]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
 class KillEngineAt(L.Callback):
     """Kills the rollout engine's process after `step` steps, as a crash of the engine would."""
 
@@ -81,17 +104,20 @@ class KillEngineAt(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
-            pl_module.engine.process.kill()
+            self.started = descendants(pl_module.engine.process.pid)  # vLLM's engine core and workers
+            pl_module.engine.process.kill()  # the script only, as a crash would: what it started lives on
 
 
 @pytest.mark.serving
 @pytest.mark.slow
 def test_an_engine_that_dies_ends_the_run_with_an_error_and_a_checkpoint(dataset, tmp_path):  # noqa: F811
     require_serving()
+    killer = KillEngineAt(2)
     with pytest.raises(RolloutEngineError) as error:
-        fit(module(dataset, rollout=vllm_settings()), dataset, tmp_path, max_steps=5, callbacks=[KillEngineAt(2)])
+        fit(module(dataset, rollout=vllm_settings()), dataset, tmp_path, max_steps=5, callbacks=[killer])
     message = str(error.value)
     assert "exited with code -9 during a weight reload" in message and "engine.log" in message, message
+    assert killer.started and not running(killer.started, wait_s=15)  # the engine's processes killed, none orphaned
     checkpoint = tmp_path / "checkpoints" / "last.ckpt"
     assert "ckpt_path=last" in message and checkpoint.is_file()
     assert torch.load(checkpoint, weights_only=False)["global_step"] == 2

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import time
@@ -113,9 +114,12 @@ class VLLMRolloutEngine:
         }
         with open(self.log_file, "ab") as log:
             try:
+                # A session of its own: vLLM's engine core and workers join its process group, so a failure or
+                # close kills them all (killing only the script orphaned them, holding GBs of memory).
                 self.process = subprocess.Popen(
-                    [str(python), "-P", str(SCRIPT), str(port)], env=env, stdout=log, stderr=subprocess.STDOUT
-                )
+                    [str(python), "-P", str(SCRIPT), str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )  # fmt: skip
             except OSError as error:
                 raise RolloutEngineError(f"the vLLM rollout engine cannot start {python}: {error}") from None
         self.connection = self._connect(port, authkey, settings.start_timeout_s)
@@ -147,13 +151,21 @@ class VLLMRolloutEngine:
         text = self.log_file.read_text(errors="replace").splitlines() if self.log_file.is_file() else []
         return "\n".join(text[-lines:])
 
-    def _fail(self, what: str):
-        self.process.kill()
+    def kill(self) -> None:
+        """SIGKILL the engine's whole process group (the script, vLLM's engine core and workers)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # every process of the group has exited
         self.process.wait()
+
+    def _fail(self, what: str):
+        self.kill()
         raise RolloutEngineError(f"the vLLM rollout engine {what}; its log: {self.log_file}\n{self._log_tail()}")
 
     def _check_alive(self, during: str) -> None:
         if (code := self.process.poll()) is not None:
+            self.kill()  # what the script started may outlive it
             raise RolloutEngineError(
                 f"the vLLM rollout engine exited with code {code} during {during}; its log: {self.log_file}\n"
                 f"{self._log_tail()}"
@@ -209,6 +221,6 @@ class VLLMRolloutEngine:
                 self.connection.poll(30) and self.connection.recv()
                 self.process.wait(timeout=60)
             except (OSError, EOFError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
+                pass
+        self.kill()
         self.connection.close()
