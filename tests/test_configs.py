@@ -204,7 +204,10 @@ def test_run_py_estimate_prints_the_table(tmp_path):
     )
     assert "355,233,991,936" in result.stdout and "32,080,359,424" in result.stdout
     # 356.8B weights in bf16 (the router's correction bias in fp32); FP8: 1 byte a quantized weight + its scales
-    assert "export on disk: bf16 713.57 GB, block FP8 (task=export) 358.50 GB" in result.stdout
+    assert (
+        "export on disk (task=export): bf16 713.57 GB, block FP8 358.50 GB, GGUF f16 713.72 GB, q8_0 379.31 GB, "
+        "q4_k_m 215.30 GB"
+    ) in result.stdout
 
 
 def test_run_py_refuses_a_misspelt_key_naming_it(tmp_path):
