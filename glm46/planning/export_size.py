@@ -43,9 +43,10 @@ def export_bytes(config: GLM46Config, block: int = 128) -> dict[str, int]:
         else:
             sizes["fp8"] += plain
     hf_config = config_to_hf(config, torch.bfloat16)
-    for name, weights in WEIGHT_TYPES.items():
-        sizes[f"gguf_{name}"] = sum(t.nbytes for t in plan_tensors(shapes, hf_config, weights))
-    f16 = plan_tensors(shapes, hf_config, WEIGHT_TYPES["f16"])
+    plans = {name: plan_tensors(shapes, hf_config, weights) for name, weights in WEIGHT_TYPES.items()}
+    for name, tensors in plans.items():
+        sizes[f"gguf_{name}"] = sum(t.nbytes for t in tensors)
+    f16 = plans["f16"]
     blocks = config.num_hidden_layers + config.num_nextn_predict_layers
     sizes["gguf_q4_k_m"] = sum(
         math.prod(gguf.quant_shape_to_byte_shape(t.shape, qtype))
