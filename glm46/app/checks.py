@@ -388,6 +388,17 @@ def exported_model(key: str, path: str | None, what: str) -> tuple[Path, dict, G
         raise ConfigError(f"{key}={path}: {error}") from None
 
 
+def check_prepare(cfg: DictConfig) -> None:
+    """prepare.tasks: at least 1; over several tasks, the staged plan must be possible (glm46.data.staged.plan:
+    the input exists, holds no fewer files than tasks, and the output directory holds no other preparation)."""
+    from glm46.app.preparation import staged_plan
+
+    if cfg.prepare.tasks < 1:
+        raise ConfigError(f"prepare.tasks={cfg.prepare.tasks}: the number of tasks of each stage is at least 1")
+    if cfg.prepare.tasks > 1:
+        staged_plan(cfg.source, cfg.prepare)
+
+
 def check_serve(cfg: DictConfig) -> GLM46Config:
     """task=serve: an export that the engine, device and launch settings can serve; returns its model config."""
     settings = cfg.serve
@@ -563,6 +574,7 @@ def validate(cfg: DictConfig) -> GLM46Config:
     if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them
         if cfg.get("source") is None:
             raise ConfigError("task=prepare reads `source`, and none is chosen: source=embedded|jsonl|text|parquet")
+        check_prepare(cfg)
         return config
     for _, tasks, check in CHECKS:
         if str(cfg.task) in tasks:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -12,13 +13,28 @@ from omegaconf import DictConfig, OmegaConf
 from glm46.app.logs import rank_zero_logger
 from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
+from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm
+from glm46.data.staged.plan import StagedPlan, make_plan, progress_table
 from glm46.errors import ConfigError
 
 log = rank_zero_logger(__name__)
 
 
+def staged_plan(source: DictConfig, settings: DictConfig, threads: int = 1) -> StagedPlan:
+    """The plan of preparing `source` over prepare.tasks tasks (glm46.data.staged), or a ConfigError naming what
+    cannot run (no input, more tasks than input files, an output directory holding another preparation)."""
+    source_, settings_ = (OmegaConf.to_container(node, resolve=True) for node in (source, settings))
+    return make_plan(source_, settings_, prepare_fingerprint(source_, settings_), threads)
+
+
 def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
-    """Prepare a `source` (source=embedded|jsonl|text|parquet) with the `prepare` settings."""
+    """Prepare a `source` (source=embedded|jsonl|text|parquet) with the `prepare` settings: in one process, or over
+    prepare.tasks tasks on this machine, prepare.num_workers at a time."""
+    if settings.tasks > 1:
+        plan = staged_plan(source, settings)
+        plan.save()
+        run_local(plan, settings.num_workers)
+        return json.loads((Path(source.output_dir) / "manifest.json").read_text())
     return prepare_dataset(
         source.reader,
         list(source.paths),
@@ -63,3 +79,30 @@ def prepare_once(cfg: DictConfig, prepare: Callable[[DictConfig, DictConfig], ob
         return
     if Path(cfg.data.path).absolute() == Path(cfg.source.output_dir).absolute():
         prepare_cached(cfg.source, cfg.prepare, prepare)
+
+
+def submit_staged(config: DictConfig, executor_at: Callable, sbatch: dict, threads: int, wait: bool = False) -> str:
+    """Queue the staged preparation of config.source on Slurm (its stages as dependent job arrays; only the tasks
+    not yet finished), unless it is prepared already; `executor_at(folder)`: a submitit executor logging there.
+    Returns what the user needs: the arrays, where the logs go, how to follow the progress."""
+    source, settings = config.source, config.prepare
+    fingerprint = prepare_fingerprint(
+        OmegaConf.to_container(source, resolve=True), OmegaConf.to_container(settings, resolve=True)
+    )
+    if is_prepared(source.output_dir, fingerprint):
+        return f"dataset: {source.output_dir} is prepared already (fingerprint {fingerprint}); nothing queued"
+    plan = staged_plan(source, settings, threads)
+    plan.save()
+    logs = plan.work / "slurm"
+    submitted = submit_slurm(plan, executor_at(logs / "%j"), sbatch)
+    lines = [f"submitted the preparation of {plan.output_dir} over {plan.tasks} tasks: one job array per stage"]
+    lines += [f"  {s['stage']:<10} {s['array']} ({len(s['tasks'])} task(s))" for s in submitted]
+    lines += [
+        f"logs:     {logs}/<job id>_<task>_log.out",
+        f"progress: python -m glm46.data.staged {plan.output_dir}",
+        f"cancel:   scancel {' '.join(s['array'] for s in submitted)}",
+    ]
+    if wait:
+        wait_slurm(plan, submitted)
+        lines.append(progress_table(plan))
+    return "\n".join(lines)

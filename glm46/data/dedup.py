@@ -27,10 +27,15 @@ from .loop_progress import progress
 _WORD = re.compile(r"\w+")
 
 
+def content_key(text: str) -> bytes:
+    """What exact deduplication compares: a 128-bit digest of the (normalised) text."""
+    return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
+
+
 def dedup_exact(docs: list[Document], ledger: Ledger) -> list[Document]:
     seen, kept = set(), []
     for doc in docs:
-        key = hashlib.blake2b(doc.text.encode("utf-8"), digest_size=16).digest()
+        key = content_key(doc.text)
         if key in seen:
             ledger.drop(doc, "exact_duplicate")
         else:
@@ -186,23 +191,32 @@ def minhash_signatures(
     return np.concatenate(parts) if parts else np.zeros((0, num_perm), np.uint32)
 
 
-def _sharing_a_band(signatures: np.ndarray, bands: list[tuple[int, int]]) -> np.ndarray:
-    """Which documents equal another one in some band: the only ones an LSH query can pair.
+def lsh_bands(threshold: float, num_perm: int) -> list[tuple[int, int]]:
+    """MinHashLSH's bands (column ranges of a signature) for this threshold, leaning towards recall."""
+    return MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8)).hashranges
 
-    Bands are compared through a 64-bit key that equal bands share (a collision only sends a document
-    to the exact check), so that the index loop runs over these documents only.
-    """
-    shared = np.zeros(len(signatures), bool)
-    for start, end in bands:
-        keys = np.zeros(len(signatures), np.uint64)
+
+def band_keys(signatures: np.ndarray, bands: list[tuple[int, int]]) -> np.ndarray:
+    """[documents, bands] uint64: a key per band that equal bands share (a collision of two different bands
+    only sends a document to the exact check of `_near_duplicates`)."""
+    keys = np.zeros((len(signatures), len(bands)), np.uint64)
+    for band, (start, end) in enumerate(bands):
         for column in signatures[:, start:end].T:
-            keys = keys * _WORD_BASE + column
+            keys[:, band] = keys[:, band] * _WORD_BASE + column
+    return keys
+
+
+def _sharing_a_band(signatures: np.ndarray, bands: list[tuple[int, int]]) -> np.ndarray:
+    """Which documents equal another one in some band: the only ones an LSH query can pair, so that the
+    index loop runs over these documents only."""
+    shared = np.zeros(len(signatures), bool)
+    for keys in band_keys(signatures, bands).T:
         _, group, size = np.unique(keys, return_inverse=True, return_counts=True)
         shared |= size[group] > 1
     return shared
 
 
-def _near_duplicates(
+def near_duplicates(
     signatures: np.ndarray, candidates: np.ndarray, bands: list[tuple[int, int]], threshold: float
 ) -> set[int]:
     """Which candidates to drop, by MinHashLSH's keep-first loop in input order: one is dropped when an
@@ -235,9 +249,9 @@ def dedup_near(
     against the threshold with its MinHash estimate, so false positives are not dropped.
     """
     signatures = minhash_signatures([d.text for d in docs], shingle_size, num_perm, seed, num_workers)
-    bands = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.2, 0.8)).hashranges
+    bands = lsh_bands(threshold, num_perm)
     candidates = np.flatnonzero(_sharing_a_band(signatures, bands))
-    dropped = _near_duplicates(signatures, candidates, bands, threshold)
+    dropped = near_duplicates(signatures, candidates, bands, threshold)
     kept = []
     for index, doc in enumerate(docs):
         if index in dropped:

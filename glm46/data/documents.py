@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
+
+
+def normalized(text: str) -> str:
+    """What preparation makes of every text: Unicode NFC, Unix newlines, no surrounding blank space."""
+    return unicodedata.normalize("NFC", text.replace("\r\n", "\n").replace("\r", "\n")).strip()
 
 
 @dataclass

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .chat import render_chat
-from .documents import Document, Ledger
+from .documents import Document, Ledger, normalized
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3"}
 LICENSE_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/copyright")
@@ -56,11 +56,11 @@ def stdlib_code(ledger: Ledger) -> Iterator[Document]:
         if doc is None:
             continue
         doc.id = str(relative)
-        if len(relative.parts) > 1:
-            packages[relative.parts[0]].append(doc)
+        if len(relative.parts) > 1:  # as normalised, whether or not the reader's consumer has normalised doc yet
+            packages[relative.parts[0]].append((doc.id, normalized(doc.text)))
         yield doc
     for package, modules in sorted(packages.items()):
-        text = "\n\n".join(f"# file: {m.id}\n{m.text}" for m in modules)
+        text = "\n\n".join(f"# file: {name}\n{module}" for name, module in modules)
         yield ledger.admit(Document(text=text, domain="repo_code", source=str(root / package), id=package))
 
 

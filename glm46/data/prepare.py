@@ -12,13 +12,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from .dedup import dedup_exact, dedup_near, dedup_urls
-from .documents import Document, Ledger
+from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
 from .loop_progress import progress
 from .quality import QualityRules, violation
@@ -31,18 +30,18 @@ class EmptyDatasetError(ValueError):
     """Preparation kept no document: the message gives the counts of every reason and stage."""
 
 
+def normalize_document(doc: Document, ledger: Ledger) -> bool:
+    """The text `normalized`, in place; False (and dropped) if left empty."""
+    before = doc.nbytes
+    doc.text = normalized(doc.text)
+    ledger.trimmed_bytes += before - doc.nbytes
+    if not doc.text:
+        ledger.drop(doc, "empty")
+    return bool(doc.text)
+
+
 def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
-    """Unicode NFC, Unix newlines, no surrounding blank space; documents left empty are dropped."""
-    kept = []
-    for doc in progress(docs, desc="read+normalise", unit="doc"):
-        before = doc.nbytes
-        doc.text = unicodedata.normalize("NFC", doc.text.replace("\r\n", "\n").replace("\r", "\n")).strip()
-        ledger.trimmed_bytes += before - doc.nbytes
-        if doc.text:
-            kept.append(doc)
-        else:
-            ledger.drop(doc, "empty")
-    return kept
+    return [doc for doc in progress(docs, desc="read+normalise", unit="doc") if normalize_document(doc, ledger)]
 
 
 def length_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
@@ -72,26 +71,57 @@ def _totals(docs: list[Document]) -> tuple[int, int]:
     return len(docs), sum(d.nbytes for d in docs)
 
 
+def stage_entry(name: str, documents_in: int, bytes_in: int, dropped: Counter, dropped_bytes: Counter) -> dict:
+    """One stage's row of the manifest's `stages`: documents and bytes before and after, and what it dropped."""
+    return {
+        "stage": name,
+        "documents_in": documents_in,
+        "bytes_in": bytes_in,
+        "documents_out": documents_in - sum(dropped.values()),
+        "bytes_out": bytes_in - sum(dropped_bytes.values()),
+        "dropped": dict(dropped),
+    }
+
+
 def run_pipeline(docs: Iterable[Document], ledger: Ledger, stages: list[tuple[str, Callable]]) -> tuple[list, list]:
     """Apply the stages in order; record documents and bytes before/after each and what it dropped."""
     report = []
     current = normalize(docs, ledger)
     report.append({"stage": "read+normalise", "documents_out": len(current), "dropped": dict(ledger.dropped)})
     for name, stage in stages:
-        before, dropped_before = _totals(current), Counter(ledger.dropped)
+        before, dropped, dropped_bytes = _totals(current), Counter(ledger.dropped), Counter(ledger.dropped_bytes)
         current = stage(current, ledger)
-        after = _totals(current)
-        report.append(
-            {
-                "stage": name,
-                "documents_in": before[0],
-                "bytes_in": before[1],
-                "documents_out": after[0],
-                "bytes_out": after[1],
-                "dropped": dict(ledger.dropped - dropped_before),
-            }
-        )
+        report.append(stage_entry(name, *before, ledger.dropped - dropped, ledger.dropped_bytes - dropped_bytes))
     return current, report
+
+
+def document_line(doc: Document) -> str:
+    """A kept document as one line of documents/<domain>.jsonl."""
+    return json.dumps({"text": doc.text, "id": doc.id, "url": doc.url, "source": doc.source}) + "\n"
+
+
+def build_manifest(ledger: Ledger, report: list, domains: dict, settings: dict) -> dict:
+    """manifest.json: every input accounted for (`domains`: domain -> kept documents and bytes)."""
+    documents_out = sum(d["documents"] for d in domains.values())
+    manifest = {
+        "command": " ".join(sys.argv),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "documents_in": ledger.documents_in,
+        "documents_out": documents_out,
+        "dropped": dict(ledger.dropped),
+        "bytes_in": ledger.bytes_in,
+        "bytes_out": sum(d["bytes"] for d in domains.values()),
+        "bytes_dropped": dict(ledger.dropped_bytes),
+        "bytes_trimmed": ledger.trimmed_bytes,  # whitespace and line ends removed by normalisation
+        "files": ledger.files,  # input files read (not counted by the embedded reader)
+        "empty_files": ledger.empty_files,  # the first of them that held no input (no line, no row)
+        "domains": dict(sorted(domains.items())),
+        "stages": report,
+        "examples": ledger.examples,
+        "settings": settings,
+    }
+    assert manifest["documents_in"] == documents_out + sum(ledger.dropped.values()), "a document went missing"
+    return manifest
 
 
 def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir: Path, settings: dict) -> dict:
@@ -103,27 +133,9 @@ def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir
         by_domain[doc.domain].append(doc)
     for domain, domain_docs in by_domain.items():
         with open(output_dir / "documents" / f"{domain}.jsonl", "w") as f:
-            for doc in domain_docs:
-                f.write(json.dumps({"text": doc.text, "id": doc.id, "url": doc.url, "source": doc.source}) + "\n")
-    documents_out, bytes_out = _totals(docs)
-    manifest = {
-        "command": " ".join(sys.argv),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "documents_in": ledger.documents_in,
-        "documents_out": documents_out,
-        "dropped": dict(ledger.dropped),
-        "bytes_in": ledger.bytes_in,
-        "bytes_out": bytes_out,
-        "bytes_dropped": dict(ledger.dropped_bytes),
-        "bytes_trimmed": ledger.trimmed_bytes,  # whitespace and line ends removed by normalisation
-        "files": ledger.files,  # input files read (not counted by the embedded reader)
-        "empty_files": ledger.empty_files,  # the first of them that held no input (no line, no row)
-        "domains": {d: {"documents": len(v), "bytes": sum(x.nbytes for x in v)} for d, v in sorted(by_domain.items())},
-        "stages": report,
-        "examples": ledger.examples,
-        "settings": settings,
-    }
-    assert manifest["documents_in"] == documents_out + sum(ledger.dropped.values()), "a document went missing"
+            f.writelines(map(document_line, domain_docs))
+    domains = {d: {"documents": len(v), "bytes": sum(x.nbytes for x in v)} for d, v in by_domain.items()}
+    manifest = build_manifest(ledger, report, domains, settings)
     (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
     return manifest
 

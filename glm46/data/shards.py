@@ -76,8 +76,7 @@ def write_shards(
     dataset_dir = Path(dataset_dir)
     output_dir = Path(output_dir or dataset_dir / "tokens")
     output_dir.mkdir(parents=True, exist_ok=True)
-    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
-    fingerprint = hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)
+    dtype, fingerprint = token_dtype(tokenizer), shards_fingerprint(tokenizer)
     domains = {}
     for file in sorted((dataset_dir / "documents").glob("*.jsonl")):
         texts = [json.loads(line)["text"] for line in file.read_text().splitlines()]
@@ -88,11 +87,25 @@ def write_shards(
         fingerprint.update(file.stem.encode())
         fingerprint.update(tokens)  # the same digest as of the concatenation, without copying the tokens
         domains[file.stem] = {"documents": len(texts), "tokens": int(len(tokens))}
+    return write_index(output_dir, tokenizer, dtype, fingerprint.hexdigest(), domains)
+
+
+def token_dtype(tokenizer: GLMTokenizer) -> type:
+    return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+
+
+def shards_fingerprint(tokenizer: GLMTokenizer):
+    """The running digest of a tokens folder: the tokenizer, then each domain's name and its tokens in turn."""
+    return hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)
+
+
+def write_index(output_dir: Path, tokenizer: GLMTokenizer, dtype: type, fingerprint: str, domains: dict) -> dict:
+    """shards.json: the dtype, vocabulary, document-end id, fingerprint and per-domain counts of a tokens folder."""
     index = {
         "dtype": np.dtype(dtype).name,
         "vocab_size": tokenizer.vocab_size,
         "eos_token_id": tokenizer.token_id(EOS),
-        "fingerprint": fingerprint.hexdigest(),
+        "fingerprint": fingerprint,
         "domains": domains,
     }
     (output_dir / "shards.json").write_text(json.dumps(index, indent=2))

@@ -5,6 +5,7 @@ naming the path, raised before the first document is read."""
 
 from __future__ import annotations
 
+import glob
 import json
 import re
 from collections.abc import Iterator
@@ -25,9 +26,29 @@ JSON_TYPES = {
 }
 
 
+def _expand(paths: list[str]) -> list[Path]:
+    """Each path as given, or the sorted matches of a glob pattern (`data/*.jsonl`) that is no existing path."""
+    expanded = []
+    for path in paths:
+        if not Path(path).exists() and glob.has_magic(path):
+            matches = sorted(glob.glob(path, recursive=True))
+            if not matches:
+                raise FileNotFoundError(f"source.paths: {path} matches nothing")
+            expanded += map(Path, matches)
+        else:
+            expanded.append(Path(path))
+    return expanded
+
+
+def input_files(reader: str, paths: list[str], options: dict | None = None) -> list[Path]:
+    """The files a file reader reads, in its order: what a staged preparation splits over its tasks."""
+    suffixes = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}.get(reader)
+    return _files(paths, suffixes or tuple((options or {}).get("suffixes", (".txt", ".md"))))
+
+
 def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     files = []
-    for path in map(Path, paths):
+    for path in _expand(paths):
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
             if not found:
@@ -156,11 +177,11 @@ def read_text_folder(
 ) -> Iterator[Document]:
     """One document per file."""
     for file in _files(paths, tuple(suffixes)):
-        raw = file.read_bytes()
-        ledger.files += 1
+        before, raw = ledger.documents_in, file.read_bytes()
         try:
             text = raw.decode("utf-8-sig")
         except UnicodeDecodeError as error:
             ledger.reject("undecodable", str(file), str(error), len(raw))
-            continue
-        yield ledger.admit(Document(text=text, domain=default_domain, source=str(file), id=str(file)))
+        else:
+            yield ledger.admit(Document(text=text, domain=default_domain, source=str(file), id=str(file)))
+        ledger.read_file(file, before)

@@ -57,6 +57,8 @@ class QueuedSlurmLauncher(SlurmLauncher):
             except ConfigError as error:
                 raise Refused(f"{' '.join(overrides) or '(no overrides)'}: {error}") from None
 
+        if all(config.task == "prepare" and config.prepare.tasks > 1 for config in configs):
+            return [self.submit_prepare(config, overrides) for config, overrides in zip(configs, job_overrides)]
         executor = self.executor()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -131,12 +133,28 @@ class QueuedSlurmLauncher(SlurmLauncher):
         finally:
             sys.stderr.write(held.getvalue())
 
-    def executor(self):
+    def submit_prepare(self, config, overrides: Sequence[str]) -> JobReturn:
+        """task=prepare over prepare.tasks > 1: its stages as dependent job arrays of one-CPU-node tasks
+        (glm46.data.staged), each task with the cluster's cpus_per_task."""
+        from glm46.app.preparation import submit_staged
+
+        def executor(folder: Path):
+            executor = self.executor(folder)
+            executor.update_parameters(nodes=1, tasks_per_node=1, gpus_per_node=0)
+            return executor
+
+        threads = self.params.get("cpus_per_task") or 1
+        sbatch = dict(self.params.get("additional_parameters") or {})
+        report = submit_staged(config, executor, sbatch, threads, wait=self.wait)
+        print(report, flush=True)
+        return JobReturn(overrides=list(overrides), cfg=config, status=JobStatus.COMPLETED, _return_value=report)
+
+    def executor(self, folder: Path | None = None):
         """The submitit executor of these parameters (what the parent launcher builds inline)."""
         import submitit
 
         executor = submitit.AutoExecutor(
-            folder=self.params["submitit_folder"],
+            folder=folder or self.params["submitit_folder"],
             cluster="slurm",
             slurm_max_num_timeout=self.params.get("max_num_timeout", 0),
         )

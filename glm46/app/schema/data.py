@@ -101,6 +101,7 @@ class PrepareConfig:
     """Settings of task=prepare (conf/prepare/default.yaml)."""
 
     num_workers: int = MISSING
+    tasks: int = MISSING
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     dedup: DedupSettings = field(default_factory=DedupSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)

@@ -1,0 +1,98 @@
+"""Where the stage tasks run: on this machine (processes, stage after stage), or on Slurm as one job array per
+stage, each after the one before it (submitit, the launch path training uses). Either runs only the tasks that
+have not finished, so rerunning the same command resumes a preparation."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+from .plan import StagedPlan, progress_table, stage_row
+from .stages import run_task
+
+log = logging.getLogger(__name__)
+
+
+class StageFailedError(RuntimeError):
+    """A stage task failed: its message names the stage, the task and the error, and how to resume."""
+
+
+def _failed(plan: StagedPlan, stage: str, index: int, error: BaseException) -> StageFailedError:
+    return StageFailedError(
+        f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} failed: {type(error).__name__}: {error}; "
+        f"run the same command again to resume (finished tasks are kept in {plan.work})"
+    )
+
+
+def run_local(plan: StagedPlan, workers: int) -> None:
+    """Every unfinished task, stage after stage: `workers` at a time as processes of their own (as on Slurm: a task
+    that crashes or is killed takes nothing else with it), or all in this process when workers is 1."""
+    for stage in plan.stages:
+        pending = plan.pending(stage)
+        if workers <= 1:
+            for index in pending:
+                try:
+                    run_task(plan.output_dir, stage, index)
+                except Exception as error:
+                    raise _failed(plan, stage, index, error) from error
+        else:
+            _run_processes(plan, stage, pending, workers)
+        log.info(f"prepare: {stage_row(plan, stage)}")
+    log.info(f"prepare: every stage done\n{progress_table(plan)}")
+
+
+def _run_processes(plan: StagedPlan, stage: str, pending: list[int], workers: int) -> None:
+    """`python -m glm46.data.staged DIR --run STAGE INDEX` for each pending task, `workers` at a time."""
+    running, failures = {}, []
+    queue = list(pending)
+    while queue or running:
+        while queue and len(running) < workers:
+            index = queue.pop(0)
+            command = [sys.executable, "-m", "glm46.data.staged", plan.output_dir, "--run", stage, str(index)]
+            running[index] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        index, process = next(iter(running.items()))
+        output, _ = process.communicate()
+        del running[index]
+        if process.returncode:
+            failures.append(
+                (index, output.strip().splitlines()[-1] if output.strip() else f"exit {process.returncode}")
+            )
+    if failures:
+        index, last_line = min(failures)
+        raise _failed(plan, stage, index, RuntimeError(last_line))
+
+
+def submit_slurm(plan: StagedPlan, executor, sbatch: dict) -> list[dict]:
+    """Each stage's unfinished tasks as one job array that starts when the one before it has ended well (afterok;
+    `sbatch`: the cluster's other flags). An earlier submission's jobs that have not ended are cancelled first,
+    so two never write the same folders."""
+    record = plan.work / "slurm_jobs.json"
+    if record.is_file():
+        earlier = [job["array"] for job in json.loads(record.read_text())]
+        subprocess.run(["scancel", *earlier], check=False, capture_output=True)
+    submitted, previous = [], None
+    for stage in plan.stages:
+        pending = plan.pending(stage)
+        if not pending:
+            continue
+        dependency = {"dependency": f"afterok:{previous}", "kill-on-invalid-dep": "yes"} if previous else {}
+        executor.update_parameters(
+            slurm_job_name=f"glm46-prepare-{stage}", slurm_additional_parameters=dict(sbatch) | dependency
+        )
+        jobs = executor.map_array(run_task, [plan.output_dir] * len(pending), [stage] * len(pending), pending)
+        previous = jobs[0].job_id.split("_")[0]
+        submitted.append({"stage": stage, "array": previous, "tasks": pending, "jobs": jobs})
+    record.write_text(json.dumps([{k: v for k, v in s.items() if k != "jobs"} for s in submitted], indent=2))
+    return submitted
+
+
+def wait_slurm(plan: StagedPlan, submitted: list[dict]) -> None:
+    """Block until the last stage has ended; a failed task raises StageFailedError (its log path in the message)."""
+    for stage in submitted:
+        for index, job in zip(stage["tasks"], stage["jobs"]):
+            try:
+                job.result()
+            except Exception as error:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError
+                raise _failed(plan, stage["stage"], index, RuntimeError(f"{error} (log {job.paths.stdout})")) from None

@@ -1,0 +1,436 @@
+"""The tasks of a staged preparation (the stages are listed in glm46.data.staged): each reads the plan and the
+folders of the stages before it and returns the files it wrote in its own folder plus its stats.
+
+A document is named by its key (glm46.data.staged.plan.KEY_BITS): the read task that read it and its position
+there, so keys sort in input order. A stage's drops are sorted keys; the key sets never overlap (each stage looks
+only at the documents the stages before it kept).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from ..cache import mark_prepared
+from ..dedup import band_keys, content_key, lsh_bands, minhash_signatures, near_duplicates, normalize_url
+from ..documents import Document, Ledger
+from ..pipeline import load_tokenizer
+from ..prepare import (
+    READERS,
+    EmptyDatasetError,
+    build_manifest,
+    document_line,
+    empty_dataset_message,
+    normalize_document,
+    stage_entry,
+)
+from ..quality import QualityRules, violation
+from ..shards import encode_documents, shards_fingerprint, token_dtype, write_index
+from ..tokenizer import GLMTokenizer, train_tokenizer
+from .plan import KEY_BITS, StagedPlan, write_task
+
+DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
+MAX_EXAMPLES = Ledger.max_examples
+
+
+class _Inputs(Ledger):
+    """A Ledger that also keeps every input in order (an admitted Document, or a rejection's arguments), so that
+    a source without files to split (the embedded corpus) can be cut into contiguous slices of its inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list = []
+
+    def admit(self, doc: Document) -> Document:
+        self.inputs.append(doc)
+        return super().admit(doc)
+
+    def reject(self, reason: str, where: str, detail: str = "", nbytes: int = 0, count: int = 1) -> None:
+        self.inputs.append((reason, where, detail, nbytes, count))
+        super().reject(reason, where, detail, nbytes, count)
+
+
+def _read_inputs(plan: StagedPlan, task: int) -> tuple[Ledger, list[tuple[int, Document]]]:
+    """(this task's ledger, its documents with their positions): its files, or its slice of the embedded corpus."""
+    everything = _Inputs()
+    documents = READERS[plan.reader](
+        plan.shards[task] if plan.shards else [], everything, plan.default_domain, **plan.options
+    )
+    if plan.shards:
+        return everything, [(len(everything.inputs) - 1, doc) for doc in documents]
+    for _ in documents:
+        pass
+    count = len(everything.inputs)
+    ledger, inputs = Ledger(), []
+    for position, item in enumerate(everything.inputs[count * task // plan.tasks : count * (task + 1) // plan.tasks]):
+        if isinstance(item, Document):
+            inputs.append((position, ledger.admit(item)))
+        else:
+            ledger.reject(*item)
+    return ledger, inputs
+
+
+def _digests(keys: list[bytes]) -> np.ndarray:
+    """16-byte digests as [n, 2] uint64."""
+    return np.frombuffer(b"".join(keys), np.uint64).reshape(-1, 2) if keys else np.zeros((0, 2), np.uint64)
+
+
+def _ledger_state(ledger: Ledger) -> dict:
+    """The ledger's fields as JSON (dataclasses.asdict would rebuild its Counters from (key, count) pairs)."""
+    return {f.name: dict(v) if isinstance(v := getattr(ledger, f.name), Counter) else v for f in fields(ledger)}
+
+
+def read(plan: StagedPlan, task: int, folder: Path) -> dict:
+    """Read, normalise, max_chars; per kept document its verdicts and keys; each key sent to its owner task."""
+    ledger, inputs = _read_inputs(plan, task)
+    rules, dedup = QualityRules(**plan.quality), plan.dedup
+    kept, keys, normalised_bytes = [], [], 0
+    for position, doc in inputs:
+        if not normalize_document(doc, ledger):
+            continue
+        normalised_bytes += doc.nbytes
+        if len(doc.text) > rules.max_chars:  # before deduplication, as in one process: no MinHash for it
+            ledger.drop(doc, "quality/max_chars")
+            continue
+        kept.append(doc)
+        keys.append(task << KEY_BITS | position)
+    keys = np.array(keys, np.int64)
+    domains = sorted({doc.domain for doc in kept})
+    rules_broken = [violation(doc, rules) or "" for doc in kept]
+    rule_names = sorted(set(rules_broken) - {""})
+    np.savez(
+        folder / "meta.npz",
+        keys=keys,
+        domain=np.array([domains.index(doc.domain) for doc in kept], np.int32),
+        nbytes=np.array([doc.nbytes for doc in kept], np.int64),
+        quality=np.array([rule_names.index(r) + 1 if r else 0 for r in rules_broken], np.int32),
+    )
+    (folder / "docs").mkdir()
+    for domain in domains:
+        with open(folder / "docs" / f"{domain}.jsonl", "w") as f:
+            f.writelines(document_line(doc) for doc in kept if doc.domain == domain)
+
+    exact = _digests([content_key(doc.text) for doc in kept])
+    with_url = np.array([doc.url is not None for doc in kept], bool)
+    url = _digests([content_key(normalize_url(doc.url)) for doc in kept if doc.url])
+    if dedup.get("near", True):
+        signatures = minhash_signatures(
+            [doc.text for doc in kept], dedup["shingle_size"], dedup["num_perm"], dedup["seed"], plan.threads
+        )
+        np.save(folder / "signatures.npy", signatures)
+        bands = band_keys(signatures, lsh_bands(dedup["threshold"], dedup["num_perm"]))  # [documents, bands]
+    else:
+        bands = np.zeros((len(kept), 0), np.uint64)
+    owners = np.uint64(plan.tasks)
+    band_id = np.broadcast_to(np.arange(bands.shape[1], dtype=np.int32), bands.shape)
+    band_doc = np.broadcast_to(keys[:, None], bands.shape)
+    for owner in range(plan.tasks):
+        mine_exact, mine_url = exact[:, 0] % owners == owner, url[:, 0] % owners == owner
+        mine_band = bands % owners == owner
+        np.savez(
+            folder / f"part-{owner}.npz",
+            exact_doc=keys[mine_exact],
+            exact_hash=exact[mine_exact],
+            url_doc=keys[with_url][mine_url],
+            url_hash=url[mine_url],
+            band_doc=band_doc[mine_band],
+            band_id=band_id[mine_band],
+            band_hash=bands[mine_band],
+        )
+    return {
+        "documents": len(inputs),
+        "bytes": ledger.bytes_in,
+        "kept": len(kept),
+        "normalised": [len(kept) + ledger.dropped["quality/max_chars"], normalised_bytes],
+        "domains": domains,
+        "quality_rules": rule_names,
+        "ledger": _ledger_state(ledger),
+    }
+
+
+def _parts(plan: StagedPlan, owner: int, *names: str) -> list[np.ndarray]:
+    """The rows every read task sent to `owner`, per array name."""
+    parts = [np.load(plan.task_dir("read", t) / f"part-{owner}.npz") for t in range(plan.tasks)]
+    return [np.concatenate([part[name] for part in parts]) for name in names]
+
+
+def _drops(plan: StagedPlan, stages: list[str], reader: int | None = None) -> np.ndarray:
+    """Sorted keys dropped by `stages` (those of the plan), all or only those of one read task's documents."""
+    found = []
+    for stage in (s for s in stages if s in plan.stages):
+        for index in range(plan.size(stage)):
+            keys = np.load(plan.task_dir(stage, index) / "drops.npy", mmap_mode="r")
+            if reader is not None:
+                keys = keys[np.searchsorted(keys, reader << KEY_BITS) : np.searchsorted(keys, (reader + 1) << KEY_BITS)]
+            found.append(np.asarray(keys))
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+
+def _later_copies(docs: np.ndarray, *columns: np.ndarray) -> np.ndarray:
+    """Sorted keys of the documents whose value (the columns) an earlier document in input order has."""
+    order = np.lexsort((docs, *reversed(columns)))
+    values = np.stack([c[order] for c in columns], axis=1)
+    repeat = np.all(values[1:] == values[:-1], axis=1)
+    return np.sort(docs[order][1:][repeat])
+
+
+def _save_drops(folder: Path, drops: np.ndarray, examined: int) -> dict:
+    np.save(folder / "drops.npy", drops.astype(np.int64))
+    return {"documents": examined, "dropped": len(drops)}
+
+
+def exact(plan: StagedPlan, owner: int, folder: Path) -> dict:
+    docs, digests = _parts(plan, owner, "exact_doc", "exact_hash")
+    return _save_drops(folder, _later_copies(docs, digests[:, 0], digests[:, 1]), len(docs))
+
+
+def url(plan: StagedPlan, owner: int, folder: Path) -> dict:
+    docs, digests = _parts(plan, owner, "url_doc", "url_hash")
+    alive = ~np.isin(docs, _drops(plan, ["exact"]))
+    return _save_drops(folder, _later_copies(docs[alive], digests[alive, 0], digests[alive, 1]), int(alive.sum()))
+
+
+def bands(plan: StagedPlan, owner: int, folder: Path) -> dict:
+    """Edges (first document of a bucket, another of it) of the owned LSH buckets holding two or more documents."""
+    docs, band, value = _parts(plan, owner, "band_doc", "band_id", "band_hash")
+    alive = ~np.isin(docs, _drops(plan, ["exact", "url"]))
+    docs, band, value = docs[alive], band[alive], value[alive]
+    order = np.lexsort((docs, value, band))
+    docs, band, value = docs[order], band[order], value[order]
+    same = np.zeros(len(docs), bool)
+    same[1:] = (band[1:] == band[:-1]) & (value[1:] == value[:-1])
+    first = np.maximum.accumulate(np.where(same, 0, np.arange(len(docs))))
+    np.save(folder / "edges.npy", np.stack([docs[first[same]], docs[same]], axis=1).reshape(-1, 2))
+    return {"documents": int(alive.sum()), "edges": int(same.sum())}
+
+
+def clusters(plan: StagedPlan, index: int, folder: Path) -> dict:
+    """Connected components of all edges (every near-duplicate decision stays within one), dealt over the tasks."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    edges = np.concatenate([np.load(plan.task_dir("bands", i) / "edges.npy") for i in range(plan.tasks)])
+    candidates = np.unique(edges)
+    ends = np.searchsorted(candidates, edges)
+    graph = coo_matrix((np.ones(len(ends), np.int8), (ends[:, 0], ends[:, 1])), shape=(len(candidates),) * 2)
+    count, labels = connected_components(graph, directed=False)
+    np.savez(folder / "groups.npz", candidates=candidates, group=labels % plan.tasks)
+    return {"documents": len(candidates), "components": int(count)}
+
+
+def near(plan: StagedPlan, group: int, folder: Path) -> dict:
+    """MinHashLSH's keep-first loop over this group's components, in input order (keys sort so)."""
+    groups = np.load(plan.task_dir("clusters", 0) / "groups.npz")
+    candidates = groups["candidates"][groups["group"] == group]
+    readers = candidates >> KEY_BITS
+    signatures = []
+    for reader in np.unique(readers):
+        keys = np.load(plan.task_dir("read", int(reader)) / "meta.npz")["keys"]
+        rows = np.searchsorted(keys, candidates[readers == reader])
+        signatures.append(np.load(plan.task_dir("read", int(reader)) / "signatures.npy", mmap_mode="r")[rows])
+    signatures = np.concatenate(signatures) if signatures else np.zeros((0, plan.dedup["num_perm"]), np.uint32)
+    bands_ = lsh_bands(plan.dedup["threshold"], plan.dedup["num_perm"])
+    dropped = near_duplicates(signatures, np.arange(len(candidates)), bands_, plan.dedup["threshold"])
+    return _save_drops(folder, candidates[sorted(dropped)], len(candidates))
+
+
+def _verdicts(plan: StagedPlan, reader: int) -> tuple[dict, np.ndarray]:
+    """(read task's meta, per document "" when kept, else the reason it is dropped)."""
+    meta, stats = dict(np.load(plan.task_dir("read", reader) / "meta.npz")), plan.stats("read", reader)
+    verdict = np.array([""] + [f"quality/{rule}" for rule in stats["quality_rules"]], object)[meta["quality"]]
+    for stage, reason in DEDUP_REASONS.items():
+        verdict[np.isin(meta["keys"], _drops(plan, [stage], reader))] = reason
+    return meta, verdict
+
+
+def _domain_rows(plan: StagedPlan, reader: int, meta: dict):
+    """(domain, its rows in the read task's order, its document lines) for each domain of a read task."""
+    for code, domain in enumerate(plan.stats("read", reader)["domains"]):
+        with open(plan.task_dir("read", reader) / "docs" / f"{domain}.jsonl") as f:
+            yield domain, np.flatnonzero(meta["domain"] == code), f.readlines()
+
+
+def _kept_texts(plan: StagedPlan):
+    """The kept documents' texts in the one-process order: domains sorted, then input order."""
+    verdicts = [_verdicts(plan, reader) for reader in range(plan.tasks)]
+    domains = sorted({d for reader in range(plan.tasks) for d in plan.stats("read", reader)["domains"]})
+    for domain in domains:
+        for reader, (meta, verdict) in enumerate(verdicts):
+            for name, rows, lines in _domain_rows(plan, reader, meta):
+                if name == domain:
+                    yield from (json.loads(line)["text"] for row, line in zip(rows, lines) if not verdict[row])
+
+
+def tokenizer(plan: StagedPlan, index: int, folder: Path) -> dict:
+    """The given tokenizer (checked), or a BPE trained on the kept documents in the one-process order."""
+    if plan.tokenizer_path:
+        load_tokenizer(plan.tokenizer_path).save(folder / "tokenizer.json")
+        return {"documents": 0}
+    texts = list(_kept_texts(plan))
+    GLMTokenizer(train_tokenizer(texts, plan.vocab_size)).save(folder / "tokenizer.json")
+    return {"documents": len(texts), "bytes": sum(len(t.encode()) for t in texts)}
+
+
+def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
+    """A read task's kept documents -> per domain, their document lines and tokens; what was dropped and why."""
+    tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
+    dtype = token_dtype(tokenizer_)
+    meta, verdict = _verdicts(plan, reader)
+    domains, dropped = {}, {}
+    for domain, rows, lines in _domain_rows(plan, reader, meta):
+        kept = [line for row, line in zip(rows, lines) if not verdict[row]]
+        for row, line in zip(rows, lines):
+            if verdict[row]:
+                dropped.setdefault(verdict[row], []).append((int(meta["keys"][row]), int(meta["nbytes"][row]), line))
+        if not kept:
+            continue
+        (folder / f"{domain}.jsonl").write_text("".join(kept))
+        tokens, offsets = encode_documents(
+            [json.loads(line)["text"] for line in kept], tokenizer_, num_threads=plan.threads
+        )
+        tokens.astype(dtype, copy=False).tofile(folder / f"{domain}.bin")
+        np.save(folder / f"{domain}.idx.npy", offsets)
+        kept_bytes = int(meta["nbytes"][rows][verdict[rows] == ""].sum())
+        domains[domain] = {"documents": len(kept), "bytes": kept_bytes, "tokens": int(len(tokens))}
+    reasons = {}
+    for reason, items in dropped.items():
+        items.sort()
+        examples = [json.loads(line)["source"] for _, _, line in items[:MAX_EXAMPLES]]
+        reasons[reason] = {"count": len(items), "bytes": sum(b for _, b, _ in items), "examples": examples}
+    return {
+        "documents": sum(d["documents"] for d in domains.values()),
+        "bytes": sum(d["bytes"] for d in domains.values()),
+        "domains": domains,
+        "dropped": reasons,
+    }
+
+
+def _merged_ledger(plan: StagedPlan) -> Ledger:
+    """The one-process ledger: the read tasks' ledgers summed, then the tokenize tasks' drops, examples in order."""
+    ledger = Ledger()
+    for reader in range(plan.tasks):
+        state = plan.stats("read", reader)["ledger"]
+        ledger.documents_in += state["documents_in"]
+        ledger.bytes_in += state["bytes_in"]
+        ledger.trimmed_bytes += state["trimmed_bytes"]
+        ledger.files += state["files"]
+        ledger.empty_files += state["empty_files"]
+        ledger.dropped.update(state["dropped"])
+        ledger.dropped_bytes.update(state["dropped_bytes"])
+        for reason, examples in state["examples"].items():
+            ledger.examples.setdefault(reason, []).extend(examples)
+    for reader in range(plan.tasks):
+        for reason, drop in plan.stats("tokenize", reader)["dropped"].items():
+            ledger.dropped[reason] += drop["count"]
+            ledger.dropped_bytes[reason] += drop["bytes"]
+            ledger.examples.setdefault(reason, []).extend(drop["examples"])
+    ledger.empty_files = ledger.empty_files[:MAX_EXAMPLES]
+    ledger.examples = {reason: examples[:MAX_EXAMPLES] for reason, examples in ledger.examples.items()}
+    return ledger
+
+
+def _stage_report(plan: StagedPlan, ledger: Ledger) -> list[dict]:
+    """The manifest's `stages`, as one process writes them, from the merged counts."""
+    reads = [plan.stats("read", reader) for reader in range(plan.tasks)]
+    documents, nbytes = (sum(r["normalised"][i] for r in reads) for i in (0, 1))
+    at_read = Counter(
+        {r: n for r, n in ledger.dropped.items() if not r.startswith("quality/") and r not in DEDUP_REASONS.values()}
+    )
+    report = [{"stage": "read+normalise", "documents_out": documents, "dropped": dict(at_read)}]
+    stages = [("max_chars", lambda r: r == "quality/max_chars")]
+    stages += [(f"{s}_dedup", lambda r, s=s: r == DEDUP_REASONS[s]) for s in DEDUP_REASONS if s in plan.stages]
+    stages += [("quality", lambda r: r.startswith("quality/") and r != "quality/max_chars")]
+    for name, belongs in stages:
+        dropped = Counter({r: n for r, n in ledger.dropped.items() if belongs(r) and n})
+        dropped_bytes = Counter({r: n for r, n in ledger.dropped_bytes.items() if belongs(r) and n})
+        report.append(stage_entry(name, documents, nbytes, dropped, dropped_bytes))
+        documents, nbytes = report[-1]["documents_out"], report[-1]["bytes_out"]
+    return report
+
+
+def merge(plan: StagedPlan, index: int, folder: Path) -> dict:
+    """The parts -> documents/, tokens/ and tokenizer.json as one process writes them; manifest.json; prepared.json.
+    Then the stages' bulky files go (their stats stay, for the progress table)."""
+    output = Path(plan.output_dir)
+    tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
+    shutil.copyfile(plan.task_dir("tokenizer", 0) / "tokenizer.json", output / "tokenizer.json")
+    parts = [plan.stats("tokenize", reader)["domains"] for reader in range(plan.tasks)]
+    domains = sorted({domain for part in parts for domain in part})
+    for directory in (output / "documents", output / "tokens"):
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+    dtype, fingerprint, shards = token_dtype(tokenizer_), shards_fingerprint(tokenizer_), {}
+    for domain in domains:
+        fingerprint.update(domain.encode())
+        offsets, total = [np.zeros(1, np.int64)], 0
+        with (
+            open(output / "documents" / f"{domain}.jsonl", "wb") as documents,
+            open(output / "tokens" / f"{domain}.bin", "wb") as tokens,
+        ):
+            for reader, part in enumerate(parts):
+                if domain not in part:
+                    continue
+                source = plan.task_dir("tokenize", reader)
+                with open(source / f"{domain}.jsonl", "rb") as f:
+                    shutil.copyfileobj(f, documents)
+                data = np.fromfile(source / f"{domain}.bin", dtype)
+                fingerprint.update(data)
+                data.tofile(tokens)
+                offsets.append(np.load(source / f"{domain}.idx.npy")[1:] + total)
+                total += len(data)
+        np.save(output / "tokens" / f"{domain}.idx.npy", np.concatenate(offsets))
+        shards[domain] = {"documents": sum(p[domain]["documents"] for p in parts if domain in p), "tokens": total}
+    write_index(output / "tokens", tokenizer_, dtype, fingerprint.hexdigest(), shards)
+    ledger = _merged_ledger(plan)
+    kept = {d: {k: sum(p[d][k] for p in parts if d in p) for k in ("documents", "bytes")} for d in domains}
+    settings = {"dedup": plan.dedup, "quality": plan.quality, "tasks": plan.tasks, "threads": plan.threads}
+    manifest = build_manifest(ledger, _stage_report(plan, ledger), kept, settings)
+    (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if not domains:
+        raise EmptyDatasetError(empty_dataset_message(manifest, output))
+    mark_prepared(output, plan.fingerprint)
+    for stage in plan.stages[:-1]:
+        for task in plan.work.glob(f"{stage}/*/"):
+            for item in task.iterdir():
+                if item.name != "stats.json":
+                    shutil.rmtree(item) if item.is_dir() else item.unlink()
+    return {
+        "documents": manifest["documents_out"],
+        "bytes": manifest["bytes_out"],
+        "tokens": sum(s["tokens"] for s in shards.values()),
+    }
+
+
+STAGES = {
+    "read": read,
+    "exact": exact,
+    "url": url,
+    "bands": bands,
+    "clusters": clusters,
+    "near": near,
+    "tokenizer": tokenizer,
+    "tokenize": tokenize,
+    "merge": merge,
+}
+
+
+def run_task(output_dir: str, stage: str, index: int) -> dict:
+    """One task of one stage (what a Slurm array task or a local worker runs); a finished task is not run again."""
+    plan = StagedPlan.load(output_dir)
+    if plan.done(stage, index):
+        return plan.stats(stage, index)
+    started = time.perf_counter()
+    print(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} started", flush=True)
+
+    def work(folder: Path) -> dict:
+        return STAGES[stage](plan, index, folder) | {"seconds": round(time.perf_counter() - started, 3)}
+
+    stats = write_task(plan, stage, index, work)
+    print(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} done in {stats['seconds']:.1f} s", flush=True)
+    return stats

@@ -1,0 +1,302 @@
+"""task=prepare over several tasks (glm46.data.staged) equals the one-process preparation: the same documents
+kept, the same drops per reason, the same tokens and fingerprint, for 1, 2 and 4 tasks, here and on Slurm; a task
+that died is rerun alone; what cannot run is refused before anything starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from glm46.data.cache import prepare_fingerprint
+from glm46.data.pipeline import prepare_dataset
+from glm46.data.quality import QualityRules
+from glm46.data.staged.executors import StageFailedError, run_local
+from glm46.data.staged.plan import WORK, StagedPlan, make_plan
+from glm46.data.staged.stages import run_task
+from glm46.errors import ConfigError
+
+from .slurm import require_slurm
+
+ROOT = Path(__file__).resolve().parents[1]
+DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
+VOCAB = 600
+PER_FILE_KEYS = ("documents_in", "documents_out", "dropped", "bytes_in", "bytes_out", "bytes_dropped")
+MANIFEST_KEYS = PER_FILE_KEYS + ("bytes_trimmed", "files", "empty_files", "domains", "stages", "examples")
+
+
+def _prose(rng: random.Random, words: int) -> str:
+    vocabulary = [f"{a}{b}{c}" for a in ("lor", "ips", "dol", "sit", "amet", "cons") for b in "aeiou" for c in "nrst"]
+    return " ".join(rng.choice(vocabulary) for _ in range(words)) + "."
+
+
+def corpus_records(seed: int = 0, files: int = 4, per_file: int = 60) -> list[list[object]]:
+    """Per file, its records: distinct prose and code, then duplicates planted across files (exact, URL, near
+    within and across files, chains of near-duplicates), low-quality, empty and malformed inputs."""
+    rng = random.Random(seed)
+    originals = [[_prose(rng, rng.randint(40, 200)) for _ in range(per_file)] for _ in range(files)]
+    records = []
+    for f, texts in enumerate(originals):
+        rows: list[object] = [
+            {"text": t, "url": f"https://example.org/{f}/{i}", "domain": "code" if i % 5 == 0 else None}
+            for i, t in enumerate(texts)
+        ]
+        other = originals[(f + 1) % files]
+        near = other[3].split()
+        near[5], near[15] = "changed", "words"
+        chain = originals[(f + 2) % files][7].split()
+        rows += [
+            {"text": originals[(f + 3) % files][1]},  # exact duplicate of another file's document
+            {"text": "  " + other[2] + "\r\n"},  # the same after normalisation
+            {"text": _prose(rng, 80), "url": f"HTTPS://EXAMPLE.org/{(f + 1) % files}/4/"},  # another file's URL
+            {"text": " ".join(near)},  # near-duplicate across files
+            {"text": " ".join(chain[:-3])},  # near-duplicates of a near-duplicate: which stays depends on order
+            {"text": " ".join(chain[2:])},
+            {"text": f"short text {f}"},  # quality/min_chars
+            {"text": f"word{f} " * 60},  # repeated bigrams
+            {"text": "café " + _prose(rng, 30)},
+            {"text": " \n "},  # empty
+            "{not json",  # malformed
+            [1, 2],
+        ]
+        rng.shuffle(rows)
+        records.append(rows)
+    return records
+
+
+def write_jsonl(records: list[list[object]], folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    for f, rows in enumerate(records):
+        lines = [row if isinstance(row, str) else json.dumps(row) for row in rows]
+        (folder / f"part-{f}.jsonl").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: str | None = None) -> Path:
+    prepare_dataset(
+        reader, [str(source)], output, dedup=DEDUP, quality=QualityRules(), tokenizer_path=tokenizer, vocab_size=VOCAB
+    )
+    return output
+
+
+def staged(source: Path, output: Path, tasks: int, workers: int = 1, reader: str = "jsonl", tokenizer=None) -> Path:
+    plan = make_plan(*_nodes(source, output, tasks, reader, tokenizer), threads=1)
+    plan.save()
+    run_local(plan, workers)
+    return output
+
+
+def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None):
+    source_node = {"reader": reader, "paths": [str(source)], "output_dir": str(output), "default_domain": "general"}
+    settings = {
+        "tasks": tasks,
+        "dedup": DEDUP,
+        "quality": vars(QualityRules()),
+        "tokenizer": {"path": tokenizer, "vocab_size": VOCAB},
+    }
+    return source_node, settings, prepare_fingerprint(source_node, settings)
+
+
+def assert_same_dataset(staged_dir: Path, reference: Path) -> None:
+    """Every file the one-process preparation writes, equal byte for byte (the manifest in its counts)."""
+    ours, theirs = (json.loads((d / "manifest.json").read_text()) for d in (staged_dir, reference))
+    for key in MANIFEST_KEYS:
+        assert ours[key] == theirs[key], key
+    names = sorted(p.relative_to(reference).as_posix() for p in reference.rglob("*") if p.is_file())
+    names = [n for n in names if n not in ("manifest.json", "prepared.json")]
+    assert names == sorted(
+        p.relative_to(staged_dir).as_posix()
+        for p in staged_dir.rglob("*")
+        if p.is_file() and WORK not in p.parts and p.name not in ("manifest.json", "prepared.json")
+    )
+    for name in names:
+        assert (staged_dir / name).read_bytes() == (reference / name).read_bytes(), name
+
+
+@pytest.fixture(scope="module")
+def jsonl_corpus(tmp_path_factory):
+    folder = write_jsonl(corpus_records(), tmp_path_factory.mktemp("corpus") / "in")
+    return folder, one_process(folder, tmp_path_factory.mktemp("one") / "out")
+
+
+def test_the_planted_corpus_exercises_every_reason(jsonl_corpus):
+    """The comparison below means something: every stage drops documents, some across files."""
+    manifest = json.loads((jsonl_corpus[1] / "manifest.json").read_text())
+    assert manifest["documents_in"] == 4 * 72
+    for reason in ("exact_duplicate", "url_duplicate", "near_duplicate", "empty", "malformed", "quality/min_chars"):
+        assert manifest["dropped"].get(reason, 0) >= 4, reason
+    assert set(manifest["domains"]) == {"code", "general"}
+
+
+@pytest.mark.parametrize(("tasks", "workers"), [(1, 1), (2, 1), (4, 1), (4, 2)])
+def test_staged_preparation_equals_one_process(jsonl_corpus, tmp_path, tasks, workers):
+    folder, reference = jsonl_corpus
+    output = staged(folder, tmp_path / "out", tasks, workers)
+    assert_same_dataset(output, reference)
+    plan = StagedPlan.load(output)
+    assert [len(files) for files in plan.shards] == [4 // tasks] * tasks
+    assert not list((output / WORK).glob("read/*/meta.npz")), "the bulky work files are removed after the merge"
+
+
+def test_with_a_given_tokenizer_the_token_fingerprint_is_the_same(jsonl_corpus, tmp_path):
+    folder, reference = jsonl_corpus
+    tokenizer = str(reference / "tokenizer.json")
+    expected = one_process(folder, tmp_path / "one", tokenizer=tokenizer)
+    output = staged(folder, tmp_path / "staged", 3, tokenizer=tokenizer)
+    assert_same_dataset(output, expected)
+    shards = json.loads((output / "tokens" / "shards.json").read_text())
+    assert shards["fingerprint"] == json.loads((reference / "tokens" / "shards.json").read_text())["fingerprint"]
+
+
+def test_the_embedded_corpus_split_into_slices_equals_one_process(tmp_path):
+    options = {"math_problems": 300, "reasoning_problems": 200, "sft_conversations": 100, "rl_prompts": 300, "seed": 0}
+    reference = tmp_path / "one"
+    prepare_dataset("embedded", [], reference, options=options, dedup=DEDUP, vocab_size=VOCAB)
+    source = {"reader": "embedded", "paths": [], "output_dir": str(tmp_path / "staged"), "options": options}
+    settings = {
+        "tasks": 3,
+        "dedup": DEDUP,
+        "quality": vars(QualityRules()),
+        "tokenizer": {"path": None, "vocab_size": VOCAB},
+    }
+    plan = make_plan(source, settings, prepare_fingerprint(source, settings))
+    plan.save()
+    run_local(plan, 1)
+    assert_same_dataset(tmp_path / "staged", reference)
+
+
+def _parquet_corpus(folder: Path, records: list[list[object]]) -> list[Path]:
+    folder.mkdir(parents=True)
+    files = []
+    for f, rows in enumerate(records):
+        table = pa.table({"text": [r["text"] for r in rows if isinstance(r, dict)]})
+        pq.write_table(table, folder / f"part-{f}.parquet")
+        files.append(folder / f"part-{f}.parquet")
+    return files
+
+
+def _break_footer(file: Path) -> bytes:
+    """Overwrite the footer's magic bytes (same size, same mtime: the same fingerprint); return the original."""
+    original, stat = file.read_bytes(), file.stat()
+    file.write_bytes(original[:-4] + b"XXXX")
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    return original
+
+
+def _restore(file: Path, original: bytes) -> None:
+    stat = file.stat()
+    file.write_bytes(original)
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_failed_task_is_rerun_alone_and_the_result_is_the_same(tmp_path):
+    files = _parquet_corpus(tmp_path / "in", corpus_records(seed=1, files=3))
+    reference = one_process(tmp_path / "in", tmp_path / "one", reader="parquet")
+    original = _break_footer(files[2])
+    plan = make_plan(*_nodes(tmp_path / "in", tmp_path / "out", 3, "parquet"))
+    plan.save()
+    with pytest.raises(StageFailedError, match=r"stage read task 3/3 failed: ValueError: .*part-2.parquet"):
+        run_local(plan, 1)
+    finished = {i: (plan.task_dir("read", i) / "stats.json").stat().st_mtime_ns for i in (0, 1)}
+    assert plan.pending("read") == [2]
+    (plan.work / "read" / "2.partial-1").mkdir()  # what a task killed mid-write leaves
+    _restore(files[2], original)
+    run_local(make_plan(*_nodes(tmp_path / "in", tmp_path / "out", 3, "parquet")), 1)
+    assert {i: (plan.task_dir("read", i) / "stats.json").stat().st_mtime_ns for i in (0, 1)} == finished
+    assert_same_dataset(tmp_path / "out", reference)
+
+
+def test_a_finished_task_is_not_run_again(jsonl_corpus, tmp_path):
+    plan = make_plan(*_nodes(jsonl_corpus[0], tmp_path / "out", 2))
+    plan.save()
+    first = run_task(plan.output_dir, "read", 1)
+    assert run_task(plan.output_dir, "read", 1) == first
+    assert plan.pending("read") == [0]
+
+
+def test_what_cannot_run_is_refused_before_anything_starts(jsonl_corpus, tmp_path):
+    folder = jsonl_corpus[0]
+    with pytest.raises(ConfigError, match=r"prepare.tasks=5: source.paths holds 4 input file\(s\)"):
+        make_plan(*_nodes(folder, tmp_path / "a", 5))
+    with pytest.raises(ConfigError, match=r"source.paths: .*/nothing-\*.jsonl matches nothing"):
+        make_plan(*_nodes(folder.parent / "nothing-*.jsonl", tmp_path / "a", 2))
+    staged(folder, tmp_path / "b", 2)
+    other = _nodes(folder, tmp_path / "b", 2)
+    other[1]["dedup"] = DEDUP | {"threshold": 0.7}
+    with pytest.raises(ConfigError, match=r"source.output_dir=.*/b holds another preparation"):
+        make_plan(other[0], other[1], prepare_fingerprint(other[0], other[1]))
+    make_plan(*_nodes(folder, tmp_path / "c", 2)).save()
+    with pytest.raises(ConfigError, match=r"holds the unfinished work of another staged preparation .*2 tasks"):
+        make_plan(*_nodes(folder, tmp_path / "c", 4))
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_glob_of_input_files_is_read_as_its_matches(jsonl_corpus, tmp_path):
+    folder, reference = jsonl_corpus
+    output = staged(Path(f"{folder}/part-*.jsonl"), tmp_path / "out", 2)
+    assert_same_dataset(output, reference)
+
+
+def _run_py(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), *overrides],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_run_py_prepares_over_tasks_here_and_refuses_bad_counts(jsonl_corpus, tmp_path):
+    folder, reference = jsonl_corpus
+    common = ["task=prepare", "source=jsonl", f"source.paths=[{folder}]", f"prepare.tokenizer.vocab_size={VOCAB}"]
+    done = _run_py(*common, f"source.output_dir={tmp_path / 'out'}", "prepare.tasks=2", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_same_dataset(tmp_path / "out", reference)
+    assert re.search(r"every stage done\n.*\nread +2/2 +280 ", done.stdout), done.stdout
+    refused = _run_py(*common, f"source.output_dir={tmp_path / 'x'}", "prepare.tasks=0", cwd=tmp_path)
+    assert (
+        refused.returncode != 0 and "prepare.tasks=0: the number of tasks of each stage is at least 1" in refused.stderr
+    )
+
+
+@pytest.mark.slurm
+def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(tmp_path):
+    require_slurm()
+    files = _parquet_corpus(tmp_path / "in", corpus_records(seed=2, files=2))
+    reference = one_process(tmp_path / "in", tmp_path / "one", reader="parquet")
+    original = _break_footer(files[1])
+    command = [
+        "task=prepare",
+        "source=parquet",
+        f"source.paths=[{tmp_path / 'in'}]",
+        f"source.output_dir={tmp_path / 'out'}",
+        "prepare.tasks=2",
+        f"prepare.tokenizer.vocab_size={VOCAB}",
+        "cluster=local_slurm",
+        f"paths.sweep_dir={tmp_path / 'sweeps'}",
+        "hydra.launcher.wait=true",
+    ]
+    failed = _run_py(*command, cwd=tmp_path)
+    assert failed.returncode != 0
+    assert "stage read task 2/2 failed" in failed.stderr + failed.stdout, (failed.stdout + failed.stderr)[-3000:]
+    plan = StagedPlan.load(tmp_path / "out")
+    assert plan.pending("read") == [1] and plan.pending("exact") == [0, 1]
+    _restore(files[1], original)
+    resumed = _run_py(*command, cwd=tmp_path)
+    assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+    assert re.search(r"read +\d+ \(1 task\(s\)\)", resumed.stdout), resumed.stdout
+    assert_same_dataset(tmp_path / "out", reference)
+    progress = subprocess.run(
+        [sys.executable, "-m", "glm46.data.staged", str(tmp_path / "out")], capture_output=True, text=True, check=True
+    )
+    assert re.search(r"merge +1/1", progress.stdout), progress.stdout
