@@ -5,8 +5,8 @@ extrapolated to a corpus of `--target-tokens` on `--nodes` CPU nodes of `--cores
 
 On Slurm (the local one of scripts/local_slurm.sh when it answers) each stage is a job array of one-CPU tasks,
 so on 2 cores the ceiling is 2x; without Slurm the local executor runs 2 tasks at a time. Each staged result is
-checked equal to the peer's (manifest counts and token fingerprint) before its time is reported. The staged runs are
-given the tokenizer the peer trained (as a GLM run is given GLM's): the token fingerprint is then the peer's.
+checked equal to the peer's (manifest counts and token fingerprint) before its time is reported. Every timed run
+is given a tokenizer trained once beforehand (as a GLM run is given GLM's).
 
     python bench/prepare_scale.py --docs 60000 --files 8
 """
@@ -40,7 +40,7 @@ def write_corpus(folder: Path, docs: int, files: int, seed: int = 0) -> None:
     """Prose-like documents of 100-400 words over 5,000 words; 10% near-copies (3 words changed) and 2% exact
     copies of an earlier document, anywhere in the corpus (so across files)."""
     rng = random.Random(seed)
-    vocabulary = [f"{a}{b}{c}" for a in ("lor", "ips", "dol", "sit", "amet") for b in "aeiou" for c in range(200)]
+    vocabulary = ["".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(3, 8))) for _ in range(5000)]
     texts = []
     for _ in range(docs):
         draw = rng.random()
@@ -103,8 +103,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus"
         write_corpus(corpus, args.docs, args.files)
+        prepare_dataset("jsonl", [str(corpus)], Path(tmp) / "bpe", dedup=DEDUP, vocab_size=args.vocab)
+        tokenizer = Path(tmp) / "bpe" / "tokenizer.json"  # given to every timed run, as a GLM run is given GLM's
         start = time.perf_counter()
-        peer = prepare_dataset("jsonl", [str(corpus)], Path(tmp) / "one", dedup=DEDUP, vocab_size=args.vocab)
+        peer = prepare_dataset("jsonl", [str(corpus)], Path(tmp) / "one", dedup=DEDUP, tokenizer_path=str(tokenizer))
         one_seconds = time.perf_counter() - start
         shards = json.loads((Path(tmp) / "one" / "tokens" / "shards.json").read_text())
         tokens = sum(d["tokens"] for d in shards["domains"].values())
@@ -113,37 +115,48 @@ def main() -> None:
             f"{'Slurm job arrays (1 CPU per task)' if slurm else 'local processes, 2 at a time'}"
         )
         print(f"one process (2 threads): {one_seconds:.1f} s, {args.docs / one_seconds:,.0f} documents/s")
-        print(f"{'tasks':>5} {'wall s':>8} {'documents/s':>12} {'vs one process':>15}   share of task time per stage")
+        print(
+            f"{'tasks':>5} {'wall s':>8} {'slowest tasks s':>16} {'documents/s':>12} {'vs one process':>15}   "
+            "share of task time per stage"
+        )
         measured = {}
         for tasks in args.tasks:
-            tokenizer = Path(tmp) / "one" / "tokenizer.json"
             plan, seconds = run_staged(corpus, Path(tmp) / f"staged{tasks}", tasks, tokenizer, slurm)
             manifest = json.loads((Path(plan.output_dir) / "manifest.json").read_text())
             ours = json.loads((Path(plan.output_dir) / "tokens" / "shards.json").read_text())["fingerprint"]
             assert all(manifest[k] == peer[k] for k in COMPARED) and ours == shards["fingerprint"], "not equal"
-            per_stage = {s: sum(plan.stats(s, i)["seconds"] for i in range(plan.size(s))) for s in plan.stages}
+            stats = {s: [plan.stats(s, i) for i in range(plan.size(s))] for s in plan.stages}
+            per_stage = {s: sum(t["seconds"] for t in tasks_) for s, tasks_ in stats.items()}
+            slowest = sum(max(t["seconds"] for t in tasks_) for tasks_ in stats.values())
             total = sum(per_stage.values())
             shares = " ".join(f"{s} {100 * t / total:.0f}%" for s, t in per_stage.items())
             print(
-                f"{tasks:>5} {seconds:>8.1f} {args.docs / seconds:>12,.0f} {one_seconds / seconds:>14.2f}x   {shares}"
+                f"{tasks:>5} {seconds:>8.1f} {slowest:>16.1f} {args.docs / seconds:>12,.0f} "
+                f"{one_seconds / seconds:>14.2f}x   {shares}"
             )
-            measured[tasks] = per_stage
+            measured[tasks] = stats
             shutil.rmtree(plan.output_dir)
-        # Extrapolation from the run with the most tasks: task-seconds per kept token of the parallel stages spread
-        # over every core; the single-task stages (clusters, tokenizer, merge) stay serial.
-        per_stage = measured[max(measured)]
-        parallel = sum(t for s, t in per_stage.items() if s not in SINGLE) / tokens
-        serial = sum(t for s, t in per_stage.items() if s in SINGLE) / tokens
-        print(
-            f"\nextrapolated to {args.target_tokens:.3g} tokens (task-seconds per token: parallel stages "
-            f"{parallel:.3g}, single-task stages {serial:.3g}):"
-        )
-        for nodes in args.nodes:
-            hours = (parallel * args.target_tokens / (nodes * args.cores) + serial * args.target_tokens) / 3600
-            print(
-                f"  {nodes:>5} nodes x {args.cores} cores: {hours:,.0f} h ({hours / 24:,.1f} days), of which "
-                f"single-task stages {serial * args.target_tokens / 3600:,.0f} h"
-            )
+        extrapolate(measured[max(measured)], tokens, args)
+
+
+def extrapolate(stats: dict[str, list[dict]], tokens: int, args) -> None:
+    """The parallel stages' task-seconds per kept token spread over every core; `clusters` (one task) grown with the
+    LSH edges it joins (a fixed share of the documents); `tokenizer` (given) and `finish` (the counts, the pieces
+    that straddle two parts) stay at their measured seconds, as they grow with the tasks, not the corpus."""
+    seconds = {s: sum(t["seconds"] for t in tasks_) for s, tasks_ in stats.items()}
+    parallel = sum(t for s, t in seconds.items() if s not in SINGLE) / tokens
+    scale = args.target_tokens / tokens
+    serial = seconds.get("clusters", 0.0) * scale + seconds["tokenizer"] + seconds["finish"]
+    in_buckets = stats["clusters"][0]["documents"] if "clusters" in stats else 0
+    print(
+        f"\nextrapolated to {args.target_tokens:.3g} tokens ({scale:,.0f}x this corpus): parallel stages "
+        f"{parallel:.3g} task-seconds per token; one-task stages {serial / 3600:,.1f} h (clusters "
+        f"{seconds.get('clusters', 0.0):.2f} s here for {in_buckets:,} "
+        f"documents in LSH buckets, x{scale:,.0f})"
+    )
+    for nodes in args.nodes:
+        hours = parallel * args.target_tokens / (nodes * args.cores) / 3600 + serial / 3600
+        print(f"  {nodes:>5} nodes x {args.cores} cores: {hours:,.1f} h ({hours / 24:,.2f} days)")
 
 
 if __name__ == "__main__":

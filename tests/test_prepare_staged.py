@@ -156,6 +156,27 @@ def test_with_a_given_tokenizer_the_token_fingerprint_is_the_same(jsonl_corpus, 
     assert shards["fingerprint"] == json.loads((reference / "tokens" / "shards.json").read_text())["fingerprint"]
 
 
+def test_merge_tasks_hash_their_own_pieces_of_the_fingerprint(jsonl_corpus, tmp_path, monkeypatch):
+    """The token fingerprint hashes pieces of CHUNK_TOKENS: with small pieces, each merge task hashes those within
+    its part and the finish reads back only those that straddle two parts; the fingerprint is one process's."""
+    import glm46.data.shards
+    import glm46.data.staged.stages
+
+    for module in (glm46.data.shards, glm46.data.staged.stages):
+        monkeypatch.setattr(module, "CHUNK_TOKENS", 1000)
+    folder, reference = jsonl_corpus
+    tokenizer = str(reference / "tokenizer.json")
+    expected = one_process(folder, tmp_path / "one", tokenizer=tokenizer)
+    output = staged(folder, tmp_path / "staged", 4, tokenizer=tokenizer)
+    assert_same_dataset(output, expected)
+    plan, shards = StagedPlan.load(output), json.loads((output / "tokens" / "shards.json").read_text())
+    pieces = sum(-(-domain["tokens"] // 1000) for domain in shards["domains"].values())
+    hashed = sum(len(d) for i in range(4) for d in plan.stats("merge", i)["digests"].values())
+    read_back = plan.stats("finish", 0)["pieces_read_back"]
+    assert hashed + read_back == pieces and 0 < read_back <= 2 * 3  # at most one per domain and task boundary
+    assert shards["fingerprint"] != json.loads((reference / "tokens" / "shards.json").read_text())["fingerprint"]
+
+
 def test_the_embedded_corpus_split_into_slices_equals_one_process(tmp_path):
     options = {"math_problems": 300, "reasoning_problems": 200, "sft_conversations": 100, "rl_prompts": 300, "seed": 0}
     reference = tmp_path / "one"
@@ -299,4 +320,4 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
     progress = subprocess.run(
         [sys.executable, "-m", "glm46.data.staged", str(tmp_path / "out")], capture_output=True, text=True, check=True
     )
-    assert re.search(r"merge +1/1", progress.stdout), progress.stdout
+    assert re.search(r"merge +2/2", progress.stdout) and re.search(r"finish +1/1", progress.stdout), progress.stdout

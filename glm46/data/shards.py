@@ -16,6 +16,7 @@ from .loop_progress import progress
 from .tokenizer import GLMTokenizer
 
 EOS = "<|endoftext|>"
+CHUNK_TOKENS = 1 << 20  # the fingerprint hashes the tokens in pieces of this many
 
 
 def _chunks(texts: list[str], chunk_chars: int) -> list[list[str]]:
@@ -85,7 +86,8 @@ def write_shards(
         tokens.tofile(output_dir / f"{file.stem}.bin")
         np.save(output_dir / f"{file.stem}.idx.npy", offsets)
         fingerprint.update(file.stem.encode())
-        fingerprint.update(tokens)  # the same digest as of the concatenation, without copying the tokens
+        for chunk in range(0, len(tokens), CHUNK_TOKENS):
+            fingerprint.update(chunk_digest(tokens[chunk : chunk + CHUNK_TOKENS]))
         domains[file.stem] = {"documents": len(texts), "tokens": int(len(tokens))}
     return write_index(output_dir, tokenizer, dtype, fingerprint.hexdigest(), domains)
 
@@ -94,8 +96,14 @@ def token_dtype(tokenizer: GLMTokenizer) -> type:
     return np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
 
 
+def chunk_digest(tokens: np.ndarray) -> bytes:
+    return hashlib.blake2b(tokens, digest_size=16).digest()
+
+
 def shards_fingerprint(tokenizer: GLMTokenizer):
-    """The running digest of a tokens folder: the tokenizer, then each domain's name and its tokens in turn."""
+    """The running digest of a tokens folder: the tokenizer, then each domain's name and the digests of its tokens'
+    CHUNK_TOKENS pieces in turn. Digests of pieces, not of the whole stream, so that a staged preparation's tasks
+    hash their own parts side by side (glm46.data.staged) and get the same fingerprint."""
     return hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)
 
 

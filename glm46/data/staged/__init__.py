@@ -11,7 +11,9 @@ stages whose tasks run side by side, on this machine or as dependent Slurm job a
     near      [N]  per group, in input order, MinHashLSH's keep-first check (glm46.data.dedup.near_duplicates)
     tokenizer [1]  trains the BPE on the kept documents in the one-process order, or checks the given one
     tokenize  [N]  each read task's kept documents -> token and document parts, per domain
-    merge     [1]  parts -> the one-process layout (documents/, tokens/, tokenizer.json), manifest.json
+    merge     [N]  each part written into the one-process files at its offset, all tasks at once; the digests
+                   of the token fingerprint's pieces within it
+    finish    [1]  the fingerprint, shards.json, tokenizer.json, manifest.json (the counts merged)
 
 Near-duplicate decisions only ever compare documents that share a band, so they fall within a connected component
 and the keep-first loop run per component, in input order, decides exactly what the one-process loop decides.

@@ -17,7 +17,7 @@ from ..cache import RECORD
 from ..sources import input_files
 
 WORK = ".staged"
-SINGLE = {"clusters", "tokenizer", "merge"}  # stages of one task; the others have one task per prepare.tasks
+SINGLE = {"clusters", "tokenizer", "finish"}  # stages of one task; the others have one task per prepare.tasks
 KEY_BITS = 40  # a document's key: read task << KEY_BITS | its position among that task's inputs (input order)
 
 
@@ -71,7 +71,7 @@ def stage_names(dedup: dict) -> list[str]:
     names += ["exact"] if dedup.get("exact", True) else []
     names += ["url"] if dedup.get("url", True) else []
     names += ["bands", "clusters", "near"] if dedup.get("near", True) else []
-    return names + ["tokenizer", "tokenize", "merge"]
+    return names + ["tokenizer", "tokenize", "merge", "finish"]
 
 
 def split_files(files: list[Path], tasks: int) -> list[list[str]]:

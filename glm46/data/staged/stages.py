@@ -8,7 +8,9 @@ only at the documents the stages before it kept).
 
 from __future__ import annotations
 
+import io
 import json
+import os
 import shutil
 import time
 from collections import Counter
@@ -31,7 +33,7 @@ from ..prepare import (
     stage_entry,
 )
 from ..quality import QualityRules, violation
-from ..shards import encode_documents, shards_fingerprint, token_dtype, write_index
+from ..shards import CHUNK_TOKENS, chunk_digest, encode_documents, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer, train_tokenizer
 from .plan import KEY_BITS, StagedPlan, write_task
 
@@ -297,7 +299,13 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
         tokens.astype(dtype, copy=False).tofile(folder / f"{domain}.bin")
         np.save(folder / f"{domain}.idx.npy", offsets)
         kept_bytes = int(meta["nbytes"][rows][verdict[rows] == ""].sum())
-        domains[domain] = {"documents": len(kept), "bytes": kept_bytes, "tokens": int(len(tokens))}
+        line_bytes = (folder / f"{domain}.jsonl").stat().st_size
+        domains[domain] = {
+            "documents": len(kept),
+            "bytes": kept_bytes,
+            "tokens": int(len(tokens)),
+            "line_bytes": line_bytes,
+        }
     reasons = {}
     for reason, items in dropped.items():
         items.sort()
@@ -354,45 +362,102 @@ def _stage_report(plan: StagedPlan, ledger: Ledger) -> list[dict]:
     return report
 
 
-def merge(plan: StagedPlan, index: int, folder: Path) -> dict:
-    """The parts -> documents/, tokens/ and tokenizer.json as one process writes them; manifest.json; prepared.json.
-    Then the stages' bulky files go (their stats stay, for the progress table)."""
-    output = Path(plan.output_dir)
+def _layout(plan: StagedPlan) -> dict[str, list[dict]]:
+    """domain -> per read task, its part's documents, tokens and document-line bytes (zeros where it has none)."""
+    parts = [plan.stats("tokenize", reader)["domains"] for reader in range(plan.tasks)]
+    empty = {"documents": 0, "bytes": 0, "tokens": 0, "line_bytes": 0}
+    return {d: [p.get(d, empty) for p in parts] for d in sorted({d for p in parts for d in p})}
+
+
+def _npy_header(length: int) -> bytes:
+    """The .npy header np.save writes for `length` int64 values."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": "<i8", "fortran_order": False, "shape": (length,)})
+    return buffer.getvalue()
+
+
+def _write_at(path: Path, offset: int, data: bytes | np.ndarray, block: int = 1 << 26) -> None:
+    """Write `data` into `path` at `offset` without touching the rest: tasks fill one file side by side."""
+    view = memoryview(np.ascontiguousarray(data)).cast("B")
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for start in range(0, len(view), block):
+            os.pwrite(descriptor, view[start : start + block], offset + start)
+    finally:
+        os.close(descriptor)
+
+
+def merge(plan: StagedPlan, reader: int, folder: Path) -> dict:
+    """A read task's parts, written into the one-process files at their offsets (all merge tasks at once); the
+    digests of the fingerprint's pieces that lie wholly within its tokens."""
+    output, layout = Path(plan.output_dir), _layout(plan)
+    dtype = token_dtype(GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json"))
+    source, digests = plan.task_dir("tokenize", reader), {}
+    for directory in (output / "documents", output / "tokens"):
+        directory.mkdir(parents=True, exist_ok=True)
+    for domain, parts in layout.items():
+        if not parts[reader]["documents"]:
+            continue
+        before = {key: sum(p[key] for p in parts[:reader]) for key in ("documents", "tokens", "line_bytes")}
+        lines = np.fromfile(source / f"{domain}.jsonl", np.uint8)
+        _write_at(output / "documents" / f"{domain}.jsonl", before["line_bytes"], lines)
+        tokens = np.fromfile(source / f"{domain}.bin", dtype)
+        _write_at(output / "tokens" / f"{domain}.bin", before["tokens"] * tokens.itemsize, tokens)
+        header = _npy_header(sum(p["documents"] for p in parts) + 1)
+        ends = np.load(source / f"{domain}.idx.npy")[1:] + before["tokens"]
+        _write_at(output / "tokens" / f"{domain}.idx.npy", 0, np.frombuffer(header + bytes(8), np.uint8))
+        _write_at(output / "tokens" / f"{domain}.idx.npy", len(header) + 8 * (1 + before["documents"]), ends)
+        total, start, end = sum(p["tokens"] for p in parts), before["tokens"], before["tokens"] + len(tokens)
+        pieces = range(-(-start // CHUNK_TOKENS) * CHUNK_TOKENS, end, CHUNK_TOKENS)
+        digests[domain] = {
+            str(piece // CHUNK_TOKENS): chunk_digest(tokens[piece - start : piece - start + CHUNK_TOKENS]).hex()
+            for piece in pieces
+            if min(piece + CHUNK_TOKENS, total) <= end
+        }
+    return {
+        "documents": sum(parts[reader]["documents"] for parts in layout.values()),
+        "bytes": sum(parts[reader]["bytes"] for parts in layout.values()),
+        "digests": digests,
+    }
+
+
+def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
+    """The files cut to their sizes, the fingerprint from the merge tasks' digests (the few pieces that straddle two
+    tasks read back), shards.json, tokenizer.json, manifest.json, prepared.json; then the bulky work files go
+    (the stats stay, for the progress table)."""
+    output, layout = Path(plan.output_dir), _layout(plan)
     tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
     shutil.copyfile(plan.task_dir("tokenizer", 0) / "tokenizer.json", output / "tokenizer.json")
-    parts = [plan.stats("tokenize", reader)["domains"] for reader in range(plan.tasks)]
-    domains = sorted({domain for part in parts for domain in part})
-    for directory in (output / "documents", output / "tokens"):
-        shutil.rmtree(directory, ignore_errors=True)
-        directory.mkdir(parents=True)
-    dtype, fingerprint, shards = token_dtype(tokenizer_), shards_fingerprint(tokenizer_), {}
-    for domain in domains:
+    dtype, fingerprint, shards, read_back = token_dtype(tokenizer_), shards_fingerprint(tokenizer_), {}, 0
+    known: dict[str, dict[str, str]] = {}
+    for reader in range(plan.tasks):
+        for domain, digests in plan.stats("merge", reader)["digests"].items():
+            known.setdefault(domain, {}).update(digests)
+    for directory, suffixes in ((output / "documents", (".jsonl",)), (output / "tokens", (".bin", ".idx.npy"))):
+        for stale in directory.glob("*"):  # a domain an earlier attempt wrote, which this preparation has not
+            if not any(stale.name == f"{d}{suffix}" for d in layout for suffix in suffixes):
+                stale.unlink()
+    for domain, parts in layout.items():
+        documents, total = sum(p["documents"] for p in parts), sum(p["tokens"] for p in parts)
+        os.truncate(output / "documents" / f"{domain}.jsonl", sum(p["line_bytes"] for p in parts))
+        os.truncate(output / "tokens" / f"{domain}.bin", total * np.dtype(dtype).itemsize)
+        os.truncate(output / "tokens" / f"{domain}.idx.npy", len(_npy_header(documents + 1)) + 8 * (documents + 1))
+        tokens = np.memmap(output / "tokens" / f"{domain}.bin", dtype, mode="r") if total else np.zeros(0, dtype)
         fingerprint.update(domain.encode())
-        offsets, total = [np.zeros(1, np.int64)], 0
-        with (
-            open(output / "documents" / f"{domain}.jsonl", "wb") as documents,
-            open(output / "tokens" / f"{domain}.bin", "wb") as tokens,
-        ):
-            for reader, part in enumerate(parts):
-                if domain not in part:
-                    continue
-                source = plan.task_dir("tokenize", reader)
-                with open(source / f"{domain}.jsonl", "rb") as f:
-                    shutil.copyfileobj(f, documents)
-                data = np.fromfile(source / f"{domain}.bin", dtype)
-                fingerprint.update(data)
-                data.tofile(tokens)
-                offsets.append(np.load(source / f"{domain}.idx.npy")[1:] + total)
-                total += len(data)
-        np.save(output / "tokens" / f"{domain}.idx.npy", np.concatenate(offsets))
-        shards[domain] = {"documents": sum(p[domain]["documents"] for p in parts if domain in p), "tokens": total}
+        for piece in range(0, total, CHUNK_TOKENS):
+            digest = known.get(domain, {}).get(str(piece // CHUNK_TOKENS))
+            if digest is None:
+                read_back += 1
+                digest = chunk_digest(np.asarray(tokens[piece : piece + CHUNK_TOKENS])).hex()
+            fingerprint.update(bytes.fromhex(digest))
+        shards[domain] = {"documents": documents, "tokens": total}
     write_index(output / "tokens", tokenizer_, dtype, fingerprint.hexdigest(), shards)
     ledger = _merged_ledger(plan)
-    kept = {d: {k: sum(p[d][k] for p in parts if d in p) for k in ("documents", "bytes")} for d in domains}
+    kept = {d: {k: sum(p[k] for p in parts) for k in ("documents", "bytes")} for d, parts in layout.items()}
     settings = {"dedup": plan.dedup, "quality": plan.quality, "tasks": plan.tasks, "threads": plan.threads}
     manifest = build_manifest(ledger, _stage_report(plan, ledger), kept, settings)
     (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if not domains:
+    if not layout:
         raise EmptyDatasetError(empty_dataset_message(manifest, output))
     mark_prepared(output, plan.fingerprint)
     for stage in plan.stages[:-1]:
@@ -404,6 +469,7 @@ def merge(plan: StagedPlan, index: int, folder: Path) -> dict:
         "documents": manifest["documents_out"],
         "bytes": manifest["bytes_out"],
         "tokens": sum(s["tokens"] for s in shards.values()),
+        "pieces_read_back": read_back,
     }
 
 
@@ -417,6 +483,7 @@ STAGES = {
     "tokenizer": tokenizer,
     "tokenize": tokenize,
     "merge": merge,
+    "finish": finish,
 }
 
 
