@@ -84,9 +84,11 @@ def test_shards_per_domain_with_fingerprint(tokenizer, tmp_path):
     assert isinstance(tokens, np.memmap) and tokens.dtype == np.uint16
     second = tokens[offsets[1] : offsets[2]].tolist()
     assert second == tokenizer.encode("x = 1") + [tokenizer.token_id(EOS)]
-    fingerprint = hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)  # as earlier runs wrote it
+    # the tokenizer, then per domain its name and the digest of each CHUNK_TOKENS piece (one here)
+    fingerprint = hashlib.blake2b(tokenizer.tokenizer.to_str().encode(), digest_size=16)
     for domain in ("code", "math"):
-        fingerprint.update(domain.encode() + load_shard(tmp_path / "tokens", domain)[0].tobytes())
+        piece = hashlib.blake2b(load_shard(tmp_path / "tokens", domain)[0].tobytes(), digest_size=16).digest()
+        fingerprint.update(domain.encode() + piece)
     assert index["fingerprint"] == fingerprint.hexdigest()
 
     (documents / "math.jsonl").write_text(json.dumps({"text": "Question: 1 + 2?\nAnswer: 3"}) + "\n")
