@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from glm46.app.logs import rank_zero_logger
 from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
+from glm46.data.staged.estimate import estimate, format_estimate
 from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm
 from glm46.data.staged.plan import StagedPlan, make_plan, progress_table
 from glm46.errors import ConfigError
@@ -25,6 +26,21 @@ def staged_plan(source: DictConfig, settings: DictConfig, threads: int = 1) -> S
     cannot run (no input, more tasks than input files, an output directory holding another preparation)."""
     source_, settings_ = (OmegaConf.to_container(node, resolve=True) for node in (source, settings))
     return make_plan(source_, settings_, prepare_fingerprint(source_, settings_), threads)
+
+
+def prepare_estimate(source: DictConfig, settings: DictConfig, threads: int = 1) -> dict:
+    """Print (and return) the estimated time and storage of preparing `source`, and over several tasks the files
+    each read task takes; nothing runs."""
+    source_, settings_ = (OmegaConf.to_container(node, resolve=True) for node in (source, settings))
+    result = estimate(source_, settings_, threads)
+    lines = [format_estimate(result, settings.tasks, threads)]
+    if settings.tasks > 1:
+        plan = staged_plan(source, settings, threads)
+        lines.append(f"  stages     {', '.join(f'{s} [{plan.size(s)}]' for s in plan.stages)}")
+        for task, files in enumerate(plan.shards):
+            lines.append(f"  read task {task + 1}: {len(files)} file(s), {files[0]} ... {files[-1]}")
+    print("\n".join(lines), flush=True)
+    return result
 
 
 def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
@@ -89,6 +105,9 @@ def submit_staged(config: DictConfig, executor_at: Callable, sbatch: dict, threa
     fingerprint = prepare_fingerprint(
         OmegaConf.to_container(source, resolve=True), OmegaConf.to_container(settings, resolve=True)
     )
+    if settings.dry:
+        prepare_estimate(source, settings, threads)
+        return "prepare.dry=true: nothing queued"
     if is_prepared(source.output_dir, fingerprint):
         return f"dataset: {source.output_dir} is prepared already (fingerprint {fingerprint}); nothing queued"
     plan = staged_plan(source, settings, threads)

@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 from glm46.app.checks import validate
 from glm46.app.curriculum import train_stages
 from glm46.app.logs import quiet_dependencies, rank_zero_logger
-from glm46.app.preparation import prepare_cached, prepare_once
+from glm46.app.preparation import prepare_cached, prepare_estimate, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.fp8 import export_fp8
 from glm46.checkpoint.gguf_export import export_gguf
@@ -43,7 +43,9 @@ def estimate(cfg: DictConfig, config: GLM46Config) -> dict[str, int]:
 
 def prepare_data(cfg: DictConfig, config: GLM46Config) -> dict:
     """Read the `source`, deduplicate, filter, tokenize and write a dataset folder with its manifest (reused while
-    its fingerprint holds)."""
+    its fingerprint holds); prepare.dry: only the estimate of its time and storage."""
+    if cfg.prepare.dry:
+        return prepare_estimate(cfg.source, cfg.prepare)
     prepare_cached(cfg.source, cfg.prepare)
     return json.loads((Path(cfg.source.output_dir) / "manifest.json").read_text())
 

@@ -41,7 +41,7 @@ def source_signature(reader: str, paths: list[str]) -> str:
 def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `source=embedded|jsonl|...` node) with `settings` (`prepare`)."""
     source = {k: v for k, v in source.items() if k != "output_dir"}
-    settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks")}  # the output is the same
+    settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks", "dry", "estimate")}
     key = {
         "source": source,
         "prepare": settings,

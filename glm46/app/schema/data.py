@@ -97,11 +97,22 @@ QualitySettings = target_schema(QualityRules, path="glm46.data.quality.QualityRu
 
 
 @dataclass
+class PrepareEstimate:
+    corpus_tokens: Optional[float] = None
+    bytes_per_token: float = MISSING
+    tokens_per_document: float = MISSING
+    task_seconds_per_token: float = MISSING
+    clusters_seconds_per_document: float = MISSING
+
+
+@dataclass
 class PrepareConfig:
     """Settings of task=prepare (conf/prepare/default.yaml)."""
 
     num_workers: int = MISSING
     tasks: int = MISSING
+    dry: bool = MISSING
+    estimate: PrepareEstimate = field(default_factory=PrepareEstimate)
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     dedup: DedupSettings = field(default_factory=DedupSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
