@@ -287,6 +287,7 @@ def check_training(cfg: DictConfig) -> None:
         (instantiate, cfg.guard),
         (OmegaConf.to_object, grpo(cfg)),
         (OmegaConf.to_object, cfg.phase.get("rollout")),
+        (instantiate, cfg.callbacks.get("prometheus")),
     )
     for build, node in built:
         if node is not None:

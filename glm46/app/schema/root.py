@@ -40,6 +40,12 @@ class Device(StrEnum):
 
 
 @dataclass
+class Monitoring:
+    prometheus_port: int = 0  # > 0: rank 0 serves the run's metrics for Prometheus (glm46.lit.callbacks.prometheus)
+    prometheus_address: str = "0.0.0.0"
+
+
+@dataclass
 class DryRun:
     rank: int = 0  # the global rank simulated at the cluster's world size
 
@@ -118,6 +124,7 @@ class RunConfig:
     init_from: Optional[str] = None  # weights to start from (a .ckpt, an HF or DCP directory); fresh data state
     global_batch_tokens: int = MISSING  # tokens per optimizer step over all ranks (conf/config.yaml)
     dryrun: DryRun = field(default_factory=DryRun)
+    monitoring: Monitoring = field(default_factory=Monitoring)
     stages: Optional[Dict[str, List[str]]] = field(default_factory=dict)  # earlier stages: name -> overrides
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING

@@ -16,7 +16,15 @@ import torch
 from omegaconf import II, MISSING
 
 from glm46.lit import GLM46LitModule
-from glm46.lit.callbacks import BatchSizeWarmup, ExpertBalancer, ModelCheckpoint, Preemption, Progress, Throughput
+from glm46.lit.callbacks import (
+    BatchSizeWarmup,
+    ExpertBalancer,
+    ModelCheckpoint,
+    Preemption,
+    Progress,
+    PrometheusExporter,
+    Throughput,
+)
 from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.lit.guard import StepGuard
 from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
@@ -108,6 +116,7 @@ CALLBACKS = {
     "throughput": target_schema(Throughput, path="glm46.lit.callbacks.Throughput"),
     "progress_bar": target_schema(Progress, path="glm46.lit.callbacks.Progress"),
     "preemption": target_schema(Preemption, path="glm46.lit.callbacks.Preemption"),
+    "prometheus": target_schema(PrometheusExporter, path="glm46.lit.callbacks.PrometheusExporter"),
     "batch_size_warmup": target_schema(
         BatchSizeWarmup, path="glm46.lit.callbacks.BatchSizeWarmup", nested={"tokens_per_step": LinearRampSchema}
     ),

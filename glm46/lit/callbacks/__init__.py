@@ -1,11 +1,12 @@
 """Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption, checkpoints,
-progress."""
+progress, the Prometheus exporter."""
 
 from .balancer import ExpertBalancer, max_violation
 from .batch_warmup import BatchSizeWarmup
 from .model_checkpoint import ModelCheckpoint
 from .preemption import Preemption
 from .progress import Progress
+from .prometheus import PrometheusExporter
 from .throughput import Throughput
 
 __all__ = [
@@ -14,6 +15,7 @@ __all__ = [
     "ModelCheckpoint",
     "Preemption",
     "Progress",
+    "PrometheusExporter",
     "Throughput",
     "max_violation",
 ]
