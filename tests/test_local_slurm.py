@@ -2,6 +2,7 @@
 accounting (sacct), and submitit jobs, including ones that fail or die (which must not hang); a glm46 job whose
 rank dies ends at once and its requeue finishes the run."""
 
+import json
 import os
 import re
 import subprocess
@@ -122,7 +123,9 @@ def job_log(tmp_path, job: str) -> str:
 def test_a_run_that_raises_fails_its_slurm_job(cluster, tmp_path):
     """An exception in the run (here a callback that does not import) makes the task exit non-zero: sacct says
     FAILED, not COMPLETED, and the traceback is in the log (Hydra's run_job alone would swallow both)."""
-    job = submit_run(tmp_path, "experiment=tiny_bytes", "+callbacks.broken._target_=tests.nope.Missing")
+    job = submit_run(
+        tmp_path, "experiment=tiny_bytes", "+callbacks.broken._target_=tests.nope.Missing", "cluster.max_restarts=0"
+    )
     assert sacct_states(job, timeout=120) == {job: "FAILED"}
     assert "No module named 'tests.nope'" in job_log(tmp_path, job)
 
@@ -134,7 +137,7 @@ def test_a_killed_rank_ends_the_job_at_once_and_its_requeue_resumes_to_the_same_
     is FAILED within seconds, the log naming the task that died; `scontrol requeue` runs it again in the same run
     directory with ckpt_path=last, from step 2's checkpoint to the weights of a run never interrupted."""
     marker = tmp_path / "killed"
-    job = submit_run(tmp_path, *dead_rank.RUN, "logger=csv", *dead_rank.kill(1, str(marker)))
+    job = submit_run(tmp_path, *dead_rank.RUN, "logger=csv", "cluster.max_restarts=0", *dead_rank.kill(1, str(marker)))
     assert sacct_states(job, timeout=180) == {job: "FAILED"}
     took = time.time() - dead_rank.killed_at(marker)
     print(f"rank 1 killed: Slurm reported the job FAILED {took:.1f} s later")
@@ -150,3 +153,45 @@ def test_a_killed_rank_ends_the_job_at_once_and_its_requeue_resumes_to_the_same_
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert sacct_states(job, timeout=180) == {job: "COMPLETED"}
     dead_rank.assert_same_weights(run_dir, tmp_path / "straight")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_job_whose_rank_dies_twice_restarts_itself_to_the_uninterrupted_weights(cluster, tmp_path):
+    """cluster.max_restarts (3 on Slurm clusters): rank 1 SIGKILLed during step 4, then again during step 6 of the
+    restarted job; each failure requeues the job (glm46.app.restart), which resumes from its newest checkpoint (2,
+    then 4) and ends COMPLETED with the weights of a run never interrupted; restarts.json names each cause."""
+    first, second = tmp_path / "killed-1", tmp_path / "killed-2"
+    again = [
+        f"+callbacks.kill_again._target_={dead_rank.__name__}.KillRankAtStep",
+        "+callbacks.kill_again.rank=1",
+        "+callbacks.kill_again.step=5",
+        f"+callbacks.kill_again.marker={second}",
+    ]
+    job = submit_run(tmp_path, *dead_rank.RUN, "logger=csv", *dead_rank.kill(1, str(first)), *again)
+    straight, _ = dead_rank.run(tmp_path / "straight")  # meanwhile, the same run on 2 local processes
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert sacct_states(job, timeout=600) == {job: "COMPLETED"}, job_log(tmp_path, job)[-3000:]
+    run_dir = tmp_path / "train" / job
+    restarts = json.loads((run_dir / "restarts.json").read_text())
+    assert [(r["checkpoint_step"], r["decision"]) for r in restarts] == [(2, "restarted"), (4, "restarted")]
+    assert all("srun: error: localhost: task 1: Killed" in r["cause"] for r in restarts), restarts
+    assert first.exists() and second.exists()
+    dead_rank.assert_same_weights(run_dir, tmp_path / "straight")
+
+
+@pytest.mark.slow
+def test_a_job_that_fails_at_start_every_time_stops_after_the_limit_with_the_reason(cluster, tmp_path):
+    job = submit_run(
+        tmp_path,
+        "experiment=tiny_bytes",
+        "+callbacks.broken._target_=tests.nope.Missing",
+        "cluster.max_restarts=2",
+        "cluster.restarts_without_progress=2",
+    )
+    assert sacct_states(job, timeout=600) == {job: "FAILED"}
+    restarts = json.loads((tmp_path / "train" / job / "restarts.json").read_text())
+    assert [r["decision"] for r in restarts[:2]] == ["restarted", "restarted"]
+    assert restarts[2]["decision"] == "stopped: cluster.max_restarts=2 restarts already made"
+    assert all("Error locating target 'tests.nope.Missing'" in r["cause"] for r in restarts), restarts
+    assert all(r["checkpoint_step"] == -1 for r in restarts)

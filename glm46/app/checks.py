@@ -515,6 +515,9 @@ def check_cluster(cfg: DictConfig, config: GLM46Config) -> None:
     check_at_least_one(cfg, ("cluster.num_nodes", "cluster.devices"))
     if cfg.cluster.scheduler == "slurm" and not cfg.cluster.partition:
         raise ConfigError(f"cluster={cfg.cluster.name} submits to Slurm but cluster.partition is not set")
+    for key in ("max_restarts", "restarts_without_progress"):
+        if cfg.cluster[key] < 0:
+            raise ConfigError(f"cluster.{key}={cfg.cluster[key]} must be >= 0 (0: a failed job waits for a person)")
 
 
 def check_engine(cfg: DictConfig, config: GLM46Config) -> None:

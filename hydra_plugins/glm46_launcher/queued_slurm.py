@@ -62,6 +62,8 @@ class QueuedSlurmLauncher(SlurmLauncher):
         executor = self.executor()
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
+        if configs[0].cluster.max_restarts > 0:
+            executor.update_parameters(slurm_teardown=restart_lines(configs[0].cluster, sweep_dir))
         arguments = [
             (
                 list(overrides),
@@ -177,6 +179,19 @@ class QueuedSlurmLauncher(SlurmLauncher):
             job_dir_key="hydra.sweep.dir",
             job_subdir_key="hydra.sweep.subdir",
         )
+
+
+def restart_lines(cluster, sweep_dir: Path) -> list[str]:
+    """The batch script's last lines: a failed step requeues its job within the cluster's limits (glm46.app.restart);
+    the run directory is the job's, <sweep dir>/<job id> or <sweep dir>/<array job>/<task> (conf/launch/slurm.yaml)."""
+    run_dir = f'{shlex.quote(str(sweep_dir))}/"${{SLURM_ARRAY_JOB_ID:+$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID}}"'
+    return [
+        "status=$?",
+        f'run_dir={run_dir}; [ -n "$SLURM_ARRAY_JOB_ID" ] || run_dir={shlex.quote(str(sweep_dir))}/"$SLURM_JOB_ID"',
+        f'{shlex.quote(sys.executable)} -m glm46.app.restart --status "$status" --run-dir "$run_dir" '
+        f"--max-restarts {cluster.max_restarts} --without-progress {cluster.restarts_without_progress}",
+        'exit "$status"',
+    ]
 
 
 def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:

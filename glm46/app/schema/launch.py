@@ -89,6 +89,8 @@ class ClusterConfig:
     mem_gb: Optional[int] = None
     time_min: Optional[int] = None
     signal_delay_s: Optional[int] = None  # Slurm sends SIGUSR1 this long before the time limit
+    max_restarts: int = 0  # a failed Slurm job requeues itself this many times at most (glm46.app.restart)
+    restarts_without_progress: int = 1  # ... and this many times in a row without a new checkpoint
     sbatch: Dict[str, Any] = field(default_factory=dict)  # extra #SBATCH flags
     env: Dict[str, Any] = field(default_factory=dict)  # exported before srun
     setup: List[str] = field(default_factory=list)  # shell lines run before srun
