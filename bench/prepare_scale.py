@@ -30,7 +30,7 @@ from glm46.data.cache import prepare_fingerprint  # noqa: E402
 from glm46.data.pipeline import prepare_dataset  # noqa: E402
 from glm46.data.quality import QualityRules  # noqa: E402
 from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm  # noqa: E402
-from glm46.data.staged.plan import SINGLE, StagedPlan, make_plan  # noqa: E402
+from glm46.data.staged.work import SINGLE, StagedPlan, make_plan  # noqa: E402
 
 DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
 COMPARED = ("documents_in", "documents_out", "dropped", "bytes_out", "domains")

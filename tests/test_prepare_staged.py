@@ -20,8 +20,8 @@ from glm46.data.cache import prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.quality import QualityRules
 from glm46.data.staged.executors import StageFailedError, run_local
-from glm46.data.staged.plan import WORK, StagedPlan, make_plan
 from glm46.data.staged.stages import run_task
+from glm46.data.staged.work import WORK, StagedPlan, make_plan
 from glm46.errors import ConfigError
 
 from .slurm import require_slurm

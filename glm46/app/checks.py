@@ -390,7 +390,7 @@ def exported_model(key: str, path: str | None, what: str) -> tuple[Path, dict, G
 
 
 def check_prepare(cfg: DictConfig) -> None:
-    """prepare.tasks: at least 1; over several tasks, the staged plan must be possible (glm46.data.staged.plan:
+    """prepare.tasks: at least 1; over several tasks, the staged plan must be possible (glm46.data.staged.work:
     the input exists, holds no fewer files than tasks, and the output directory holds no other preparation)."""
     from glm46.app.preparation import staged_plan
 

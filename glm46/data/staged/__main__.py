@@ -3,8 +3,8 @@
 
 import argparse
 
-from .plan import StagedPlan, progress_table
 from .stages import run_task
+from .work import StagedPlan, progress_table
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m glm46.data.staged")

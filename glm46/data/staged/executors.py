@@ -9,8 +9,8 @@ import logging
 import subprocess
 import sys
 
-from .plan import StagedPlan, progress_table, stage_row
 from .stages import run_task
+from .work import StagedPlan, progress_table, stage_row
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The tasks of a staged preparation (the stages are listed in glm46.data.staged): each reads the plan and the
 folders of the stages before it and returns the files it wrote in its own folder plus its stats.
 
-A document is named by its key (glm46.data.staged.plan.KEY_BITS): the read task that read it and its position
+A document is named by its key (glm46.data.staged.work.KEY_BITS): the read task that read it and its position
 there, so keys sort in input order. A stage's drops are sorted keys; the key sets never overlap (each stage looks
 only at the documents the stages before it kept).
 """
@@ -35,7 +35,7 @@ from ..prepare import (
 from ..quality import QualityRules, violation
 from ..shards import CHUNK_TOKENS, chunk_digest, encode_documents, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer, train_tokenizer
-from .plan import KEY_BITS, StagedPlan, write_task
+from .work import KEY_BITS, StagedPlan, write_task
 
 DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
 MAX_EXAMPLES = Ledger.max_examples
