@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import submitit
 import torch
@@ -195,3 +196,52 @@ def test_a_job_that_fails_at_start_every_time_stops_after_the_limit_with_the_rea
     assert restarts[2]["decision"] == "stopped: cluster.max_restarts=2 restarts already made"
     assert all("Error locating target 'tests.nope.Missing'" in r["cause"] for r in restarts), restarts
     assert all(r["checkpoint_step"] == -1 for r in restarts)
+
+
+class SleepInsideAStep(L.Callback):
+    """Global rank `rank` sleeps as it starts the step after `step` optimizer steps, once per run (`marker`)."""
+
+    def __init__(self, rank: int, step: int, marker: str):
+        self.rank, self.step, self.marker = rank, step, Path(marker)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step and not self.marker.exists():
+            self.marker.write_text(str(time.time()))
+            sleep_inside_the_step()
+
+
+def sleep_inside_the_step() -> None:
+    time.sleep(3600)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_a_hung_rank_is_caught_dumped_and_the_restart_finishes_the_run(cluster, tmp_path):
+    """Rank 1 sleeps inside step 4 while rank 0 waits for it in a collective: each rank's watchdog (bound: 5 s, or 5x
+    the median step) dumps its stacks and ends it within seconds, not parallelism.timeout_s; the job restarts from
+    step 2's checkpoint and ends COMPLETED with the weights of a run never interrupted."""
+    marker = tmp_path / "slept"
+    job = submit_run(
+        tmp_path,
+        *dead_rank.RUN,
+        "logger=csv",
+        "callbacks.watchdog.factor=5",
+        "callbacks.watchdog.min_seconds=5",
+        f"+callbacks.sleep._target_={__name__}.SleepInsideAStep",
+        "+callbacks.sleep.rank=1",
+        f"+callbacks.sleep.step={dead_rank.KILLED_AT}",
+        f"+callbacks.sleep.marker={marker}",
+    )
+    straight, _ = dead_rank.run(tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert sacct_states(job, timeout=600) == {job: "COMPLETED"}, job_log(tmp_path, job)[-3000:]
+    run_dir = tmp_path / "train" / job
+    (restart,) = json.loads((run_dir / "restarts.json").read_text())
+    assert restart["checkpoint_step"] == dead_rank.RESUMED_FROM and "glm46 watchdog: rank" in restart["cause"], restart
+    detected = time.mktime(time.strptime(restart["time"], "%Y-%m-%dT%H:%M:%S"))
+    took = detected - float(marker.read_text())
+    print(f"hang caught and the job's step ended {took:.0f} s after the sleep began")
+    assert took < 5 + dead_rank.ENDS_WITHIN_S
+    dump = (run_dir / "hangs" / f"rank1-step{dead_rank.KILLED_AT}.txt").read_text()
+    assert "in sleep_inside_the_step" in dump and "in on_train_batch_start" in dump, dump[:3000]
+    dead_rank.assert_same_weights(run_dir, tmp_path / "straight")

@@ -288,6 +288,7 @@ def check_training(cfg: DictConfig) -> None:
         (OmegaConf.to_object, grpo(cfg)),
         (OmegaConf.to_object, cfg.phase.get("rollout")),
         (instantiate, cfg.callbacks.get("prometheus")),
+        (instantiate, cfg.callbacks.get("watchdog")),
     )
     for build, node in built:
         if node is not None:

@@ -19,6 +19,7 @@ from glm46.lit import GLM46LitModule
 from glm46.lit.callbacks import (
     BatchSizeWarmup,
     ExpertBalancer,
+    HangWatchdog,
     ModelCheckpoint,
     Preemption,
     Progress,
@@ -117,6 +118,7 @@ CALLBACKS = {
     "progress_bar": target_schema(Progress, path="glm46.lit.callbacks.Progress"),
     "preemption": target_schema(Preemption, path="glm46.lit.callbacks.Preemption"),
     "prometheus": target_schema(PrometheusExporter, path="glm46.lit.callbacks.PrometheusExporter"),
+    "watchdog": target_schema(HangWatchdog, path="glm46.lit.callbacks.HangWatchdog"),
     "batch_size_warmup": target_schema(
         BatchSizeWarmup, path="glm46.lit.callbacks.BatchSizeWarmup", nested={"tokens_per_step": LinearRampSchema}
     ),

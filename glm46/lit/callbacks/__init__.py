@@ -1,5 +1,5 @@
 """Lightning callbacks: loss-free expert balancing, throughput/MFU, batch-size warm-up, preemption, checkpoints,
-progress, the Prometheus exporter."""
+progress, the Prometheus exporter, the hang watchdog."""
 
 from .balancer import ExpertBalancer, max_violation
 from .batch_warmup import BatchSizeWarmup
@@ -8,10 +8,12 @@ from .preemption import Preemption
 from .progress import Progress
 from .prometheus import PrometheusExporter
 from .throughput import Throughput
+from .watchdog import HangWatchdog
 
 __all__ = [
     "BatchSizeWarmup",
     "ExpertBalancer",
+    "HangWatchdog",
     "ModelCheckpoint",
     "Preemption",
     "Progress",
