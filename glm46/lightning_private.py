@@ -15,6 +15,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.cloud_io import get_filesystem
+from lightning.fabric.utilities.load import _METADATA_FILENAME
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
@@ -88,3 +89,8 @@ def csv_experiment(logger: CSVLogger, writer: Callable[[str], ExperimentWriter])
         get_filesystem(logger.root_dir).makedirs(logger.root_dir, exist_ok=True)
         logger._experiment = writer(logger.log_dir)
     return logger._experiment
+
+
+# The file beside a DCP checkpoint's shards holding the rest of Lightning's checkpoint (what ModelParallelStrategy
+# writes after its shards; the background save of glm46.parallel.strategies writes it too).
+DCP_CHECKPOINT_META = _METADATA_FILENAME

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,7 +24,9 @@ from lightning.pytorch.accelerators.cuda import CUDAAccelerator
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Strategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
 
+from glm46.checkpoint.background_save import BackgroundCheckpointWriter
 from glm46.lightning_private import (
+    DCP_CHECKPOINT_META,
     DeepSpeedInitializeHook,
     attach_device_mesh,
     init_deepspeed_processes,
@@ -42,7 +45,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
     layout: the sizes (glm46.parallel.Layout, built once from the `parallelism` node: build_strategy);
     activation_checkpointing: recompute each decoder layer; mixed_precision: FSDP2's policy ({param_dtype,
     reduce_dtype} names, or None); save_distributed_checkpoint: DCP folders (True) or one full file written by
-    rank 0.
+    rank 0; async_checkpoint: the DCP folders written by a background thread while training goes on.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        async_checkpoint: bool = False,
     ) -> None:
         super().__init__(
             data_parallel_size="auto",
@@ -65,6 +69,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
         self.activation_checkpointing = activation_checkpointing
         self.mixed_precision = dict(mixed_precision) if mixed_precision else None
         self.stage_models: list[torch.nn.Module] = []  # this rank's pipeline stages (pipeline_parallel > 1)
+        self.writer = BackgroundCheckpointWriter() if async_checkpoint and save_distributed_checkpoint else None
 
     def setup_environment(self) -> None:
         init_model_parallel_processes(self)
@@ -100,6 +105,27 @@ class MeshParallelStrategy(ModelParallelStrategy):
             self.mixed_precision,
             self.stage_models,
         )
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath, storage_options: Any | None = None) -> None:
+        """Lightning's DCP save, written in the background under async_checkpoint (glm46.checkpoint.background_save):
+        the same folder, `meta.pt` first, DCP's `.metadata` (what makes the folder a checkpoint) last."""
+        if self.writer is None:
+            return super().save_checkpoint(checkpoint, filepath, storage_options)
+        path = Path(self.broadcast(filepath))
+        self.writer.wait()  # the previous save is whole before this one starts
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"state_dict": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        if self.global_rank == 0:
+            torch.save(checkpoint, path / DCP_CHECKPOINT_META)
+        self.writer.save(state, path)
+
+    def teardown(self) -> None:
+        if self.writer is not None:
+            self.writer.wait()
+        super().teardown()
 
     def build_pipeline(self) -> Pipeline | None:
         """The schedule over this rank's stages, once they are materialised; None without pipeline parallelism."""

@@ -46,6 +46,9 @@ class ParallelismConfig:
     # first extension build, about 2 min) and frees a job whose rank hangs 20 min sooner. A rank that exits
     # ends the job at once (Lightning's launcher, Slurm's --kill-on-bad-exit); this bounds a rank that hangs.
     timeout_s: int = 600
+    # engine=mesh: each DCP checkpoint is staged to host memory and written by a background thread while training
+    # goes on (glm46.checkpoint.background_save); the next save and the end of training wait for it.
+    async_checkpoint: bool = False
 
 
 @dataclass
