@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 log = logging.getLogger(__name__)
+FULL_BELOW = 64 << 20  # a disk with less free space than this is taken as the reason a write failed
 
 
 class CheckpointWriteError(RuntimeError):
@@ -25,10 +26,14 @@ class CheckpointWriteError(RuntimeError):
 
 
 def write_failed(path: Path, error: BaseException) -> CheckpointWriteError:
-    full = isinstance(error, OSError) and error.errno == errno.ENOSPC or "No space left" in str(error)
-    why = "the disk is full (ENOSPC)" if full else f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    """The error of a checkpoint that did not write. torch's zip writer reports a full disk as an `unexpected pos`
+    RuntimeError rather than ENOSPC, so the free space is looked at too."""
+    detail = f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:200]}"
+    free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC or free < FULL_BELOW:
+        detail = f"the disk is full ({free:,} bytes free; {detail})"
     return CheckpointWriteError(
-        f"checkpoint {path} was not written: {why}; the previous checkpoint is kept (ckpt_path=last resumes from it)"
+        f"checkpoint {path} was not written: {detail}; the previous checkpoint is kept (ckpt_path=last resumes from it)"
     )
 
 
@@ -52,7 +57,9 @@ class BackgroundCheckpointWriter:
         self.pending = None
         try:
             future.result()
-        except Exception as error:  # noqa: BLE001 - DCP wraps the writer's OSError in a CheckpointException
+        except BaseException as error:  # DCP's CheckpointException is a BaseException wrapping each rank's error
+            if isinstance(error, (KeyboardInterrupt, SystemExit)):
+                raise
             if not dist.is_initialized() or dist.get_rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
             raise write_failed(path, error) from error
