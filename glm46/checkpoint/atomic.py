@@ -21,6 +21,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from glm46.checkpoint.reshard import checkpoint_format, consolidate
+from glm46.checkpoint.write_errors import write_failed
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,15 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + PARTIAL)
-        with open(partial, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(partial, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except (OSError, RuntimeError) as error:  # a full disk: ENOSPC, or torch's zip writer's "unexpected pos"
+            failure = write_failed(path, error)  # before the partial file goes (the free space)
+            partial.unlink(missing_ok=True)
+            raise failure from error
         replaced = path.with_name(path.name + ".old" + PARTIAL)
         if path.is_dir():
             shutil.rmtree(replaced, ignore_errors=True)

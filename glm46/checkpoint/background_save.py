@@ -7,7 +7,6 @@ resume takes (glm46.checkpoint.atomic)."""
 
 from __future__ import annotations
 
-import errno
 import logging
 import shutil
 import time
@@ -17,24 +16,9 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from glm46.checkpoint.write_errors import write_failed
+
 log = logging.getLogger(__name__)
-FULL_BELOW = 64 << 20  # a disk with less free space than this is taken as the reason a write failed
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written: the message names it, why, and that the previous one is kept."""
-
-
-def write_failed(path: Path, error: BaseException) -> CheckpointWriteError:
-    """The error of a checkpoint that did not write. torch's zip writer reports a full disk as an `unexpected pos`
-    RuntimeError rather than ENOSPC, so the free space is looked at too."""
-    detail = f"{type(error).__name__}: {str(error).strip().splitlines()[-1][:200]}"
-    free = shutil.disk_usage(path.parent if path.parent.exists() else Path.cwd()).free
-    if isinstance(error, OSError) and error.errno == errno.ENOSPC or free < FULL_BELOW:
-        detail = f"the disk is full ({free:,} bytes free; {detail})"
-    return CheckpointWriteError(
-        f"checkpoint {path} was not written: {detail}; the previous checkpoint is kept (ckpt_path=last resumes from it)"
-    )
 
 
 class BackgroundCheckpointWriter:
@@ -60,7 +44,8 @@ class BackgroundCheckpointWriter:
         except BaseException as error:  # DCP's CheckpointException is a BaseException wrapping each rank's error
             if isinstance(error, (KeyboardInterrupt, SystemExit)):
                 raise
+            failure = write_failed(path, error)  # before the folder goes: the free space tells a full disk
             if not dist.is_initialized() or dist.get_rank() == 0:
                 shutil.rmtree(path, ignore_errors=True)
-            raise write_failed(path, error) from error
+            raise failure from error
         log.info(f"checkpoint {path} written in the background ({time.monotonic() - started:.1f} s)")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import shutil
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy, Str
 from lightning.pytorch.strategies import DeepSpeedStrategy as _LightningDeepSpeedStrategy
 
 from glm46.checkpoint.background_save import BackgroundCheckpointWriter
+from glm46.checkpoint.write_errors import write_failed
 from glm46.lightning_private import (
     DCP_CHECKPOINT_META,
     DeepSpeedInitializeHook,
@@ -110,7 +112,15 @@ class MeshParallelStrategy(ModelParallelStrategy):
         """Lightning's DCP save, written in the background under async_checkpoint (glm46.checkpoint.background_save):
         the same folder, `meta.pt` first, DCP's `.metadata` (what makes the folder a checkpoint) last."""
         if self.writer is None:
-            return super().save_checkpoint(checkpoint, filepath, storage_options)
+            try:
+                return super().save_checkpoint(checkpoint, filepath, storage_options)
+            except BaseException as error:  # DCP's CheckpointException is a BaseException wrapping each rank's error
+                if isinstance(error, (KeyboardInterrupt, SystemExit)) or not self._save_distributed_checkpoint:
+                    raise
+                failure = write_failed(Path(filepath), error)  # before the folder goes (the free space)
+                if self.global_rank == 0:
+                    shutil.rmtree(filepath, ignore_errors=True)
+                raise failure from error
         path = Path(self.broadcast(filepath))
         self.writer.wait()  # the previous save is whole before this one starts
         if path.is_file():
