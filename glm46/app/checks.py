@@ -528,6 +528,13 @@ def check_engine(cfg: DictConfig, config: GLM46Config) -> None:
             f"parallelism.timeout_s={cfg.parallelism.timeout_s!r} must be a number of seconds > 0 (how long a rank "
             f"waits for the others in a collective)"
         )
+    if cfg.parallelism.async_checkpoint and not (
+        cfg.parallelism.engine == "mesh" and cfg.parallelism.strategy.get("save_distributed_checkpoint", False)
+    ):
+        raise ConfigError(
+            f"parallelism.async_checkpoint=true with parallelism={cfg.parallelism.name}: background saves write DCP "
+            f"folders, which the mesh layouts save (fsdp2, ep, tp, fsdp2_ep, production, ...)"
+        )
     if cfg.parallelism.engine == "deepspeed" and importlib.util.find_spec("deepspeed") is None:
         raise ConfigError(
             f"parallelism={cfg.parallelism.name} needs DeepSpeed, which is not installed: "
