@@ -218,19 +218,21 @@ def _restore(file: Path, original: bytes) -> None:
     os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
-def test_a_failed_task_is_rerun_alone_and_the_result_is_the_same(tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_failed_task_is_rerun_alone_and_the_result_is_the_same(tmp_path, workers):
+    """In this process (workers 1) and as processes of their own (workers 2: the error is the task log's last line)."""
     files = _parquet_corpus(tmp_path / "in", corpus_records(seed=1, files=3))
     reference = one_process(tmp_path / "in", tmp_path / "one", reader="parquet")
     original = _break_footer(files[2])
     plan = make_plan(*_nodes(tmp_path / "in", tmp_path / "out", 3, "parquet"))
     plan.save()
     with pytest.raises(StageFailedError, match=r"stage read task 3/3 failed: ValueError: .*part-2.parquet"):
-        run_local(plan, 1)
+        run_local(plan, workers)
     finished = {i: (plan.task_dir("read", i) / "stats.json").stat().st_mtime_ns for i in (0, 1)}
     assert plan.pending("read") == [2]
     (plan.work / "read" / "2.partial-1").mkdir()  # what a task killed mid-write leaves
     _restore(files[2], original)
-    run_local(make_plan(*_nodes(tmp_path / "in", tmp_path / "out", 3, "parquet")), 1)
+    run_local(make_plan(*_nodes(tmp_path / "in", tmp_path / "out", 3, "parquet")), workers)
     assert {i: (plan.task_dir("read", i) / "stats.json").stat().st_mtime_ns for i in (0, 1)} == finished
     assert_same_dataset(tmp_path / "out", reference)
 

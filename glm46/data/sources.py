@@ -15,6 +15,8 @@ from .documents import Document, Ledger
 
 # A domain names files (documents/<domain>.jsonl, tokens/<domain>.bin) and mixture keys.
 DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SUFFIXES = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}  # the input files of each file reader
+TEXT_SUFFIXES = (".txt", ".md")  # read_text_folder's default
 JSON_TYPES = {
     dict: "an object",
     list: "an array",
@@ -42,8 +44,8 @@ def _expand(paths: list[str]) -> list[Path]:
 
 def input_files(reader: str, paths: list[str], options: dict | None = None) -> list[Path]:
     """The files a file reader reads, in its order: what a staged preparation splits over its tasks."""
-    suffixes = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}.get(reader)
-    return _files(paths, suffixes or tuple((options or {}).get("suffixes", (".txt", ".md"))))
+    suffixes = SUFFIXES.get(reader) or tuple((options or {}).get("suffixes", TEXT_SUFFIXES))
+    return _files(paths, suffixes)
 
 
 def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
@@ -104,7 +106,7 @@ def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes
 
 
 def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
-    for file in _files(paths, (".jsonl", ".json")):
+    for file in _files(paths, SUFFIXES["jsonl"]):
         before = ledger.documents_in
         with open(file, "rb") as f:
             for number, raw in enumerate(f, start=1):
@@ -131,7 +133,7 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = _files(paths, (".parquet",))
+    files = _files(paths, SUFFIXES["parquet"])
     for file in files:  # every footer before the first document: a file that does not open at all fails here
         try:
             pq.read_metadata(file)
@@ -173,7 +175,7 @@ def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "genera
 
 
 def read_text_folder(
-    paths: list[str], ledger: Ledger, default_domain: str = "general", suffixes: tuple[str, ...] = (".txt", ".md")
+    paths: list[str], ledger: Ledger, default_domain: str = "general", suffixes: tuple[str, ...] = TEXT_SUFFIXES
 ) -> Iterator[Document]:
     """One document per file."""
     for file in _files(paths, tuple(suffixes)):

@@ -8,6 +8,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 
 from .stages import run_task
 from .work import StagedPlan, progress_table, stage_row
@@ -19,9 +20,9 @@ class StageFailedError(RuntimeError):
     """A stage task failed: its message names the stage, the task and the error, and how to resume."""
 
 
-def _failed(plan: StagedPlan, stage: str, index: int, error: BaseException) -> StageFailedError:
+def _failed(plan: StagedPlan, stage: str, index: int, why: str) -> StageFailedError:
     return StageFailedError(
-        f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} failed: {type(error).__name__}: {error}; "
+        f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} failed: {why}; "
         f"run the same command again to resume (finished tasks are kept in {plan.work})"
     )
 
@@ -36,7 +37,7 @@ def run_local(plan: StagedPlan, workers: int) -> None:
                 try:
                     run_task(plan.output_dir, stage, index)
                 except Exception as error:
-                    raise _failed(plan, stage, index, error) from error
+                    raise _failed(plan, stage, index, f"{type(error).__name__}: {error}") from error
         else:
             _run_processes(plan, stage, pending, workers)
         log.info(f"prepare: {stage_row(plan, stage)}")
@@ -44,24 +45,30 @@ def run_local(plan: StagedPlan, workers: int) -> None:
 
 
 def _run_processes(plan: StagedPlan, stage: str, pending: list[int], workers: int) -> None:
-    """`python -m glm46.data.staged DIR --run STAGE INDEX` for each pending task, `workers` at a time."""
-    running, failures = {}, []
-    queue = list(pending)
+    """`python -m glm46.data.staged DIR --run STAGE INDEX` for each pending task, `workers` at a time, a new one as soon
+    as any ends; each task's output in `<work>/logs/<stage>-<index>.log` (its last line is in a failure's message)."""
+    logs = plan.work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    queue, running, failures = list(pending), {}, []
     while queue or running:
         while queue and len(running) < workers:
             index = queue.pop(0)
             command = [sys.executable, "-m", "glm46.data.staged", plan.output_dir, "--run", stage, str(index)]
-            running[index] = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        index, process = next(iter(running.items()))
-        output, _ = process.communicate()
-        del running[index]
-        if process.returncode:
-            failures.append(
-                (index, output.strip().splitlines()[-1] if output.strip() else f"exit {process.returncode}")
-            )
+            with open(logs / f"{stage}-{index}.log", "w") as log_file:
+                running[index] = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+        time.sleep(0.05)
+        for index, process in list(running.items()):
+            if process.poll() is None:
+                continue
+            del running[index]
+            if process.returncode:
+                lines = (logs / f"{stage}-{index}.log").read_text(errors="replace").strip().splitlines()
+                failures.append(
+                    (index, f"{lines[-1] if lines else f'exit {process.returncode}'} ({logs / f'{stage}-{index}.log'})")
+                )
     if failures:
         index, last_line = min(failures)
-        raise _failed(plan, stage, index, RuntimeError(last_line))
+        raise _failed(plan, stage, index, last_line)
 
 
 def submit_slurm(plan: StagedPlan, executor, sbatch: dict) -> list[dict]:
@@ -95,4 +102,4 @@ def wait_slurm(plan: StagedPlan, submitted: list[dict]) -> None:
             try:
                 job.result()
             except Exception as error:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError
-                raise _failed(plan, stage["stage"], index, RuntimeError(f"{error} (log {job.paths.stdout})")) from None
+                raise _failed(plan, stage["stage"], index, f"{error} (log {job.paths.stdout})") from None

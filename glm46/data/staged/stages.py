@@ -251,11 +251,13 @@ def _verdicts(plan: StagedPlan, reader: int) -> tuple[dict, np.ndarray]:
     return meta, verdict
 
 
-def _domain_rows(plan: StagedPlan, reader: int, meta: dict):
-    """(domain, its rows in the read task's order, its document lines) for each domain of a read task."""
-    for code, domain in enumerate(plan.stats("read", reader)["domains"]):
-        with open(plan.task_dir("read", reader) / "docs" / f"{domain}.jsonl") as f:
-            yield domain, np.flatnonzero(meta["domain"] == code), f.readlines()
+def _domain_lines(plan: StagedPlan, reader: int, meta: dict, domain: str) -> tuple[np.ndarray, list[str]]:
+    """(a domain's rows in the read task's order, their document lines); none where the task read no such domain."""
+    domains = plan.stats("read", reader)["domains"]
+    if domain not in domains:
+        return np.zeros(0, np.int64), []
+    with open(plan.task_dir("read", reader) / "docs" / f"{domain}.jsonl") as f:
+        return np.flatnonzero(meta["domain"] == domains.index(domain)), f.readlines()
 
 
 def _kept_texts(plan: StagedPlan):
@@ -264,19 +266,26 @@ def _kept_texts(plan: StagedPlan):
     domains = sorted({d for reader in range(plan.tasks) for d in plan.stats("read", reader)["domains"]})
     for domain in domains:
         for reader, (meta, verdict) in enumerate(verdicts):
-            for name, rows, lines in _domain_rows(plan, reader, meta):
-                if name == domain:
-                    yield from (json.loads(line)["text"] for row, line in zip(rows, lines) if not verdict[row])
+            rows, lines = _domain_lines(plan, reader, meta, domain)
+            yield from (json.loads(line)["text"] for row, line in zip(rows, lines) if not verdict[row])
 
 
 def tokenizer(plan: StagedPlan, index: int, folder: Path) -> dict:
-    """The given tokenizer (checked), or a BPE trained on the kept documents in the one-process order."""
+    """The given tokenizer (checked), or a BPE trained on the kept documents in the one-process order (streamed,
+    as one process streams them)."""
     if plan.tokenizer_path:
         load_tokenizer(plan.tokenizer_path).save(folder / "tokenizer.json")
         return {"documents": 0}
-    texts = list(_kept_texts(plan))
-    GLMTokenizer(train_tokenizer(texts, plan.vocab_size)).save(folder / "tokenizer.json")
-    return {"documents": len(texts), "bytes": sum(len(t.encode()) for t in texts)}
+    read = {"documents": 0, "bytes": 0}
+
+    def texts():
+        for text in _kept_texts(plan):
+            read["documents"] += 1
+            read["bytes"] += len(text.encode())
+            yield text
+
+    GLMTokenizer(train_tokenizer(texts(), plan.vocab_size)).save(folder / "tokenizer.json")
+    return read
 
 
 def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
@@ -285,7 +294,8 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
     dtype = token_dtype(tokenizer_)
     meta, verdict = _verdicts(plan, reader)
     domains, dropped = {}, {}
-    for domain, rows, lines in _domain_rows(plan, reader, meta):
+    for domain in plan.stats("read", reader)["domains"]:
+        rows, lines = _domain_lines(plan, reader, meta, domain)
         kept = [line for row, line in zip(rows, lines) if not verdict[row]]
         for row, line in zip(rows, lines):
             if verdict[row]:
