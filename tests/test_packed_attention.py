@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import glm46.modules.attention as attention
-from glm46.modules import GLM46ForCausalLM
-from glm46.modules.attention import Documents, packed_attention
+from glm46.modules import GLM46ForCausalLM, cuda_kernels
+from glm46.modules.attention import Documents, packed_attention, per_document_attention
 from glm46.modules.loss import IGNORE_INDEX
 
 from .helpers import random_model, tiny_config
@@ -45,7 +45,7 @@ def test_per_document_attention_equals_the_dense_mask_forward_and_backward(lengt
     inputs = [torch.randn(s, generator=generator, requires_grad=True) for s in shapes]
     upstream = torch.randn(B, 4, T, 32, generator=generator)
     results = []
-    for fn in (packed_attention, dense_mask_attention):
+    for fn in (per_document_attention, dense_mask_attention):
         out = fn(*inputs, lengths, 32**-0.5)
         grads = torch.autograd.grad(out, inputs, upstream)
         results.append((out, *grads))
@@ -69,7 +69,9 @@ def test_model_on_packed_rows_equals_the_dense_mask_model(lengths, monkeypatch):
         return [out.loss, out.mtp_loss, *(p.grad for p in model.parameters())]
 
     ours = losses_and_grads()
-    monkeypatch.setattr(attention, "packed_attention", dense_mask_attention)
+    monkeypatch.setattr(
+        attention, "packed_attention", lambda q, k, v, docs, scale: dense_mask_attention(q, k, v, docs.lengths, scale)
+    )
     reference = losses_and_grads()
     for a, b in zip(ours, reference, strict=True):
         torch.testing.assert_close(a, b)
@@ -80,7 +82,23 @@ def test_documents_start_at_position_zero_and_at_each_row_start():
     documents = Documents.from_positions(positions)
     assert documents.lengths == [[3, 2], [5], [1, 2, 2]]
     assert documents.ids.tolist() == [[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [0, 1, 1, 2, 2]]
+    assert documents.cu_seqlens.tolist() == [0, 3, 5, 10, 11, 13, 15]  # offsets in the flattened [B * T] tokens
+    assert documents.cu_seqlens.dtype == torch.int32 and documents.max_length == 5
     assert Documents.from_positions(torch.arange(5).expand(2, 5) + 7) is None  # one document per row: plain causal
+
+
+def test_cpu_rows_take_the_per_document_path_with_every_cuda_kernel_on():
+    """The CUDA kernels are selected by device: on CPU packed_attention stays the exact loop (torch's varlen_attn
+    would raise on CPU tensors), whatever cuda_kernels says."""
+    lengths = PACKINGS["documents of length 1"]
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, h, 12, 16, generator=generator, dtype=torch.bfloat16) for h in (4, 2, 2))
+    documents = Documents.from_positions(positions_of(lengths))
+    with cuda_kernels.using(varlen_attention=True, context_flash=True):
+        out = packed_attention(q, k, v, documents, 0.25)
+    torch.testing.assert_close(out, per_document_attention(q, k, v, lengths, 0.25), rtol=0, atol=0)
+    with pytest.raises(KeyError, match="unknown CUDA kernel"):
+        cuda_kernels.using(flash=True).__enter__()
 
 
 def peak_rss_growth_mib(step) -> tuple[float, float]:
@@ -130,7 +148,7 @@ def test_context_parallel_attention_equals_packed_attention_for_every_rank(dtype
     B, H, KV, T, d = 2, 4, 2, 16, 8
     q, k, v = (torch.randn(B, h, T, d, dtype=dtype, generator=generator).requires_grad_() for h in (H, KV, KV))
     lengths = [[5, 11], [16]]
-    whole = packed_attention(q, k, v, lengths, 0.3)
+    whole = per_document_attention(q, k, v, lengths, 0.3)
     grad = torch.randn(whole.shape, dtype=dtype, generator=generator)
     expected = torch.autograd.grad(whole, (q, k, v), grad)
     summed = [torch.zeros_like(t) for t in (q, k, v)]

@@ -26,7 +26,7 @@ from glm46.checkpoint.hub_config import config_from_hf
 from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
-from glm46.modules import GLM46Config
+from glm46.modules import GLM46Config, cuda_kernels
 from glm46.parallel.layout import Layout, is_muon, model_problems
 from glm46.planning.sizing import composed_layout, composed_plan
 from glm46.rl.grpo_module import GRPOLitModule
@@ -501,14 +501,16 @@ def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
 
 
 def check_context_parallel_kernel(cfg: DictConfig, config: GLM46Config) -> None:
-    """Context parallelism's attention runs the CPU flash kernel (glm46.parallel.context_parallel); planning a GPU
-    cluster with it is allowed, training on one is not yet."""
+    """Context parallelism's attention on GPUs runs CUDA block kernels that a GPU run of bench/gpu_suite.py must have
+    verified first (glm46.modules.cuda_kernels); until then planning a GPU cluster with it is allowed, training not."""
     cp, accelerator = cfg.parallelism.get("context_parallel", 1), cfg.cluster.accelerator
-    if cp > 1 and (accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())):
+    on_gpus = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
+    if cp > 1 and on_gpus and not cuda_kernels.enabled("context_flash"):
         raise ConfigError(
             f"parallelism.context_parallel={cp} on cluster={cfg.cluster.name} (accelerator={cfg.cluster.accelerator}): "
-            f"context parallelism's attention is bound to the CPU flash-attention kernel only; on GPUs train long "
-            f"rows with sequence parallelism (parallelism=long_context), and plan CP with task=plan"
+            f"context parallelism's attention on GPUs needs its CUDA block kernels (cuda_kernels 'context_flash'), "
+            f"not yet verified by a GPU run of bench/gpu_suite.py; on GPUs train long rows with sequence parallelism "
+            f"(parallelism=long_context), and plan CP with task=plan"
         )
 
 

@@ -8,17 +8,21 @@ documents: peak memory +5.3 GiB in 35 s with the mask, +0.3 GiB in 1-3 s with th
 the preferred candidate but has no backward on CPU in torch 2.13 (and uncompiled it materialises the
 scores: +1.7 GiB for one 8K forward); torch.nn.attention.varlen is CUDA-only. So the loop is the one path
 that trains, and is tested, here. Its costs: one kernel per document, and the lengths on the host (one
-sync per forward, in Documents.from_positions, not per layer).
+sync per forward, in Documents.from_positions, not per layer). On CUDA, in bf16 or fp16, the rows run instead
+as one variable-length flash-attention call over all their documents (torch.nn.attention.varlen), once a GPU run
+has verified it (glm46.modules.cuda_kernels).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import cuda_kernels
 from .config import GLM46Config
 from .generation import KVCache
 from .layers import RMSNorm, apply_rotary_pos_emb
@@ -30,6 +34,8 @@ class Documents:
 
     ids: torch.Tensor  # [B, T] each token's document, counted from 0 in each row (on the model's device)
     lengths: list[list[int]]  # per row, its documents' lengths in order (summing to T), on the host
+    cu_seqlens: torch.Tensor  # [documents + 1] int32 offsets of every row's documents in the [B * T] tokens
+    max_length: int  # the longest document
 
     @classmethod
     def from_positions(cls, position_ids: torch.Tensor) -> Documents | None:
@@ -42,14 +48,49 @@ class Documents:
             return None
         T = position_ids.shape[1]
         lengths = [torch.diff(row.nonzero().flatten(), append=torch.tensor([T])).tolist() for row in host]
-        return cls(starts.cumsum(dim=-1) - 1, lengths)
+        flat = torch.tensor([0] + [n for row in lengths for n in row]).cumsum(0, dtype=torch.int32)
+        cu_seqlens = flat.to(position_ids.device, non_blocking=True)
+        return cls(starts.cumsum(dim=-1) - 1, lengths, cu_seqlens, max(max(row) for row in lengths))
 
 
 def packed_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents, scale: float
+) -> torch.Tensor:
+    """Causal attention within each document: q [B, heads, T, d], k, v [B, kv_heads, T, d] -> [B, heads, T, d]."""
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and cuda_kernels.enabled("varlen_attention"):
+        return varlen_attention(q, k, v, documents, scale)
+    return per_document_attention(q, k, v, documents.lengths, scale)
+
+
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents, scale: float
+) -> torch.Tensor:
+    """packed_attention as one flash-attention call over the documents of all rows (CUDA, bf16 or fp16)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    B, H, T, d = q.shape
+    kv_heads = k.shape[1]
+    q, k, v = (t.transpose(1, 2).reshape(B * T, t.shape[1], d) for t in (q, k, v))  # [B * T, heads, d]
+    options = inspect.signature(varlen_attn).parameters
+    # torch 2.10 takes is_causal; 2.11 on, a window (-1, 0) is causal
+    kwargs = {"window_size": (-1, 0)} if "window_size" in options else {"is_causal": True}
+    if "enable_gqa" in options:
+        kwargs["enable_gqa"] = True
+    elif kv_heads != H:
+        k, v = (t.repeat_interleave(H // kv_heads, dim=1) for t in (k, v))
+    if "scale" in options:
+        kwargs["scale"] = scale
+    elif scale != d**-0.5:
+        raise NotImplementedError(f"this torch's varlen_attn has no scale argument (softmax scale {scale})")
+    cu, longest = documents.cu_seqlens, documents.max_length
+    out = varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)  # [B * T, H, d]
+    return out.view(B, T, H, d).transpose(1, 2)
+
+
+def per_document_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: list[list[int]], scale: float
 ) -> torch.Tensor:
-    """Causal attention within each document: q [B, heads, T, d], k, v [B, kv_heads, T, d] -> [B, heads, T, d];
-    lengths: per row, its documents' lengths (Documents.lengths)."""
+    """packed_attention as one SDPA call per document; lengths: per row, its documents' lengths."""
     rows = []
     for b, row in enumerate(lengths):
         pieces = zip(*(t[b : b + 1].split(row, dim=2) for t in (q, k, v)))
@@ -114,7 +155,7 @@ class Attention(nn.Module):
         if self.context is not None and cache is None:
             out = self.context.attention(q, k, v, documents.lengths if documents is not None else None, scale)
         elif documents is not None:
-            out = packed_attention(q, k, v, documents.lengths, scale)
+            out = packed_attention(q, k, v, documents, scale)
         else:
             past, mask = 0, None
             if cache is not None:

@@ -17,11 +17,16 @@ import torch.nn.functional as F
 from torch import nn
 
 
+# torch's grouped matmul: F.grouped_mm where this torch has it public, else the private op it wraps (torch._grouped_mm,
+# CUDA bf16 only), for torches before it went public
+grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
+
+
 @torch.compiler.disable
 def _grouped_mm_untraced(x: torch.Tensor, weight_t: torch.Tensor, offs: torch.Tensor) -> torch.Tensor:
     """F.grouped_mm kept out of torch.compile's graphs: in torch 2.13 its meta kernel accepts bf16 only, so tracing
     the CPU's fp32 call fails; compiled, the experts run eagerly between the compiled regions."""
-    return F.grouped_mm(x, weight_t, offs=offs)
+    return grouped_mm(x, weight_t, offs=offs)
 
 
 def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -38,8 +43,8 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     fused = fused and weight.shape[1] % alignment == 0 and weight.shape[2] % alignment == 0
     if fused:
         offsets = counts.cumsum(0, dtype=torch.int32)
-        grouped_mm = F.grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_untraced
-        return grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+        matmul = grouped_mm if x.dtype == torch.bfloat16 else _grouped_mm_untraced
+        return matmul(x, weight.transpose(-2, -1), offs=offsets)
     blocks = x.split(counts.tolist())
     return torch.cat([F.linear(block, w) for block, w in zip(blocks, weight)])
 

@@ -11,17 +11,21 @@ keeps chunks r and 2 cp - 1 - r, so every rank has one early and one late chunk 
 
 torch's own `context_parallel` (ring attention) patches the CUDA SDPA kernels and takes causal rows of one document;
 it does not run on the CPU's kernel, nor on rows of packed documents. So attention here is written on the per-block
-kernel that returns its log-sum-exp (`aten._scaled_dot_product_flash_attention_for_cpu`), as torch's ring attention
-is written on the CUDA ones: each query piece (the part of a local chunk inside one document) attends to its
-document's earlier keys without a mask and to its own keys causally, the two blocks merged by their log-sum-exps;
-the backward runs each block's kernel backward on the merged output and log-sum-exp, which gives exact gradients
-(the flash-attention backward only needs the final output and normaliser of each query).
+kernels that return their log-sum-exp, as torch's ring attention is: `aten._scaled_dot_product_flash_attention_for_cpu`
+on CPU; on CUDA (once a GPU run has verified it, glm46.modules.cuda_kernels) `_scaled_dot_product_flash_attention`
+for bf16/fp16 and `_scaled_dot_product_efficient_attention` for fp32, with the kv heads repeated for the query
+heads. Each query piece (the part of a local chunk inside one document) attends to its document's earlier keys
+without a mask and to its own keys causally, the two blocks merged by their log-sum-exps; the backward runs each
+block's kernel backward on the merged output and log-sum-exp, which gives exact gradients (the flash-attention
+backward only needs the final output and normaliser of each query).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from glm46.modules import cuda_kernels
 
 aten = torch.ops.aten
 
@@ -117,18 +121,61 @@ def attention_pieces(query_ranges: list[tuple[int, int]], lengths: list[int]) ->
     return pieces
 
 
-def _block(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _block(q, k, v, causal: bool, scale: float) -> tuple[torch.Tensor, torch.Tensor, tuple]:
     """Attention of one block and its per-query log-sum-exp: q [1, H, L, d], k, v [1, KV, S, d] -> out [1, H, L, d],
-    lse [1, H, L] (fp32, or fp64 for fp64 inputs). Causal is top-left aligned (query i sees keys 0..i)."""
-    if q.device.type != "cpu":
+    lse [1, H, L] (fp32, or fp64 for fp64 inputs), and what the kernel's backward needs besides. Causal is
+    top-left aligned (query i sees keys 0..i); causal blocks are square here, so the alignment never matters."""
+    if q.device.type == "cpu":
+        out, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+        return out, lse, ()
+    if not (q.is_cuda and cuda_kernels.enabled("context_flash")):
         raise NotImplementedError(
-            f"context parallelism's attention runs the CPU flash kernel; on {q.device.type} it is not bound yet"
+            f"context parallelism's attention on {q.device.type} needs the CUDA kernels that bench/gpu_suite.py "
+            f"verifies (glm46.modules.cuda_kernels 'context_flash'), not yet verified on a GPU"
         )
-    return aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal, scale=scale)
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    if q.dtype in (torch.bfloat16, torch.float16):  # flash: [B, H, L] lse, and its rng state (unused without dropout)
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, causal, False, scale=scale
+        )
+        return out, lse, (cum_q, cum_k, max_q, max_k, seed, offset)
+    out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=scale)
+    # the memory-efficient kernel may pad its lse's query dim (to 32): merged here on the queries, padded back later
+    return out, lse[..., : q.shape[2]], (seed, offset, lse.shape[-1])
 
 
-def _block_backward(grad, q, k, v, out, lse, causal: bool, scale: float):
-    return aten._scaled_dot_product_flash_attention_for_cpu_backward(grad, q, k, v, out, lse, 0.0, causal, scale=scale)
+def _block_backward(grad, q, k, v, out, lse, aux: tuple, causal: bool, scale: float):
+    """The block kernel's backward on the merged output and log-sum-exp of its queries: -> dq, dk, dv."""
+    if q.device.type == "cpu":
+        return aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, causal, scale=scale
+        )
+    kv_heads = k.shape[1]
+    k, v = _repeat_kv(k, q.shape[1]), _repeat_kv(v, q.shape[1])
+    if q.dtype in (torch.bfloat16, torch.float16):
+        cum_q, cum_k, max_q, max_k, seed, offset = aux
+        dq, dk, dv = aten._scaled_dot_product_flash_attention_backward(
+            grad, q, k, v, out, lse, cum_q, cum_k, max_q, max_k, 0.0, causal, seed, offset, scale=scale
+        )
+    else:
+        seed, offset, lse_length = aux
+        lse = torch.nn.functional.pad(lse, (0, lse_length - lse.shape[-1])).contiguous()
+        dq, dk, dv, _ = aten._scaled_dot_product_efficient_attention_backward(
+            grad, q, k, v, None, out, lse, seed, offset, 0.0, [True, True, True, False], causal, scale=scale
+        )
+    return dq, _sum_kv(dk, kv_heads), _sum_kv(dv, kv_heads)
+
+
+def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """[1, KV, S, d] -> [1, heads, S, d], each kv head repeated for its group of query heads (the CUDA kernels'
+    GQA support differs between torch versions; the CPU kernel takes the KV heads as they are)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
+
+
+def _sum_kv(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """The gradient of _repeat_kv: [1, heads, S, d] -> [1, KV, S, d], summed over each kv head's group."""
+    B, heads, S, d = grad.shape
+    return grad if heads == kv_heads else grad.view(B, kv_heads, heads // kv_heads, S, d).sum(dim=2)
 
 
 def _blocks(piece: tuple[int, int, int, int]) -> list[tuple[int, int, bool]]:
@@ -146,39 +193,49 @@ class ContextAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, pieces: list[list[tuple[int, int, int, int]]], scale: float) -> torch.Tensor:
-        out = torch.zeros_like(q)
+        out, aux = torch.zeros_like(q), []  # aux: each piece's blocks' kernel state, in order
         accumulate = torch.promote_types(q.dtype, torch.float32)  # the kernel's log-sum-exp dtype
         lse = torch.full(q.shape[:3], float("-inf"), dtype=accumulate, device=q.device)
         for b, row in enumerate(pieces):
             for piece in row:
                 rows = (slice(b, b + 1), slice(None), slice(piece[0], piece[1]))
                 query = q[rows].contiguous()
-                outs, lses = zip(
+                outs, lses, kernel_state = zip(
                     *(
                         _block(query, k[b : b + 1, :, s:e], v[b : b + 1, :, s:e], causal, scale)
                         for s, e, causal in _blocks(piece)
                     )
                 )
+                aux.append(kernel_state)
                 total = torch.stack(lses).logsumexp(dim=0)  # the piece's log-sum-exp over all its keys
                 merged = sum(o.to(accumulate) * (part - total).exp()[..., None] for o, part in zip(outs, lses))
                 out[rows], lse[rows] = merged.to(q.dtype), total
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.pieces, ctx.scale = pieces, scale
+        ctx.pieces, ctx.scale, ctx.aux = pieces, scale, aux
         return out
 
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        kernel_states = iter(ctx.aux)
         for b, row in enumerate(ctx.pieces):
             for piece in row:
+                states = next(kernel_states)
                 rows = (slice(b, b + 1), slice(None), slice(piece[0], piece[1]))
                 # every block's backward on the piece's merged output and log-sum-exp
                 local = [t[rows].contiguous() for t in (grad, q, out, lse)]
-                for s, e, causal in _blocks(piece):
+                for (s, e, causal), state in zip(_blocks(piece), states):
                     keys = (slice(b, b + 1), slice(None), slice(s, e))
                     gq, gk, gv = _block_backward(
-                        local[0], local[1], k[keys].contiguous(), v[keys].contiguous(), *local[2:], causal, ctx.scale
+                        local[0],
+                        local[1],
+                        k[keys].contiguous(),
+                        v[keys].contiguous(),
+                        *local[2:],
+                        state,
+                        causal,
+                        ctx.scale,
                     )
                     dq[rows] += gq
                     dk[keys] += gk
