@@ -21,6 +21,7 @@ from hydra.errors import ConfigCompositionException
 
 from glm46.app.checks import validate
 from glm46.errors import ConfigError
+from glm46.modules import cuda_kernels
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -163,10 +164,6 @@ TABLE = [
      ["data.seq_len=66"], VALIDATE, [r"data\.seq_len=66 must be divisible by 2 x parallelism\.context_parallel = 4"]),
     ("context-parallel-world", [*TINY, "parallelism=fsdp2", "cluster.devices=3"], ["parallelism.context_parallel=2"],
      VALIDATE, [r"world size 3 .* must be divisible by tensor_parallel x context_parallel = 1 x 2"]),
-    ("context-parallel-on-gpus", [*TINY, "parallelism=fsdp2", "cluster.devices=2", "cluster.accelerator=gpu"],
-     ["parallelism.context_parallel=2"], VALIDATE,
-     [r"parallelism\.context_parallel=2 on cluster=local \(accelerator=gpu\): context parallelism's attention on "
-      r"GPUs needs its CUDA block kernels \(cuda_kernels 'context_flash'\), not yet verified"]),
     ("muon-under-deepspeed", [*TINY, "parallelism=deepspeed_zero3", "optim=adamw"], ["optim=muon"], VALIDATE,
      [r"optim\.optimizer=glm46\.optim\.Muon with parallelism\.engine=deepspeed"]),
     ("slurm-without-partition", ["cluster=local_slurm"], ["cluster.partition=null"], VALIDATE,
@@ -318,6 +315,23 @@ def test_a_bad_configuration_is_refused_naming_key_and_values(
         message = str(error.value)
     for pattern in patterns:
         assert re.search(pattern, message), f"{name}: {pattern!r} not in {message!r}"
+
+
+def test_context_parallel_on_gpus_waits_for_its_verified_kernels(compose_config):
+    """CP on a GPU cluster validates once its CUDA block kernels are verified (glm46.modules.cuda_kernels, on since
+    the GPU suite's run), and is refused, naming the key, the cluster and the kernel, while they are off."""
+    cfg = compose_config(
+        *TINY, "parallelism=fsdp2", "cluster.devices=2", "cluster.accelerator=gpu", "parallelism.context_parallel=2"
+    )
+    assert cuda_kernels.VERIFIED["context_flash"]
+    validate(cfg)
+    with cuda_kernels.using(context_flash=False), pytest.raises(ConfigError) as error:
+        validate(cfg)
+    assert re.search(
+        r"parallelism\.context_parallel=2 on cluster=local \(accelerator=gpu\): context parallelism's attention on "
+        r"GPUs needs its CUDA block kernels \(cuda_kernels 'context_flash'\), not yet verified",
+        str(error.value),
+    )
 
 
 def test_run_py_refuses_before_submitting(tmp_path):

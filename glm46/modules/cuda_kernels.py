@@ -18,8 +18,12 @@ from contextlib import contextmanager
 
 # name -> on by default; set True only with a GPU suite run that verified it (its date and card beside it).
 VERIFIED = {
-    "varlen_attention": False,
-    "context_flash": False,
+    # 2026-11-27, one H200, torch 2.11: 8 x 4K tokens of 65 documents, values and q/k/v gradients within the per-
+    # document loop's bf16 error of the fp32 loop; forward + backward 2.7x faster than the loop
+    "varlen_attention": True,
+    # 2026-11-27, one H200, torch 2.11: cp = 2 and 4 on rows of documents crossing the chunk edges, fp32 within 2.7e-6
+    # of one device's attention, bf16 within the CPU blocks' error
+    "context_flash": True,
 }
 _enabled = dict(VERIFIED)
 

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
 # torch's grouped matmul: F.grouped_mm where this torch has it public, else the private op it wraps (torch._grouped_mm,
 # CUDA bf16 only), for torches before it went public
 grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm

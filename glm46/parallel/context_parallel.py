@@ -94,9 +94,11 @@ class _GatherSequence(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        if ctx.summed:
-            grad = grad.contiguous()
+        if ctx.summed:  # summed in fp32 (at least), as torch's ring attention sums its key gradients
+            dtype = grad.dtype
+            grad = grad.to(torch.promote_types(dtype, torch.float32)).contiguous()
             dist.all_reduce(grad, group=ctx.shards.group)
+            grad = grad.to(dtype)
         chunks = grad.chunk(2 * ctx.shards.size, dim=ctx.dim)
         rank = ctx.shards.rank
         return torch.cat([chunks[rank], chunks[-1 - rank]], dim=ctx.dim), None, None, None
@@ -217,7 +219,8 @@ class ContextAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        accumulate = torch.promote_types(q.dtype, torch.float32)  # the blocks' gradients summed in fp32 (at least)
+        dq, dk, dv = (torch.zeros_like(t, dtype=accumulate) for t in (q, k, v))
         kernel_states = iter(ctx.aux)
         for b, row in enumerate(ctx.pieces):
             for piece in row:
@@ -240,4 +243,4 @@ class ContextAttention(torch.autograd.Function):
                     dq[rows] += gq
                     dk[keys] += gk
                     dv[keys] += gv
-        return dq, dk, dv, None, None
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
