@@ -15,6 +15,7 @@ has verified it (glm46.modules.cuda_kernels).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -71,7 +72,7 @@ def varlen_attention(
     B, H, T, d = q.shape
     kv_heads = k.shape[1]
     q, k, v = (t.transpose(1, 2).reshape(B * T, t.shape[1], d) for t in (q, k, v))  # [B * T, heads, d]
-    options = inspect.signature(varlen_attn).parameters
+    options = _parameters(varlen_attn)
     # torch 2.10 takes is_causal; 2.11 on, a window (-1, 0) is causal
     kwargs = {"window_size": (-1, 0)} if "window_size" in options else {"is_causal": True}
     if "enable_gqa" in options:
@@ -85,6 +86,12 @@ def varlen_attention(
     cu, longest = documents.cu_seqlens, documents.max_length
     out = varlen_attn(q, k, v, cu, cu, longest, longest, **kwargs)  # [B * T, H, d]
     return out.view(B, T, H, d).transpose(1, 2)
+
+
+@functools.cache
+def _parameters(fn) -> frozenset[str]:
+    """The keyword names `fn` takes (looked up once, not per layer and step)."""
+    return frozenset(inspect.signature(fn).parameters)
 
 
 def per_document_attention(
