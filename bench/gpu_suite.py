@@ -569,13 +569,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="run on the CPU: every part that can, small")
     parser.add_argument("--only", nargs="+", choices=sorted(PARTS), help="these parts only")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows here (default: gpu_suite.json in cwd)")
+    parser.add_argument("--json", type=Path, default=Path("outputs/gpu_suite.json"), help="write the rows here")
     parser.add_argument("--budget", type=float, default=540.0, help="seconds; parts not started by then are skipped")
     args = parser.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         parser.error("no CUDA device: run on a GPU machine, or pass --cpu")
     device = torch.device("cpu" if args.cpu else "cuda")
-    out = args.json or Path("gpu_suite.json")
+    out = args.json
+    out.parent.mkdir(parents=True, exist_ok=True)
     start, rows = time.perf_counter(), []
     for name, part in PARTS.items():
         if args.only and name not in args.only:
