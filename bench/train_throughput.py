@@ -167,11 +167,18 @@ def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: s
     return Runner(name, model, optimizer, loss_fn, device, autocast_dtype, config)
 
 
-def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
-    """transformers' Glm4MoeForCausalLM with glm46's initial weights (the same names) and torch's AdamW."""
+def transformers_twin(fields: dict, model: GLM46ForCausalLM) -> Glm4MoeForCausalLM:
+    """transformers' Glm4MoeForCausalLM of the preset `fields` (GLM46Config's default RoPE) holding `model`'s weights
+    (the same names)."""
     rope = {"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5}
-    model = Glm4MoeForCausalLM(Glm4MoeConfig(**fields, rope_parameters=rope))
-    model.load_state_dict(glm46_model(fields, 0).state_dict())
+    twin = Glm4MoeForCausalLM(Glm4MoeConfig(**fields, rope_parameters=rope))
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def transformers_peer(fields: dict, device, autocast_dtype) -> Runner:
+    """transformers' Glm4MoeForCausalLM with glm46's initial weights and torch's AdamW."""
+    model = transformers_twin(fields, glm46_model(fields, 0))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
     name = f"transformers Glm4Moe (AdamW, experts={model.config._experts_implementation})"
     config = GLM46Config(**fields, num_nextn_predict_layers=0)  # FLOPs counted without an MTP layer

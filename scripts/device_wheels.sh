@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=.whl
-WHEELS=(  # name==version; keep in step with bench/gpu_suite.py's WHEELS check
+WHEELS=(  # name==version; bench/gpu_suite.py reads this list (its environment row checks the pins)
   hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
   datasketch==2.0.0 submitit==1.5.4 gguf==0.19.0
   torchtitan==0.3.0 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1

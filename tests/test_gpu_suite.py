@@ -30,7 +30,8 @@ def test_the_gpu_suite_runs_its_cpu_parts(tmp_path):
     assert not [r for r in rows if r["verdict"] == "FAIL"]
     checked = [r for r in rows if r["verdict"] == "pass"]
     assert {r["part"] for r in checked} == {"environment", "parity", "context"}
-    assert len([r for r in by_part["context"] if r["verdict"] == "pass"]) == 4  # cp 2 and 4, bf16 and fp32
+    # cp 2 and 4 in fp32 against one device; in bf16 the CPU blocks are the reference of the CUDA ones (info here)
+    assert [r["verdict"] for r in by_part["context"]] == ["info", "info", "pass", "pass"]
     skipped = {r["part"] for r in rows if r["verdict"] == "skip"}
     assert skipped == {"packed", "compile", "memory"}  # the CUDA-only parts, each saying why
     checks = {r["check"] for r in by_part["throughput"]}
