@@ -20,8 +20,10 @@ install:
 run: install
 	$(PYTHON) run.py
 
+# Two pytest-xdist workers, one per core; tests/conftest.py groups the tests into units of work (a test file, or
+# every test of one shared resource: Slurm, the engines, multi-process runs) that each run on one worker.
 test: install lint
-	$(PYTHON) -m pytest
+	$(PYTHON) -m pytest -n 2 --dist loadgroup
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -14,6 +14,10 @@ LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 VENV="${GLM46_LLAMA_CPP_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/glm46/llama-cpp/llama-cpp-python-$LLAMA_CPP_PYTHON_VERSION}"
 PYTHON="${PYTHON:-python3}"
 
+# Two callers at once (two CI runs): the second waits for the first one's build, then finds it complete.
+mkdir -p "$(dirname "$VENV")"
+exec {lock}>"$VENV.lock"
+flock "$lock"
 if [[ -f "$VENV/.complete" ]]; then
   echo "$VENV/bin/python"
   exit 0

