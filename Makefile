@@ -20,10 +20,10 @@ install:
 run: install
 	$(PYTHON) run.py
 
-# Two pytest-xdist workers, one per core; tests/conftest.py groups the tests into units of work (a test file, or
-# every test of one shared resource: Slurm, the engines, multi-process runs) that each run on one worker.
+# Three pytest-xdist workers on two cores (one of them mostly waits on Slurm); tests/conftest.py groups the tests into
+# units of work (a test file, or every test of one shared resource: Slurm, the engines), each run on one worker.
 test: install lint
-	$(PYTHON) -m pytest -n 2 --dist loadgroup
+	$(PYTHON) -m pytest -n 3 --dist loadgroup --no-loadscope-reorder
 
 lint:
 	$(PYTHON) -m ruff check .

@@ -16,15 +16,21 @@ from .helpers import train_tiny
 ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")  # tools' caches, not the tests'
-# `make test` runs the suite in two pytest-xdist workers (--dist loadgroup), one thread each. A test file is one unit
-# of work, so that its module fixtures are built once; tests that share one resource form one unit and run one at a
-# time: the local Slurm's one node, the inference engines (each takes both cores and GiBs), and the multi-process
-# runs (several processes each; two such at once would be four to eight processes on two cores).
-SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines", "distributed": "processes"}
+# `make test` runs the suite in three pytest-xdist workers (--dist loadgroup), one thread each. A test file is one unit
+# of work, so that its module fixtures are built once, except where tests share one resource: the local Slurm's one
+# node, and the inference engines (each takes both cores and GiBs); those run as one unit, one test at a time.
+SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines"}
+# The units queued first (--no-loadscope-reorder keeps this order): Slurm's waits overlap the other worker's tests,
+# and the multi-process files (the longest) start early so that no long unit is left for the end.
+FIRST = ("slurm", "engines", "distributed")
 
-if "PYTEST_XDIST_WORKER" in os.environ:  # two workers on two cores: one thread each, for the runs they start too
+if "PYTEST_XDIST_WORKER" in os.environ:  # workers share two cores: one thread each, for the runs they start too
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
+
+
+def _queue_position(item: pytest.Item) -> int:
+    return next((i for i, marker in enumerate(FIRST) if item.get_closest_marker(marker)), len(FIRST))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -32,6 +38,8 @@ def pytest_collection_modifyitems(items):
     for item in items:
         shared = [group for marker, group in SHARED_RESOURCES.items() if item.get_closest_marker(marker)]
         item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.path.name))
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        items.sort(key=_queue_position)  # stable: files keep their order
 
 
 def _repository_files() -> set[str]:

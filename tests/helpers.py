@@ -196,16 +196,22 @@ def require_venv(python: Path | None, what: str, build_script: str, require_vari
 
 def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM46ForCausalLM:
     """The tiny model trained on the chat domain (next token and MTP), so that greedy decoding has clear argmaxes
-    and the MTP layer drafts tokens worth accepting."""
+    and the MTP layer drafts tokens worth accepting. Always on 2 threads: a matmul's sums depend on the thread count,
+    and the engines' tests compare against this one model (the bounds of tests/test_gguf.py were measured on it)."""
     tokens, _ = load_shard(dataset / "tokens", "sft")
     torch.manual_seed(0)
     model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     starts = np.random.default_rng(0).integers(0, len(tokens) - 129, size=(steps, 8))
-    for batch in starts:
-        x = torch.from_numpy(np.stack([tokens[s : s + 129] for s in batch]).astype(np.int64))
-        out = model(x[:, :-1], labels=x[:, 1:])
-        optimizer.zero_grad()
-        (out.loss + 0.3 * out.mtp_loss).backward()
-        optimizer.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for batch in starts:
+            x = torch.from_numpy(np.stack([tokens[s : s + 129] for s in batch]).astype(np.int64))
+            out = model(x[:, :-1], labels=x[:, 1:])
+            optimizer.zero_grad()
+            (out.loss + 0.3 * out.mtp_loss).backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     return model.eval()
