@@ -20,9 +20,9 @@ BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")  
 # of work, so that its module fixtures are built once, except where tests share one resource: the local Slurm's one
 # node, and the inference engines (each takes both cores and GiBs); those run as one unit, one test at a time.
 SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines"}
-# The units queued first (--no-loadscope-reorder keeps this order): Slurm's waits overlap the other worker's tests,
-# and the multi-process files (the longest) start early so that no long unit is left for the end.
-FIRST = ("slurm", "engines", "distributed")
+# The markers whose units are queued first, in this order (--no-loadscope-reorder keeps it): Slurm's waits overlap the
+# other workers' tests, and the engines and multi-process files (the longest) start early, leaving no long unit last.
+FIRST = ("slurm", "serving", "llama_cpp", "distributed")
 
 if "PYTEST_XDIST_WORKER" in os.environ:  # workers share two cores: one thread each, for the runs they start too
     os.environ["OMP_NUM_THREADS"] = "1"
