@@ -5,16 +5,13 @@ single-process weights within 1e-5 after 3 steps (fp32, Muon with fp32 Newton-Sc
 a 2-process run stopped after 2 steps and resumed from its checkpoint, and (marker `serving`) a 2-process run whose
 rollouts come from one vLLM engine, against one process with the same engine.
 
-Each run is this file as a script (`python -m tests.test_grpo_parallel SPEC`); Lightning's launcher starts the other
-rank. Every run starts from the same HF checkpoint through `init_from` (the mesh layouts build the model on the meta
-device and read their slices)."""
+Each run is `main(spec)` on its ranks, started as torchrun or srun starts them (tests.ranks). Every run starts
+from the same HF checkpoint through `init_from` (the mesh layouts build the model on the meta device and read their
+slices)."""
 
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -118,20 +115,13 @@ def main(spec: dict) -> None:
 
 
 def run(tmp_path: Path, layout: str, devices: int, name: str = "", **spec) -> dict:
-    from tests.helpers import launcher_env
+    from tests.ranks import run_ranks
 
     out = tmp_path / f"{layout}-{devices}{name}"
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"layout": layout, "devices": devices, "out": str(out), **spec}
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.test_grpo_parallel", json.dumps(spec)],
-        cwd=ROOT,
-        env=launcher_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    run_ranks(
+        main, {"layout": layout, "devices": devices, "out": str(out), **spec}, world_size=devices, logs=out / "logs"
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
     return torch.load(out / "result.pt", weights_only=False)
 
 
@@ -204,7 +194,3 @@ def test_grpo_with_vllm_rollouts_on_two_processes_equals_one_process(tmp_path, s
     assert run_["rewards"] == reference["rewards"]
     assert 0 < sum(map(sum, reference["rewards"])) < STEPS * PROMPTS * SAMPLES
     assert_same_weights(run_, reference)
-
-
-if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))

@@ -1,7 +1,8 @@
 """Every parallel layout against the single-process run, through the real Lightning Trainer with gloo on CPU.
 
-Each run is this file as a script (`python -m tests.test_parallel SPEC`), launched once; Lightning's own
-launcher starts the other ranks. The strategy comes from the layout's conf/parallelism/*.yaml,
+Each run is `main(spec)` on its ranks, started as torchrun or srun starts them (tests.ranks: one process per rank,
+Lightning told its rank by the environment); run.py's own multi-process runs (tests/test_resume.py and others) go
+through Lightning's launcher. The strategy comes from the layout's conf/parallelism/*.yaml,
 composed as run.py composes it. Every run starts from the same HF checkpoint through `init_from`: the mesh
 layouts build the model on the meta device and each rank reads only its slices (random init differs by
 layout). For a fixed global batch, the per-step loss (averaged over the data-parallel ranks) and the final
@@ -12,10 +13,7 @@ gradient clipping and the expert balancer on).
 from __future__ import annotations
 
 import functools
-import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -227,19 +225,9 @@ def run_layout(tmp_path: Path, layout: str, devices: int = 1, *, init_from: str,
     out = tmp_path / f"{layout}-{devices}"
     out.mkdir(parents=True, exist_ok=True)
     spec = {"layout": layout, "devices": devices, "out": str(out), "init_from": init_from, **spec}
-    from tests.helpers import launcher_env
+    from tests.ranks import run_ranks
 
-    env = launcher_env()
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.test_parallel", json.dumps(spec)],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    run_ranks(main, spec, world_size=devices, logs=out / "logs", timeout=timeout)
     return torch.load(out / "result.pt", weights_only=False) | {"out": out}
 
 
@@ -517,10 +505,6 @@ def test_deepspeed_zero3_trains_checkpoints_resumes_and_exports(tmp_path, initia
     assert_same_run(resumed, single_adamw, first_step=2)
     for name, tensor in load_hf(resumed["out"] / "hf").state_dict().items():
         assert torch.equal(tensor, resumed["state"][name]), name
-
-
-if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
 
 
 @pytest.mark.distributed

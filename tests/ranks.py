@@ -1,0 +1,75 @@
+"""Start the ranks of a multi-process test run as a launcher does (torchrun, srun): one process per rank, each told
+its rank by the environment, Lightning in each seeing an external launcher (`LOCAL_RANK` set).
+
+The processes are forked from a server that has imported torch, Lightning and glm46 once (multiprocessing's
+forkserver, one per pytest process), instead of each starting a fresh interpreter: importing Lightning costs about
+8 CPU-seconds a process, most of what a tiny multi-process test spends. The forkserver is a clean single-threaded
+process that only imported modules, so a rank starts from the same state as after those imports.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from lightning.fabric.plugins.environments.lightning import find_free_network_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PRELOAD = ["torch", "lightning", "glm46.lit", "glm46.parallel", "glm46.hf", "hydra", "tests.helpers"]
+_context = multiprocessing.get_context("forkserver")
+_context.set_forkserver_preload(PRELOAD)
+
+
+def _rank(target: Callable, arguments: tuple, rank: int, world_size: int, port: int, log: str) -> None:
+    os.chdir(ROOT)
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world_size),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        NODE_RANK="0",
+        OMP_NUM_THREADS="1",
+    )
+    import torch
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+
+    rank_zero_only.rank = rank  # read from the environment when Lightning was imported, before this rank had one
+    torch.set_num_threads(1)
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    target(*arguments)
+
+
+def run_ranks(target: Callable, *arguments, world_size: int, logs: Path, timeout: float = 600) -> None:
+    """`target(*arguments)` on `world_size` ranks; returns when all exit 0. A rank that fails stops the others (as
+    torchrun does) and the test fails with the tails of every rank's log (logs/rank<r>.log)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    port = find_free_network_port()
+    processes = [
+        _context.Process(target=_rank, args=(target, arguments, rank, world_size, port, str(logs / f"rank{rank}.log")))
+        for rank in range(world_size)
+    ]
+    for process in processes:
+        process.start()
+    deadline = time.monotonic() + timeout
+    while any(p.exitcode is None for p in processes):
+        if any(p.exitcode not in (None, 0) for p in processes) or time.monotonic() > deadline:
+            for p in processes:
+                p.kill()
+        time.sleep(0.1)
+    for p in processes:
+        p.join()
+    if any(p.exitcode != 0 for p in processes):
+        tails = "".join(
+            f"\n--- rank {r} (exit {p.exitcode})\n{(logs / f'rank{r}.log').read_text()[-4000:]}"
+            for r, p in enumerate(processes)
+        )
+        raise AssertionError(f"a rank of {world_size} failed or ran past {timeout} s:{tails}")
