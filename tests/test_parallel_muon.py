@@ -1,21 +1,20 @@
-"""Muon and the HF export on sharded weights, in 2 and 4 gloo processes without Lightning: the same gradients
-give the same weights as single-process Muon (FSDP2 shards, TP column/row shards, EP expert shards, and their
-products), with the Newton-Schulz work divided among the ranks, not repeated; save_hf of a sharded model
-writes the single-process export."""
+"""Muon and the HF export on sharded weights, in 2 and 4 gloo processes without Lightning (tests.ranks): the same
+gradients give the same weights as single-process Muon (FSDP2 shards, TP column/row shards, EP expert shards, and
+their products), with the Newton-Schulz work divided among the ranks, not repeated; save_hf of a sharded model writes
+the single-process export."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from glm46.optim import Muon, muon_param_groups
 
 from .helpers import random_model, tiny_config
+from .ranks import run_ranks
 
 LAYOUTS = {  # world size -> name -> (tensor_parallel, expert_parallel, data_parallel_shard, model overrides)
     2: {
@@ -36,17 +35,12 @@ LAYOUTS = {  # world size -> name -> (tensor_parallel, expert_parallel, data_par
 DIVIDED = {"fsdp2"}  # every Muon matrix split over all ranks: each is orthogonalised exactly once, somewhere
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _muon(model):
     return Muon(muon_param_groups(model), lr=0.02, weight_decay=0.1, ns_dtype=torch.float32)
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(out: str) -> None:
+    """One rank (tests.ranks): every layout of its world size, in turn."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     from bench.muon_sharded import counting  # the bench's FLOP counter
@@ -56,8 +50,8 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     from glm46.parallel.mesh import build_mesh
     from glm46.parallel.parallelize import parallelize
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo")  # rank, world size and address from the environment the launcher set
+    rank, world = dist.get_rank(), dist.get_world_size()
     flops = counting(distributed_muon)
     try:
         for name, (tp, ep, shard, overrides) in LAYOUTS[world].items():
@@ -107,13 +101,13 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_muon_on_four_ranks_divides_the_work_and_equals_single_process_muon(tmp_path):
-    mp.spawn(_worker, args=(4, _free_port(), str(tmp_path)), nprocs=4)
+    run_ranks(_worker, str(tmp_path), world_size=4, logs=tmp_path / "logs")
 
 
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_muon_on_fsdp2_tp_and_ep_shards_equals_single_process_muon_and_sharded_export(tmp_path):
-    mp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2)
+    run_ranks(_worker, str(tmp_path), world_size=2, logs=tmp_path / "logs")
     from safetensors.torch import load_file
 
     sharded, single = (load_file(tmp_path / d / "model.safetensors") for d in ("sharded", "single"))
