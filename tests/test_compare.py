@@ -213,6 +213,8 @@ def test_diff_of_two_run_directories_prints_their_outcomes(tmp_path):
 QUICK = [
     "experiment=tiny_bytes",
     "data.max_bytes=200000",
+    "data.seq_len=32",  # micro-batches of 2 x 32 tokens: the summary's arithmetic does not need a model that learns
+    "data.batch_size=2",
     "trainer.max_steps=12",
     "trainer.val_check_interval=6",
     "trainer.limit_val_batches=2",

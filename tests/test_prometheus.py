@@ -16,7 +16,14 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = ["experiment=tiny_bytes", "data.max_bytes=200000", "trainer.limit_val_batches=0", "logger=csv"]
+QUICK = [  # micro-batches of 2 x 32 tokens
+    "experiment=tiny_bytes",
+    "data.max_bytes=200000",
+    "data.seq_len=32",
+    "data.batch_size=2",
+    "trainer.limit_val_batches=0",
+    "logger=csv",
+]
 
 
 def free_port() -> int:
@@ -41,6 +48,8 @@ def test_a_running_job_serves_its_metrics_for_prometheus(tmp_path):
             str(ROOT / "run.py"),
             *QUICK,
             "trainer.max_steps=60",
+            "+callbacks.slow._target_=tests.helpers.SlowSteps",  # a run of seconds, to be scraped during
+            "+callbacks.slow.seconds=0.1",
             f"paths.output_dir={tmp_path}",
             f"monitoring.prometheus_port={port}",
             "monitoring.prometheus_address=127.0.0.1",
