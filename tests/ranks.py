@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lightning.fabric.plugins.environments.lightning import find_free_network_port
+from glm46.rl.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PRELOAD = ["torch", "lightning", "glm46.lit", "glm46.parallel", "glm46.hf", "hydra", "tests.helpers"]
@@ -52,7 +52,7 @@ def run_ranks(target: Callable, *arguments, world_size: int, logs: Path, timeout
     """`target(*arguments)` on `world_size` ranks; returns when all exit 0. A rank that fails stops the others (as
     torchrun does) and the test fails with the tails of every rank's log (logs/rank<r>.log)."""
     logs.mkdir(parents=True, exist_ok=True)
-    port = find_free_network_port()
+    port = free_port()
     processes = [
         _context.Process(target=_rank, args=(target, arguments, rank, world_size, port, str(logs / f"rank{rank}.log")))
         for rank in range(world_size)

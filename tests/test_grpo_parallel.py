@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
 PROMPTS, SAMPLES, STEPS, TOLERANCE = 4, 8, 3, 1e-5
 NEW_TOKENS = 16  # long enough for some completions to stop early: the ranks' token counts differ
 VOCAB = 400
