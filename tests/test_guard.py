@@ -37,8 +37,8 @@ def poisoned_module(bad_batches: set[int], factor: float, guard: StepGuard):
     module.guard = guard
     forward = module.forward
 
-    def poisoned_forward(batch):
-        out = forward(batch)
+    def poisoned_forward(batch, **kwargs):
+        out = forward(batch, **kwargs)
         if module.trainer.fit_loop.epoch_loop.batch_idx in bad_batches:
             out.loss = out.loss * factor
         return out

@@ -37,7 +37,8 @@ def test_moe_equals_token_by_token_expert_sum():
     initialize(moe.modules(), std=0.1)
     moe.gate.e_score_correction_bias.normal_(0, 0.05)
     x = torch.randn(2, 5, config.hidden_size)
-    out, (counts, _) = moe(x)
+    out, stats = moe(x)
+    counts = stats.counts
 
     flat = x.view(-1, config.hidden_size)
     weights, indices, _ = moe.gate(flat)

@@ -184,7 +184,7 @@ def main(spec: dict) -> None:
         for other in gathered:
             assert all(torch.equal(other[n], biases[n]) for n in other.keys() & biases.keys()), "ranks disagree"
     experts = [*module.model.model.layers.values()][-1].mlp.experts
-    expert_parallel = 1 if experts.dispatch is None else torch.distributed.get_world_size(experts.dispatch.group)
+    expert_parallel = torch.distributed.get_world_size(experts.group) if hasattr(experts, "group") else 1
     weight = experts.gate_up_proj
     # DeepSpeed's ZeRO-3 parameters are empty placeholders (numel 0) outside its gathering contexts: not counted
     expert_share = weight.to_local().numel() / weight.numel() if hasattr(weight, "to_local") else None

@@ -32,13 +32,13 @@ from glm46.checkpoint.training_state import (
 )
 from glm46.checkpoint.weights import load_weights
 from glm46.lit.guard import StepGuard, TrainingDiverged
-from glm46.modules import GLM46Config, GLM46ForCausalLM
+from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
+from glm46.modules.model import total_loss
 from glm46.optim import muon_param_groups
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
-from glm46.parallel.pipeline_parallel import step_totals
-from glm46.parallel.sequence_parallel import all_reduce_sequence_local_grads
+from glm46.parallel.model_step import ModelStep
 from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
@@ -79,14 +79,15 @@ class GLM46LitModule(L.LightningModule):
         self.tokens_seen = 0  # of this phase: the data position, and with recipe_start the schedules' clock
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
-        self.pipeline = None  # this rank's pipeline stages and schedule, under pipeline parallelism
+        self.model_step = ModelStep(self.model)  # the layout's, once configure_model laid the model out
         self._configured = False
 
     def configure_model(self) -> None:
         """Once: apply the strategy's layout (TP, EP, activation checkpointing, FSDP2; glm46.parallel) to the
         model, materialise a meta-device model's shards on this rank's device, then read `init_from`.
         Strategies without a layout (single device, DDP, DeepSpeed) leave the model as built. The optimizer
-        is built afterwards (configure_optimizers), on the materialised shards."""
+        is built afterwards (configure_optimizers), on the materialised shards. The strategy's `model_step` runs
+        the steps' forward under its layout (glm46.parallel.model_step)."""
         if self._configured:
             return
         parallelize = getattr(self.trainer.strategy, "parallelize", None)
@@ -96,8 +97,9 @@ class GLM46LitModule(L.LightningModule):
             materialize(self.model, self.trainer.strategy.root_device)
         if self.init_from:
             load_weights(self.model, self.init_from)
-        build_pipeline = getattr(self.trainer.strategy, "build_pipeline", None)
-        self.pipeline = build_pipeline() if build_pipeline is not None else None
+        model_step = getattr(self.trainer.strategy, "model_step", None)
+        if model_step is not None:
+            self.model_step = model_step(self.model)
         self._configured = True
 
     def setup(self, stage: str) -> None:
@@ -116,29 +118,21 @@ class GLM46LitModule(L.LightningModule):
         DeepSpeed ZeRO-3 must gather them for this module's whole forward and backward."""
         return [self.model.lm_head.weight]
 
-    def forward(self, batch: dict[str, torch.Tensor]):
-        labels = batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)
-        return self.model(batch["input_ids"], labels=labels, position_ids=batch.get("position_ids"))
-
-    def pipelined(self, batch: dict[str, torch.Tensor], train: bool):
-        """The batch through the pipeline schedule: every microbatch's forward, and with `train` its backward
-        (glm46.parallel.pipeline_parallel); the loss terms as `forward` returns them, without a graph."""
+    def forward(self, batch: dict[str, torch.Tensor], train: bool = False) -> CausalLMOutput:
+        """The batch's loss terms, its labels masked by its loss mask. Under pipeline parallelism the layout's step
+        runs the backward too when it is `train`ing."""
         batch = {**batch, "labels": batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)}
         accumulation = self.trainer.accumulate_grad_batches if train else 1
-        totals = step_totals(
-            batch, self.config, self.mtp_weight(self.recipe_tokens), self.balance_loss_alpha, accumulation
-        )
-        return self.pipeline.step(batch, totals, train)
+        mtp_weight = self.mtp_weight(self.recipe_tokens)
+        return self.model_step.forward(batch, mtp_weight, self.balance_loss_alpha, accumulation, train)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        out = self(batch) if self.pipeline is None else self.pipelined(batch, train=True)
+        out = self(batch, train=True)
         mtp_weight = self.mtp_weight(self.recipe_tokens)
-        loss, whole = out.loss, self._whole
+        loss, whole = total_loss(out, mtp_weight, self.balance_loss_alpha), self.model_step.whole
         if out.mtp_loss is not None:
-            loss = loss + mtp_weight * out.mtp_loss
             self.log("train/mtp_loss", whole(out.mtp_loss), prog_bar=True)
         if out.balance_loss is not None:
-            loss = loss + self.balance_loss_alpha * out.balance_loss
             self.log("train/balance_loss", whole(out.balance_loss))
         self.latest_expert_counts = None if out.expert_counts is None else out.expert_counts.detach()
         self._step_loss = self._step_loss.to(loss.device) + whole(loss).float()
@@ -149,36 +143,21 @@ class GLM46LitModule(L.LightningModule):
         self.log("train/mtp_weight", mtp_weight)
         self.log("train/tokens_seen", float(self.tokens_seen))
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
-        context = self.model.model.context
-        # Each cp rank's loss is its tokens' part, and FSDP2 averages the gradients over the cp ranks too: the sum.
-        return loss if context is None else loss * context.size
-
-    def _whole(self, value: torch.Tensor) -> torch.Tensor:
-        """A loss term as one process has it (detached): under context and sequence parallelism each rank's value
-        is its tokens' part, summed here (the pipeline's terms are summed already)."""
-        value = value.detach()
-        if self.pipeline is None:
-            for split in (self.model.model.sequence, self.model.model.context):
-                value = value if split is None else split.sum(value)
-        return value
+        return self.model_step.for_backward(loss)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:
-        """Under pipeline parallelism the schedule already ran every microbatch's backward in training_step."""
-        if self.pipeline is None:
+        """Not when the layout's step ran the backward already (the pipeline schedule, in training_step)."""
+        if not self.model_step.runs_backward:
             super().backward(loss, *args, **kwargs)
 
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer) -> None:
-        """Lightning zeroes the gradients between training_step and backward, which would drop what the pipeline
-        schedule accumulated: under pipeline parallelism they are zeroed after each optimizer step instead."""
-        if self.pipeline is None:
+        """Lightning zeroes the gradients between training_step and backward, which would drop what a step that runs
+        its own backward accumulated: those are zeroed after each optimizer step instead."""
+        if not self.model_step.runs_backward:
             super().optimizer_zero_grad(epoch, batch_idx, optimizer)
 
-    @property
-    def _pipeline_group(self):
-        return None if self.pipeline is None else self.pipeline.group
-
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        norm = self._grad_norm if self.guard is not None else total_grad_norm(self.parameters(), self._pipeline_group)
+        norm = self._grad_norm if self.guard is not None else total_grad_norm(self.parameters(), self.model_step.group)
         self.log("optim/grad_norm", norm)
 
     def optimizer_step(self, epoch: int, batch_idx: int, optimizer, optimizer_closure=None) -> None:
@@ -187,22 +166,19 @@ class GLM46LitModule(L.LightningModule):
 
         def closure():
             result = optimizer_closure()
-            sequence = self.model.model.sequence
-            if sequence is not None:  # the step's last backward is done: the gradients of the whole sequence
-                folded = self.trainer.strategy.layout.experts_fold_tp
-                all_reduce_sequence_local_grads(self.model, sequence.group, folded)
+            self.model_step.finish_backward()
             if self.guard is not None:
                 self._judge_step(optimizer)
             return result
 
         optimizer.step(closure=closure)
-        if self.pipeline is not None:
+        if self.model_step.runs_backward:
             optimizer.zero_grad(set_to_none=True)
 
     def _judge_step(self, optimizer) -> None:
         loss = self.trainer.strategy.reduce(self._step_loss / max(self._step_micro_batches, 1), reduce_op="mean")
         self._step_loss, self._step_micro_batches = torch.zeros(()), 0
-        self._grad_norm = total_grad_norm(self.parameters(), self._pipeline_group)
+        self._grad_norm = total_grad_norm(self.parameters(), self.model_step.group)
         reason = self.guard.judge(float(loss), float(self._grad_norm))
         self.skipping_step = reason is not None
         if self.skipping_step:
@@ -240,15 +216,15 @@ class GLM46LitModule(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes."""
-        sharded = has_dtensor_parameters(self.model) or self.pipeline is not None
+        group = self.model_step.group
+        sharded = has_dtensor_parameters(self.model) or group is not None
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and sharded:
-            clip_grad_norm_(self.model.parameters(), gradient_clip_val, self._pipeline_group)
+            clip_grad_norm_(self.model.parameters(), gradient_clip_val, group)
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        out = self(batch) if self.pipeline is None else self.pipelined(batch, train=False)
-        self.val_loss.update(self._whole(out.loss))
+        self.val_loss.update(self.model_step.whole(self(batch).loss))
 
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()

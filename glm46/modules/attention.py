@@ -118,6 +118,20 @@ def padded_causal_mask(valid: torch.Tensor, past: int) -> torch.Tensor:
     return ((keys <= queries) & valid[:, None, None, :]) | (keys == queries)
 
 
+class CausalAttention(nn.Module):
+    """Attention of training and scoring (no cache): causal over each row, or within each document of packed rows.
+    A module without weights of its own, so that context parallelism puts its kernel in this one's place
+    (glm46.parallel.context_parallel.ContextParallelAttention)."""
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents | None, scale: float
+    ) -> torch.Tensor:
+        """q [B, heads, T, d], k, v [B, kv_heads, T, d] -> [B, heads, T, d]."""
+        if documents is not None:
+            return packed_attention(q, k, v, documents, scale)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[2] > 1, scale=scale, enable_gqa=True)
+
+
 class Attention(nn.Module):
     def __init__(self, config: GLM46Config, layer_idx: int):
         super().__init__()
@@ -134,9 +148,7 @@ class Attention(nn.Module):
         if self.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        # Context parallelism (glm46.parallel.context_parallel.ContextShards, set by the parallel code): x holds this
-        # rank's chunks of the sequence, and attention gathers every rank's keys and values. None: x is whole.
-        self.context = None
+        self.inner_attention = CausalAttention()
 
     def forward(
         self,
@@ -159,17 +171,13 @@ class Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, cos, sin), apply_rotary_pos_emb(k, cos, sin)
 
         scale = self.head_dim**-0.5
-        if self.context is not None and cache is None:
-            out = self.context.attention(q, k, v, documents.lengths if documents is not None else None, scale)
-        elif documents is not None:
-            out = packed_attention(q, k, v, documents, scale)
+        if cache is None:
+            out = self.inner_attention(q, k, v, documents, scale)
         else:
-            past, mask = 0, None
-            if cache is not None:
-                past = cache.length
-                k, v = cache.update(self.layer_idx, k, v)
-                if cache.valid is not None:  # left-padded prompts: no query sees a pad key
-                    mask = padded_causal_mask(cache.valid[:, : past + T], past)
+            past, mask = cache.length, None
+            k, v = cache.update(self.layer_idx, k, v)
+            if cache.valid is not None:  # left-padded prompts: no query sees a pad key
+                mask = padded_causal_mask(cache.valid[:, : past + T], past)
             if mask is None and past > 0 and T > 1:  # a chunk after cached tokens: query i sees keys up to past + i
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
             causal = mask is None and past == 0 and T > 1

@@ -3,9 +3,9 @@
 The layout is transformers v5's in-memory one: `gate_up_proj` [E, 2I, H] (rows [:I] gate,
 [I:] up) and `down_proj` [E, H, I], so a weight is `nn.Linear`-shaped per expert.
 
-Expert parallelism is the parallel code's (glm46.parallel.parallelize.shard_experts): it shards the weights on
-the expert dim and sets `dispatch`, which the forward calls instead of running the experts here; the token
-exchange lives in glm46.parallel.expert_dispatch.
+Expert parallelism is the parallel code's (glm46.parallel.expert_dispatch.ExpertParallelExperts): it puts a
+subclass in this module's place, with the same weights sharded on the expert dim, whose forward sends the rows to
+their experts' ranks and back.
 """
 
 from __future__ import annotations
@@ -65,9 +65,6 @@ class GroupedExperts(nn.Module):
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        # Expert parallelism: (x, counts, gate_up, down) -> output, with the tokens sent to their experts' ranks
-        # and back (glm46.parallel.expert_dispatch.ExpertDispatch); None runs the experts here.
-        self.dispatch: Callable[..., torch.Tensor] | None = None
 
     def init_weights(self, std: float, normal_: Callable[[torch.Tensor, float], None]) -> None:
         normal_(self.gate_up_proj, std)
@@ -75,7 +72,4 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, hidden], rows sorted by expert; counts [E] rows per expert -> [M, hidden]."""
-        gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)
-        if self.dispatch is None:
-            return swiglu_experts(x, gate_up, down, counts)
-        return self.dispatch(x, counts, gate_up, down)
+        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts)

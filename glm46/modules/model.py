@@ -21,6 +21,7 @@ from .layers import RMSNorm, RotaryEmbedding
 from .loss import IGNORE_INDEX, chunk_tokens, chunked_cross_entropy, shift_labels
 from .mtp import MTPLayer
 from .router import TopkRouter
+from .token_split import WHOLE_ROWS, TokenSplit
 
 
 @dataclass
@@ -31,6 +32,8 @@ class CausalLMOutput:
     mtp_loss: torch.Tensor | None = None  # mean over MTP depths of their CE
     expert_counts: torch.Tensor | None = None  # [MoE layers (main, then MTP), E] tokens routed to each expert
     balance_loss: torch.Tensor | None = None  # sequence-wise balance loss summed over MoE layers (unweighted)
+    hidden_states: torch.Tensor | None = None  # a pipeline stage before the last: what it sends on [B, T, hidden]
+    mtp_embeds: list[torch.Tensor] = field(default_factory=list)  # and the MTP depths' token embeddings, sent with it
 
 
 def _normal_(tensor: torch.Tensor, std: float) -> None:
@@ -92,54 +95,60 @@ def run_layers(
 
 
 class GLM46Model(nn.Module):
-    """Embedding, decoder layers and final norm."""
+    """Embedding, decoder layers and final norm. A pipeline stage keeps only its own parts (glm46.parallel.
+    pipeline_parallel): without the embedding it takes hidden states, without the norm it returns them unnormed."""
 
-    def __init__(self, config: GLM46Config):
+    def __init__(self, config: GLM46Config, layer_ids: Iterable[int] | None = None):
+        """layer_ids: the decoder layers to build (all by default)."""
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         # Keyed by index, as torchtitan's models: a pipeline stage keeps only its own layers, under the same names.
-        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i) for i in range(config.num_hidden_layers)})
+        ids = range(config.num_hidden_layers) if layer_ids is None else layer_ids
+        self.layers = nn.ModuleDict({str(i): DecoderLayer(config, i) for i in ids})
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
-        # Sequence parallelism (glm46.parallel.sequence_parallel.SequenceShards, set by the parallel code): between
-        # the tensor-parallel regions each rank keeps its part of the sequence; None: every token here.
-        self.sequence = None
-        # Context parallelism (glm46.parallel.context_parallel.ContextShards): each rank runs its chunks of every
-        # sequence (and splits them further under sequence parallelism); None: the whole sequence.
-        self.context = None
 
-    def local(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """This rank's tokens of a tensor every rank holds whole ([B, T, ...] ids, positions, labels) under context
-        parallelism (training and scoring; generation runs whole sequences)."""
-        return x if self.context is None or cache is not None else self.context.local(x)
+    def embed(self, input_ids: torch.Tensor, split: TokenSplit = WHOLE_ROWS) -> torch.Tensor:
+        """Token ids of the whole rows [B, T] -> the embeddings this rank's layers run on [B, T', hidden]."""
+        return split.scatter(self.embed_tokens(split.inputs(input_ids)))
 
     def forward(
         self,
-        input_ids: torch.Tensor,
+        inputs: torch.Tensor,
         position_ids: torch.Tensor,
         cache: KVCache | None = None,
         documents: Documents | None = None,
-    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """input_ids, position_ids [B, T] -> final-normed hidden [B, T, hidden] (this rank's part of T under
-        context and sequence parallelism), routing stats per MoE layer.
+        split: TokenSplit = WHOLE_ROWS,
+    ) -> tuple[torch.Tensor, list]:
+        """inputs: token ids [B, T] (hidden states [B, T', hidden] on a pipeline stage without the embedding),
+        position_ids [B, T] -> final-normed hidden [B, T', hidden] (T' = this rank's part of T under a token
+        split), routing stats per MoE layer.
         documents: `Documents.from_positions(position_ids)` for rows of packed documents, else None."""
-        length = input_ids.shape[1]
-        input_ids, position_ids = self.local(input_ids, cache), self.local(position_ids, cache)
-        h = self.embed_tokens(input_ids)
-        cos, sin = self.rotary_emb(position_ids, h.dtype)  # of every position: attention sees the whole sequence
-        if self.sequence is not None:
-            h = self.sequence.scatter(h)
+        h = inputs if self.embed_tokens is None else self.embed(inputs, split)
+        cos, sin = self.rotary_emb(split.inputs(position_ids), h.dtype)  # of its tokens: attention sees all rows
         h, stats = run_layers(self.layers.values(), h, cos, sin, cache, documents)
         if cache is not None:
-            cache.advance(length)
-        return self.norm(h), stats
+            cache.advance(position_ids.shape[1])
+        return (h if self.norm is None else self.norm(h)), stats
+
+
+def total_loss(out: CausalLMOutput, mtp_weight: float, balance_alpha: float) -> torch.Tensor:
+    """GLM-4.5's objective: CE + mtp_weight x MTP CE + alpha x sequence-wise balance loss, of the terms present."""
+    loss = out.loss
+    if out.mtp_loss is not None:
+        loss = loss + mtp_weight * out.mtp_loss
+    if out.balance_loss is not None:
+        loss = loss + balance_alpha * out.balance_loss
+    return loss
 
 
 class GLM46ForCausalLM(nn.Module):
-    def __init__(self, config: GLM46Config):
+    def __init__(self, config: GLM46Config, layer_ids: Iterable[int] | None = None):
+        """layer_ids: the decoder layers to build (all by default; a pipeline stage's parts, glm46.parallel.
+        pipeline_parallel.stage_part, are built without any and take the model's own)."""
         super().__init__()
         self.config = config
-        self.model = GLM46Model(config)
+        self.model = GLM46Model(config, layer_ids)
         self.mtp_layers = nn.ModuleList(MTPLayer(config, k) for k in range(1, config.num_nextn_predict_layers + 1))
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.loss_chunk_size = chunk_tokens(config.vocab_size)
@@ -160,47 +169,64 @@ class GLM46ForCausalLM(nn.Module):
         labels: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        *,
+        mtp_embeds: Sequence[torch.Tensor] = (),
+        split: TokenSplit = WHOLE_ROWS,
+        label_counts: tuple[torch.Tensor, Sequence[torch.Tensor]] | None = None,
+        keep_logits: bool = True,
     ) -> CausalLMOutput:
         """input_ids [B, T]; labels [B, T] are next-token targets aligned with the inputs (labels[:, i] is
         token i+1; -100 for none). With labels, returns losses and no logits; otherwise full logits.
         MTP runs when there is no cache (training, scoring), not during generation. In rows of packed documents
         (position ids restarting at 0) attention stays within a document, and so do the MTP targets: depth k has
-        none at position i when token i+k+1 is in a later document (its mtp_logits there predict nothing)."""
+        none at position i when token i+k+1 is in a later document (its mtp_logits there predict nothing).
+
+        A pipeline stage (glm46.parallel.pipeline_parallel) is this model with parts left out: without the
+        embedding, input_ids are the hidden states the stage before sent and mtp_embeds the MTP depths' token
+        embeddings; without the final norm the output holds what the next stage takes (`hidden_states`,
+        `mtp_embeds`). split: how the rows' tokens are split over ranks (glm46.modules.token_split; whole here by
+        default; generation's rows are always whole). label_counts: the labelled tokens (main, per MTP depth) the
+        losses are means over when these rows are a part of a larger batch (a pipeline microbatch); None: these
+        rows'. keep_logits=False: see glm46.modules.loss.chunked_cross_entropy."""
         packed = position_ids is not None and cache is None  # rows may hold several documents
         if position_ids is None:
             position_ids = positions_after(cache, input_ids)
         documents = Documents.from_positions(position_ids) if packed else None
-        hidden, stats = self.model(input_ids, position_ids, cache, documents)
-        sequence, local = self.model.sequence, self.model.local
-
-        mtp_hidden = []
-        if cache is None:
-            h = hidden
-            for k, mtp in enumerate(self.mtp_layers, start=1):
-                # Token i+k at position i; the last k positions wrap around and have no target, nor (packed rows) the
-                # positions whose token i+k+1 is in the next document: shift_labels drops both.
-                embeds = self.model.embed_tokens(local(input_ids.roll(-k, dims=1)))
-                embeds = embeds if sequence is None else sequence.scatter(embeds)
-                cos, sin = self.model.rotary_emb(local(position_ids) + k, embeds.dtype)
-                h, mtp_stats = mtp(h, embeds, cos, sin, documents)
-                mtp_hidden.append(h)
-                stats.append(mtp_stats)
+        hidden, stats = self.model(input_ids, position_ids, cache, documents, split)
 
         out = CausalLMOutput()
+        if self.model.norm is None:  # a pipeline stage before the last: the first embeds the MTP depths' tokens
+            if self.model.embed_tokens is not None:
+                depths = range(1, self.config.num_nextn_predict_layers + 1)
+                mtp_embeds = [self.model.embed(input_ids.roll(-k, dims=1), split) for k in depths]
+            out.hidden_states, out.mtp_embeds = hidden, list(mtp_embeds)
+        mtp_hidden, h = [], hidden
+        for k, mtp in enumerate(self.mtp_layers if cache is None else [], start=1):
+            # Token i+k at position i; the last k positions wrap around and have no target, nor (packed rows) the
+            # positions whose token i+k+1 is in the next document: shift_labels drops both.
+            embeds = mtp_embeds[k - 1] if mtp_embeds else self.model.embed(input_ids.roll(-k, dims=1), split)
+            cos, sin = self.model.rotary_emb(split.inputs(position_ids) + k, embeds.dtype)
+            h, mtp_stats = mtp(h, embeds, cos, sin, documents)
+            mtp_hidden.append(h)
+            stats.append(mtp_stats)
+
         if stats:
             out.expert_counts = torch.stack([s.counts for s in stats])
-            out.balance_loss = torch.stack([s.balance_loss for s in stats]).sum()
-        if labels is None:
-            for split in (sequence, self.model.context if cache is None else None):  # innermost split first
-                if split is not None:
-                    hidden, mtp_hidden = split.gather(hidden), [split.gather(h) for h in mtp_hidden]
-            out.logits = self.lm_head(hidden)
-            out.mtp_logits = [self.lm_head(h) for h in mtp_hidden]
+            out.balance_loss = torch.stack([s.balance_loss() for s in stats]).sum()
+        if self.model.norm is None:
             return out
-        out.loss = self._loss(hidden, labels)
+        if labels is None:
+            out.logits = self.lm_head(split.gather(hidden))
+            out.mtp_logits = [self.lm_head(split.gather(h)) for h in mtp_hidden]
+            return out
+        counts = label_counts or (None, [None] * len(mtp_hidden))
+        out.loss = self._loss(hidden, labels, split, counts[0], keep_logits)
         if mtp_hidden:
             ids = documents.ids if documents is not None else None
-            mtp_losses = [self._loss(h, shift_labels(labels, k, ids)) for k, h in enumerate(mtp_hidden, start=1)]
+            mtp_losses = [
+                self._loss(h, shift_labels(labels, k, ids), split, count, keep_logits)
+                for k, (h, count) in enumerate(zip(mtp_hidden, counts[1]), start=1)
+            ]
             out.mtp_loss = torch.stack(mtp_losses).mean()
         return out
 
@@ -211,14 +237,20 @@ class GLM46ForCausalLM(nn.Module):
         hidden, _ = self.model(input_ids, position_ids)
         return hidden
 
-    def _loss(self, hidden: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """Mean CE over the labelled tokens (labels of the whole rows); under context and sequence parallelism this
-        rank's tokens' part of it."""
-        count = (labels != IGNORE_INDEX).sum().clamp(min=1)
-        labels = self.model.local(labels)
-        if self.model.sequence is not None:
-            labels = self.model.sequence.local(labels)
-        return chunked_cross_entropy(hidden, self.lm_head.weight, labels, self.loss_chunk_size, count)
+    def _loss(
+        self,
+        hidden: torch.Tensor,
+        labels: torch.Tensor,
+        split: TokenSplit,
+        count: torch.Tensor | None,
+        keep_logits: bool,
+    ) -> torch.Tensor:
+        """Mean CE over the labelled tokens of `labels` (of the whole rows; or over `count` tokens), of this rank's
+        tokens under a token split: its part of the mean."""
+        if count is None:
+            count = (labels != IGNORE_INDEX).sum().clamp(min=1)
+        weight = self.lm_head.weight
+        return chunked_cross_entropy(hidden, weight, split.labels(labels), self.loss_chunk_size, count, keep_logits)
 
     @torch.no_grad()
     def generate(

@@ -1,6 +1,5 @@
 """The MoE feed-forward: sigmoid top-k routing over stacked experts, plus always-on shared experts."""
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -13,29 +12,36 @@ from .router import TopkRouter
 
 
 class RoutingStats(NamedTuple):
-    counts: torch.Tensor  # [E] tokens routed to each expert, for the loss-free balancer
-    balance_loss: torch.Tensor  # scalar: the sequence-wise balance loss (not yet weighted by alpha)
+    """What an MoE layer's routing did, for the loss-free balancer and DeepSeek-V3's sequence-wise balance loss.
+
+    Under a token split (context or sequence parallelism) a layer sees only this rank's tokens of each row; the
+    parallel code's forward hook (glm46.parallel.token_split) then sums `counts` and `selections` over the ranks and
+    counts `tokens` of the whole rows, so that the ranks' balance losses sum to the whole one."""
+
+    counts: torch.Tensor  # [E] tokens routed to each expert
+    selections: torch.Tensor  # [B, E] per row: how often its tokens selected each expert (no gradient)
+    scores: torch.Tensor  # [B, E] per row: its tokens' scores, normalised over the experts, summed over the tokens
+    tokens: int  # tokens per row
+    top_k: int
+
+    def balance_loss(self) -> torch.Tensor:
+        """sum_i f_i P_i averaged over the rows: f_i is expert i's share of the row's selections times E / k, P_i its
+        mean normalised score (of the scores summed here: this rank's part of it under a token split)."""
+        num_experts = self.scores.shape[-1]
+        probs = self.scores / self.tokens
+        share = self.selections * num_experts / (self.top_k * self.tokens)
+        return (share * probs).sum(dim=-1).mean()
 
 
-def sequence_balance_loss(scores: torch.Tensor, indices: torch.Tensor, batch: int, splits=()) -> torch.Tensor:
-    """DeepSeek-V3's sequence-wise balance loss sum_i f_i P_i, averaged over the batch's sequences.
-
-    scores [N, E] sigmoid scores, indices [N, k] selected experts, N = batch x T. f_i is expert i's
-    share of the sequence's selections times E / k; P_i its mean score normalised over experts.
-    splits: how the sequence is split over ranks (context, then sequence parallelism; objects with `size` and
-    `sum`): these are this rank's T / (product of sizes) tokens of each row; f counts every rank's selections, P
-    this rank's scores only, so the ranks' losses sum to the whole one.
-    """
+def routing_stats(rows: torch.Tensor, scores: torch.Tensor, indices: torch.Tensor, batch: int) -> RoutingStats:
+    """rows [E] tokens per expert, scores [N, E] sigmoid scores and indices [N, k] selected experts of N = batch x T
+    tokens -> their RoutingStats."""
     num_experts, top_k = scores.shape[-1], indices.shape[-1]
     seq_len = scores.shape[0] // batch
-    total = seq_len * math.prod(split.size for split in splits)
-    probs = (scores / scores.sum(dim=-1, keepdim=True)).view(batch, seq_len, num_experts).sum(dim=1) / total
-    selected = torch.zeros(batch, num_experts, device=scores.device)
-    selected.scatter_add_(1, indices.view(batch, -1), torch.ones(batch, seq_len * top_k, device=scores.device))
-    for split in splits:
-        selected = split.sum(selected)
-    share = selected * num_experts / (top_k * total)
-    return (share * probs).sum(dim=-1).mean()
+    summed = (scores / scores.sum(dim=-1, keepdim=True)).view(batch, seq_len, num_experts).sum(dim=1)
+    selections = torch.zeros(batch, num_experts, device=scores.device)
+    selections.scatter_add_(1, indices.view(batch, -1), torch.ones(batch, seq_len * top_k, device=scores.device))
+    return RoutingStats(rows, selections, summed, seq_len, top_k)
 
 
 class _PermuteRows(torch.autograd.Function):
@@ -68,9 +74,6 @@ class MoE(nn.Module):
         self.shared_experts = None
         if config.n_shared_experts > 0:
             self.shared_experts = MLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
-        # How the sequence is split over ranks, x holding this rank's tokens only (glm46.parallel sets it): context
-        # parallelism's ContextShards, then sequence parallelism's SequenceShards, as far as they are on.
-        self.token_splits = ()
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, RoutingStats]:
         """x [B, T, hidden] -> output [B, T, hidden], routing statistics."""
@@ -79,9 +82,6 @@ class MoE(nn.Module):
         weights, indices, scores = self.gate(x)  # [N, k], [N, k], [N, E]
         flat_indices = indices.flatten()  # [N * k]
         rows = torch.bincount(flat_indices, minlength=self.num_experts)  # [E] of these tokens
-        counts = rows
-        for split in self.token_splits:  # of the whole sequences
-            counts = split.sum(counts)
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
         inverse = order.argsort()  # each (token, slot) pair's place in `order`
         pairs = x[:, None].expand(-1, self.top_k, -1).reshape(-1, shape[-1])  # [N * k, hidden], (token, slot) order
@@ -91,6 +91,4 @@ class MoE(nn.Module):
         out = out.to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
-        return out.view(shape), RoutingStats(
-            counts, sequence_balance_loss(scores, indices, shape[0], self.token_splits)
-        )
+        return out.view(shape), routing_stats(rows, scores, indices, shape[0])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from glm46.modules import cuda_kernels
 
@@ -77,6 +78,18 @@ class ContextShards:
         x = x.detach().clone()
         dist.all_reduce(x, group=self.group)
         return x
+
+
+class ContextParallelAttention(nn.Module):
+    """The attention kernel of a layer whose rows are split over the cp ranks: in the place of the model's own
+    (glm46.modules.attention.CausalAttention), with the same arguments."""
+
+    def __init__(self, shards: ContextShards):
+        super().__init__()
+        self.shards = shards
+
+    def forward(self, q, k, v, documents, scale: float) -> torch.Tensor:
+        return self.shards.attention(q, k, v, documents.lengths if documents is not None else None, scale)
 
 
 class _GatherSequence(torch.autograd.Function):

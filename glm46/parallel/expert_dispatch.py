@@ -2,8 +2,9 @@
 an expert travel to its rank and back (torchtitan's `ExpertParallel` token dispatch/combine, in
 torchtitan/distributed/expert_parallel.py, does the same around its grouped experts).
 
-`shard_experts` (glm46.parallel.parallelize) sets an ExpertDispatch as `GroupedExperts.dispatch`; the model
-calls it in place of running its experts locally and knows nothing of the collectives.
+`shard_experts` (glm46.parallel.parallelize) puts an ExpertParallelExperts in each MoE layer's place of its
+GroupedExperts: the same parameter names, the weights sharded over the ep group, and a forward that exchanges the
+rows; the model knows nothing of the collectives.
 
 With tensor parallelism the ep groups span the TP ranks (Megatron's MoE parallel folding with
 expert_tensor_parallel_size 1): without sequence parallelism the TP ranks of a group hold the same rows, so each
@@ -17,8 +18,11 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Shard, distribute_tensor
 
-from glm46.modules.experts import swiglu_experts
+from glm46.modules.experts import GroupedExperts, swiglu_experts
 
 from .sequence_parallel import block_sizes, gather_blocks, split_blocks
 
@@ -74,17 +78,25 @@ def expert_parallel_swiglu(
     return _all_to_all(out, input_splits, output_splits, group)
 
 
-class ExpertDispatch:
-    """The ep group exchanging tokens, the TP group whose ranks split their common rows when the two fold (None
-    without TP), and the factor on the experts' gradients that makes them the mean over the data-parallel ranks
-    (see shard_experts)."""
+class ExpertParallelExperts(GroupedExperts):
+    """GroupedExperts over an ep group: this rank holds E / ep consecutive experts (a DTensor Shard(0) over the ep
+    mesh), and the rows routed to an expert travel to its rank and back. tp_group: the TP group whose ranks split
+    their common rows when the two fold (None without TP, or under sequence parallelism); grad_scale: the factor on
+    the experts' gradients that makes them the mean over the data-parallel ranks (see shard_experts)."""
 
-    def __init__(self, group: dist.ProcessGroup, grad_scale: float, tp_group: dist.ProcessGroup | None = None):
-        self.group, self.grad_scale, self.tp_group = group, grad_scale, tp_group
+    def __init__(
+        self, experts: GroupedExperts, ep_mesh: DeviceMesh, grad_scale: float, tp_group: dist.ProcessGroup | None
+    ):
+        nn.Module.__init__(self)  # GroupedExperts' weights are `experts`' own, sharded: nothing allocated here
+        self.num_experts = experts.num_experts
+        for name in ("gate_up_proj", "down_proj"):
+            weight = getattr(experts, name)
+            sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+            self.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        self.group, self.grad_scale, self.tp_group = ep_mesh.get_group(), grad_scale, tp_group
 
-    def __call__(
-        self, x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
         if self.grad_scale != 1.0:
             gate_up, down = _ScaleGrad.apply(gate_up, self.grad_scale), _ScaleGrad.apply(down, self.grad_scale)
         if self.tp_group is None:

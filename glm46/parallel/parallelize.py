@@ -14,17 +14,17 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Shard, distribute_tensor
+from torch.distributed.tensor import Shard
 
 from glm46.modules.decoder import DecoderLayer
 from glm46.modules.layers import RMSNorm
 from glm46.modules.model import GLM46ForCausalLM
 
-from .context_parallel import ContextShards
-from .expert_dispatch import ExpertDispatch
+from .context_parallel import ContextParallelAttention, ContextShards
+from .expert_dispatch import ExpertParallelExperts
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
-from .sequence_parallel import SequenceShards
+from .token_split import install_routing_sums, token_split
 
 
 def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
@@ -83,10 +83,9 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
     )
 
     tp = tp_mesh.size()
-    shards = SequenceShards(tp_mesh.get_group()) if sequence_parallel else None
 
     def row_parallel(dim: int) -> RowwiseParallel:
-        return RowwiseParallel(output_layouts=Shard(dim)) if shards else RowwiseParallel()
+        return RowwiseParallel(output_layouts=Shard(dim)) if sequence_parallel else RowwiseParallel()
 
     def gathered(module: nn.Module, dim: int, arguments: int = 1) -> None:
         """The module's first input all-gathered over the tokens (`dim`), its other inputs as they are."""
@@ -95,8 +94,6 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
         style = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=wanted, use_local_output=False)
         parallelize_module(module, tp_mesh, style)
 
-    if shards:
-        model.model.sequence = shards
     for layer in decoder_layers(model):
         attention = layer.self_attn
         parallelize_module(
@@ -119,12 +116,10 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
         if mlp is not None:
             plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": row_parallel(token_dim)}
             parallelize_module(mlp, tp_mesh, plan)
-        if shards:
+        if sequence_parallel:
             gathered(attention, 1, arguments=5)  # (x, cos, sin, cache, documents)
             if mlp is not None:
                 gathered(mlp, token_dim)
-            if layer.is_moe:
-                layer.mlp.token_splits = (shards,)
 
 
 def shard_experts(
@@ -140,26 +135,17 @@ def shard_experts(
     for layer in decoder_layers(model):
         if not layer.is_moe:
             continue
-        experts = layer.mlp.experts
-        for name in ("gate_up_proj", "down_proj"):
-            weight = getattr(experts, name)
-            sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
-            setattr(experts, name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
         tp_group = tp_mesh.get_group() if tp_mesh is not None else None
-        experts.dispatch = ExpertDispatch(ep_mesh.get_group(), 1.0 / data_parallel_span, tp_group)
+        layer.mlp.experts = ExpertParallelExperts(layer.mlp.experts, ep_mesh, 1.0 / data_parallel_span, tp_group)
 
 
-def apply_context_parallel(model: GLM46ForCausalLM, cp_mesh: DeviceMesh) -> None:
-    """Each cp rank runs its load-balanced chunks of every sequence (glm46.parallel.context_parallel): the model
-    takes them from the whole rows it is given, attention all-gathers the keys and values, and the MoE layers count
-    and balance over the whole sequences. The cp ranks hold the same weights: apply_fsdp shards them over
+def apply_context_parallel(model: GLM46ForCausalLM, shards: ContextShards) -> None:
+    """Each cp rank runs its load-balanced chunks of every sequence (glm46.parallel.context_parallel): the training
+    step passes the model a token split that takes them from the whole rows (glm46.parallel.token_split), and
+    attention all-gathers the keys and values. The cp ranks hold the same weights: apply_fsdp shards them over
     dp_shard_cp, whose gradient mean over cp the training step undoes (the rank's loss is its tokens' part)."""
-    shards = ContextShards(cp_mesh.get_group())
-    model.model.context = shards
     for layer in decoder_layers(model):
-        layer.self_attn.context = shards
-        if layer.is_moe:
-            layer.mlp.token_splits = (shards, *layer.mlp.token_splits)
+        layer.self_attn.inner_attention = ContextParallelAttention(shards)
 
 
 def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
@@ -231,17 +217,18 @@ def parallelize(
 ) -> GLM46ForCausalLM:
     """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `stages`: the pipeline
     stages of this rank, when the model was split (their modules are the model's)."""
+    split = token_split(layout, mesh)
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sequence_parallel)
-        for stage in stages or []:
-            stage.sequence = model.model.sequence
     if layout.expert_parallel > 1:  # folded over TP without sequence parallelism, the TP ranks split their tokens
         split_tokens = layout.experts_fold_tp and not layout.sequence_parallel
         # the tokens an expert sees are of expert_parallel_dp batches, each the loss of cp ranks (scaled by cp)
         span = layout.expert_parallel_dp * layout.context_parallel
         shard_experts(model, mesh["ep"], span, mesh["tp"] if split_tokens else None)
-    if layout.context_parallel > 1:
-        apply_context_parallel(model, mesh["cp"])
+    if split is not None and split.context is not None:
+        apply_context_parallel(model, split.context)
+    if split is not None:  # the MoE layers see this rank's tokens: count the whole rows'
+        install_routing_sums(model, split)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then

@@ -36,10 +36,12 @@ from torch.distributed.device_mesh import DeviceMesh
 from glm46.modules.attention import Documents
 from glm46.modules.config import GLM46Config
 from glm46.modules.decoder import DecoderLayer
-from glm46.modules.loss import IGNORE_INDEX, chunked_cross_entropy, shift_labels
-from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after, run_layers
+from glm46.modules.loss import IGNORE_INDEX, shift_labels
+from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_after, total_loss
+from glm46.modules.token_split import WHOLE_ROWS, TokenSplit
 
 from .layout import PIPELINE_SCHEDULES, V_SCHEDULES, Layout
+from .token_split import ShardedTokens
 
 # ---------------------------------------------------------------- which layers each stage holds
 
@@ -119,7 +121,6 @@ class StepTotals:
     mtp_weight: float
     balance_alpha: float
     accumulation: int  # Lightning's accumulate_grad_batches: the step's loss is divided by it
-    packed: bool  # rows of packed documents (position ids given): attention and MTP targets stay in a document
 
 
 class _AttachLoss(torch.autograd.Function):
@@ -137,27 +138,35 @@ class _AttachLoss(torch.autograd.Function):
         return grad, torch.ones_like(loss)
 
 
-class StageModel(nn.Module):
-    """One pipeline stage of a GLM46ForCausalLM: its modules are the model's own (same parameters, and the model
-    keeps their names for checkpoints and the optimizer). Stage 0 takes input_ids [b, T]; every other stage the
-    hidden states [b, T, hidden] and the MTP depths' token embeddings; the last stage returns the microbatch's
-    share of the step's loss, the others (hidden, *embeddings)."""
+def stage_part(model: GLM46ForCausalLM, layers: range, is_first: bool, is_last: bool) -> GLM46ForCausalLM:
+    """One stage of `model` as a model of its own: the model's module objects of that stage (its decoder layers,
+    the embedding on the first, the final norm, MTP layers and lm_head on the last), the others left out. It runs
+    the model's own forward, which skips what is left out."""
+    with torch.device("meta"):
+        part = GLM46ForCausalLM(model.config, layer_ids=())
+    inner = part.model
+    inner.embed_tokens = model.model.embed_tokens if is_first else None
+    inner.layers = nn.ModuleDict({str(i): model.model.layers[str(i)] for i in layers})
+    inner.rotary_emb = model.model.rotary_emb
+    inner.norm = model.model.norm if is_last else None
+    part.mtp_layers = model.mtp_layers if is_last else nn.ModuleList()
+    part.lm_head = model.lm_head if is_last else None
+    return part
 
-    def __init__(self, model: GLM46ForCausalLM, layers: range, is_first: bool, is_last: bool):
+
+class StageModule(nn.Module):
+    """A stage as torch's schedule runs it: its part of the model (`stage_part`) and the step's bookkeeping. Stage 0
+    takes input_ids [b, T], every other stage the hidden states [b, T, hidden] and the MTP depths' token
+    embeddings; the last stage returns the microbatch's share of the step's loss (total_loss), the others
+    (hidden, *embeddings), their balance loss attached."""
+
+    def __init__(self, part: GLM46ForCausalLM):
         super().__init__()
-        inner = model.model
-        self.config = model.config
-        self.embed_tokens = inner.embed_tokens if is_first else None
-        self.layers = nn.ModuleDict({str(i): inner.layers[str(i)] for i in layers})
-        self.rotary_emb = inner.rotary_emb
-        self.norm = inner.norm if is_last else None
-        self.mtp_layers = model.mtp_layers if is_last else None
-        self.lm_head = model.lm_head if is_last else None
-        self.loss_chunk_size = model.loss_chunk_size
-        self.moe_layers = sum(layer.is_moe for layer in self.layers.values()) + len(self.mtp_layers or [])
+        self.part = part
+        self.moe_layers = sum(layer.is_moe for layer in part.model.layers.values()) + len(part.mtp_layers)
         self.totals: StepTotals | None = None  # set by Pipeline before each step
         self.split_backward = False  # set by Pipeline: whether its schedule splits input and weight gradients
-        self.sequence = None  # sequence parallelism's SequenceShards, set by glm46.parallel.parallelize
+        self.split: TokenSplit = WHOLE_ROWS  # set by Pipeline: sequence parallelism's split of the sequence
         self.reset()
 
     def reset(self) -> None:
@@ -174,72 +183,38 @@ class StageModel(nn.Module):
         return terms, counts
 
     def forward(self, x: torch.Tensor, *embeds: torch.Tensor, position_ids: torch.Tensor, labels: torch.Tensor):
-        totals = self.totals
-        self.calls.append((torch.zeros(3), None))
-        documents = Documents.from_positions(position_ids) if totals.packed else None
-        if self.embed_tokens is not None:
-            input_ids = x
-            x = self.embed_tokens(input_ids)
-            depths = range(1, self.config.num_nextn_predict_layers + 1)
-            embeds = tuple(self.embed_tokens(input_ids.roll(-k, dims=1)) for k in depths)
-            if self.sequence is not None:  # the stages send this rank's part of the sequence
-                x, embeds = self.sequence.scatter(x), tuple(self.sequence.scatter(e) for e in embeds)
-        cos, sin = self.rotary_emb(position_ids, x.dtype)
-        x, stats = run_layers(self.layers.values(), x, cos, sin, None, documents)
-        if self.norm is None:
-            balance = self._record(stats, x.shape[0])
-            if balance is not None:
-                x = _AttachLoss.apply(x, balance * totals.balance_alpha / totals.accumulation)
-            # A stage's outputs must be tensors of their own: views for the 1F1B family; copies under the schedules
-            # that split the backward, which detach outputs in place once their input gradients are taken (views
-            # refuse): the hidden states' original is then freed, each MTP embedding costs one more copy in flight.
-            if self.split_backward:
-                return (x.clone(), *(e.clone() for e in embeds))
-            return (x, *(e.view_as(e) for e in embeds))
-
-        hidden = self.norm(x)
-        mtp_hidden, h = [], hidden
-        for k, mtp in enumerate(self.mtp_layers, start=1):
-            cos_k, sin_k = self.rotary_emb(position_ids + k, embeds[k - 1].dtype)
-            h, mtp_stats = mtp(h, embeds[k - 1], cos_k, sin_k, documents)
-            mtp_hidden.append(h)
-            stats.append(mtp_stats)
-        weight = self.lm_head.weight
-        keep = not self.split_backward
-        local = (lambda t: t) if self.sequence is None else self.sequence.local  # this rank's tokens' targets
-        loss = chunked_cross_entropy(hidden, weight, local(labels), self.loss_chunk_size, totals.labelled, keep)
-        self._add_term(0, loss)
-        ids = documents.ids if documents is not None else None
-        if mtp_hidden:
-            mtp_loss = torch.stack(
-                [
-                    chunked_cross_entropy(h, weight, local(shift_labels(labels, k, ids)), self.loss_chunk_size, n, keep)
-                    for k, (h, n) in enumerate(zip(mtp_hidden, totals.mtp_labelled), start=1)
-                ]
-            ).mean()
-            self._add_term(1, mtp_loss)
-            loss = loss + totals.mtp_weight * mtp_loss
-        balance = self._record(stats, x.shape[0])
-        if balance is not None:
-            loss = loss + totals.balance_alpha * balance
-        return loss / totals.accumulation
-
-    def _record(self, stats: list, rows: int) -> torch.Tensor | None:
-        """Add the microbatch's expert counts and balance loss to the step's; the balance loss weighted by the
-        microbatch's share of the batch's sequences."""
-        if not stats:
-            return None
-        terms, _ = self.calls[-1]
-        self.calls[-1] = (terms, torch.stack([s.counts for s in stats]).detach())
-        balance = torch.stack([s.balance_loss for s in stats]).sum() * (rows / self.totals.rows)
-        self._add_term(2, balance)
-        return balance
-
-    def _add_term(self, index: int, value: torch.Tensor) -> None:
-        self.calls[-1][0][index] = value.detach().float().cpu()
+        totals, terms = self.totals, torch.zeros(3)
+        out = self.part(
+            x,
+            labels,
+            position_ids,
+            mtp_embeds=embeds,
+            split=self.split,
+            label_counts=(totals.labelled, totals.mtp_labelled),
+            keep_logits=not self.split_backward,  # the weights' gradients come in a second backward pass
+        )
+        counts = None
+        if out.balance_loss is not None:  # weighted by the microbatch's share of the batch's sequences
+            out.balance_loss = out.balance_loss * (x.shape[0] / totals.rows)
+            terms[2], counts = out.balance_loss.detach().float().cpu(), out.expert_counts.detach()
+        self.calls.append((terms, counts))
+        if out.hidden_states is None:  # the last stage
+            terms[0] = out.loss.detach().float().cpu()
+            if out.mtp_loss is not None:
+                terms[1] = out.mtp_loss.detach().float().cpu()
+            return total_loss(out, totals.mtp_weight, totals.balance_alpha) / totals.accumulation
+        x = out.hidden_states
+        if out.balance_loss is not None:
+            x = _AttachLoss.apply(x, out.balance_loss * totals.balance_alpha / totals.accumulation)
+        # A stage's outputs must be tensors of their own: views for the 1F1B family; copies under the schedules
+        # that split the backward, which detach outputs in place once their input gradients are taken (views
+        # refuse): the hidden states' original is then freed, each MTP embedding costs one more copy in flight.
+        if self.split_backward:
+            return (x.clone(), *(e.clone() for e in out.mtp_embeds))
+        return (x, *(e.view_as(e) for e in out.mtp_embeds))
 
 
-def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_rank: int) -> list[StageModel]:
+def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_rank: int) -> list[StageModule]:
     """Keep only the modules of `pp_rank`'s stages in `model` (in place, names unchanged; meant for the meta
     device, before the model is laid out) and return those stages, in stage order. first_rank: the first global
     rank of the pipeline rank's slice of the mesh."""
@@ -255,7 +230,7 @@ def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_ran
         model.model.norm, model.lm_head, model.mtp_layers = None, None, nn.ModuleList()
     model.pipeline_stages = mine  # marks a part of a model: glm46.checkpoint.weights reads only its weights
     model.pipeline_first_rank = first_rank  # the first global rank of this stage (glm46.parallel.state)
-    return [StageModel(model, ranges[s], s == 0, s == last) for s in mine]
+    return [StageModule(stage_part(model, ranges[s], s == 0, s == last)) for s in mine]
 
 
 # ---------------------------------------------------------------- the schedule
@@ -268,10 +243,18 @@ def _loss_is_output(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 class Pipeline:
     """This rank's stages and the schedule that runs them; `step` runs one batch's forward (and backward)."""
 
-    def __init__(self, stage_models: list[StageModel], layout: Layout, mesh: DeviceMesh, device: torch.device):
+    def __init__(
+        self,
+        stage_models: list[StageModule],
+        layout: Layout,
+        mesh: DeviceMesh,
+        device: torch.device,
+        split: ShardedTokens | None = None,
+    ):
+        """split: sequence parallelism's split of the sequence (glm46.parallel.token_split), None without it."""
         from torch.distributed import pipelining
 
-        self.models, self.layout = stage_models, layout
+        self.models, self.layout, self.split = stage_models, layout, split
         self.group = mesh["pp"].get_group()
         ids = sorted(stage_ids(layout, mesh["pp"].get_local_rank()))
         self.stages = [
@@ -288,9 +271,10 @@ class Pipeline:
         )
         for model in stage_models:
             model.split_backward = layout.pipeline_schedule in V_SCHEDULES
+            model.split = split or WHOLE_ROWS
         self.has_first = ids[0] == 0
         self.stage_ids = ids
-        self.config = stage_models[0].config
+        self.config = stage_models[0].part.config
 
     def step(self, batch: dict[str, torch.Tensor], totals: StepTotals, train: bool = True) -> CausalLMOutput:
         """Forward (and with `train` backward) of every microbatch of `batch`; the loss terms, summed over the
@@ -308,14 +292,14 @@ class Pipeline:
         # the `labels` keyword every stage receives), but its schedules index it per microbatch: it must be given.
         with warnings.catch_warnings():
             # FSDP2 warns of any view a wrapped module returns, as an in-place op on it would skip its hooks: the
-            # 1F1B family's stages return views (see StageModel.forward) that nothing writes in place.
-            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStageModel\) returned a view")
+            # 1F1B family's stages return views (see StageModule.forward) that nothing writes in place.
+            warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(FSDPStageModule\) returned a view")
             run(*args, target=labels, return_outputs=False, position_ids=position_ids, labels=labels)
         results = [model.results(self.layout.microbatches) for model in self.models]
         terms = torch.stack([terms for terms, _ in results]).sum(0)
         dist.all_reduce(terms, group=self.group)  # the head's terms live on the last stage, balance on all
-        if self.models[0].sequence is not None:  # and each is a part per TP rank under sequence parallelism
-            terms = self.models[0].sequence.sum(terms)
+        if self.split is not None:  # and each is a part per TP rank under sequence parallelism
+            terms = self.split.sum(terms)
         counts = [counts for _, counts in results if counts is not None]
         out = CausalLMOutput(loss=terms[0], expert_counts=torch.cat(counts) if counts else None)
         if self.config.num_nextn_predict_layers:
@@ -349,5 +333,4 @@ def step_totals(
         mtp_weight=mtp_weight,
         balance_alpha=alpha,
         accumulation=accumulation,
-        packed=position_ids is not None,
     )

@@ -2,8 +2,9 @@
 
 - `MeshParallelStrategy`: Lightning's ModelParallelStrategy (FSDP2 + DTensor, user-applied in
   `configure_model`) with the 5-D device mesh of glm46.parallel.mesh instead of its 2-D one, so
-  one strategy runs FSDP2, HSDP, tensor and expert parallelism and their products. The
-  LightningModule's `configure_model` calls `strategy.parallelize(model)`.
+  one strategy runs FSDP2, HSDP, tensor, expert, context and pipeline parallelism and their products. The
+  LightningModule's `configure_model` calls `strategy.parallelize(model)`, then takes `strategy.model_step(model)`
+  for its steps.
 - `DeepSpeedStrategy`: Lightning's, also on CPU (gloo). As shipped it refuses any accelerator but
   CUDA and passes `device_rank=root_device.index` (None on CPU) to `deepspeed.initialize`; on CUDA
   this subclass behaves exactly as Lightning's.
@@ -37,8 +38,10 @@ from glm46.lightning_private import (
 
 from .layout import Layout
 from .mesh import build_mesh
+from .model_step import ModelStep, PipelineStep
 from .parallelize import parallelize
 from .pipeline_parallel import Pipeline, split_model
+from .token_split import token_split
 
 
 class MeshParallelStrategy(ModelParallelStrategy):
@@ -137,11 +140,15 @@ class MeshParallelStrategy(ModelParallelStrategy):
             self.writer.wait()
         super().teardown()
 
-    def build_pipeline(self) -> Pipeline | None:
-        """The schedule over this rank's stages, once they are materialised; None without pipeline parallelism."""
+    def model_step(self, model: torch.nn.Module) -> ModelStep:
+        """This layout's per-step object (glm46.parallel.model_step), once the model is laid out and materialised:
+        the pipeline schedule over this rank's stages, or the model's forward on this rank's tokens."""
+        split = token_split(self.layout, self.device_mesh)
+        folded = self.layout.experts_fold_tp
         if not self.stage_models:
-            return None
-        return Pipeline(self.stage_models, self.layout, self.device_mesh, self.root_device)
+            return ModelStep(model, split, folded)
+        pipeline = Pipeline(self.stage_models, self.layout, self.device_mesh, self.root_device, split)
+        return PipelineStep(model, pipeline, split, folded)
 
 
 class DeepSpeedStrategy(DeepSpeedInitializeHook, _LightningDeepSpeedStrategy):

@@ -65,9 +65,9 @@ class ExpertBalancer(L.Callback):
             for router, delta in zip(pl_module.model.routers(), step):
                 router.e_score_correction_bias.add_(rate * delta.to(router.e_score_correction_bias.device))
 
-        pipeline = getattr(pl_module, "pipeline", None)
-        if pipeline is not None:  # this rank's layers -> every stage's, for the logs and the plots
-            counts = pipeline.whole_model_rows(counts)
+        model_step = getattr(pl_module, "model_step", None)
+        if model_step is not None:  # this rank's layers -> every pipeline stage's, for the logs and the plots
+            counts = model_step.whole_model_rows(counts)
         violation = max_violation(counts)
         pl_module.log("moe/maxvio", violation.mean(), prog_bar=True)
         for layer, value in enumerate(violation):
