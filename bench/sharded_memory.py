@@ -6,7 +6,7 @@
 A GLM-4.6-shaped model of about 0.8B parameters whose replicated training state (fp32 weights, fp32
 gradients, two fp32 AdamW moments: 16 bytes a parameter, about 12 GiB) would not fit this 24 GiB
 machine four times over, trained by 4 gloo processes through the real path: GLM46LitModule built on
-the meta device, glm46.parallel.MeshParallelStrategy (FSDP2, expert parallel), a few optimizer steps,
+the meta device, glm46.lit.strategies.MeshParallelStrategy (FSDP2, expert parallel), a few optimizer steps,
 then the HF export assembled from the shards. AdamW rather than Muon: Newton-Schulz on every matrix
 would take hours on 2 cores, and its state is smaller (one moment), so AdamW is the heavier case.
 
@@ -66,9 +66,10 @@ def worker(layout: str, steps: int, out: Path) -> None:
 
     from glm46.hf import save_hf
     from glm46.lit import GLM46LitModule
+    from glm46.lit.strategies import MeshParallelStrategy
     from glm46.modules import GLM46Config
     from glm46.optim import Piecewise
-    from glm46.parallel import Layout, MeshParallelStrategy
+    from glm46.parallel import Layout
 
     config = GLM46Config(**FIELDS)
     peaks = {"start": peak_rss()}

@@ -92,5 +92,5 @@ def csv_experiment(logger: CSVLogger, writer: Callable[[str], ExperimentWriter])
 
 
 # The file beside a DCP checkpoint's shards holding the rest of Lightning's checkpoint (what ModelParallelStrategy
-# writes after its shards; the background save of glm46.parallel.strategies writes it too).
+# writes after its shards; the background save of glm46.lit.strategies writes it too).
 DCP_CHECKPOINT_META = _METADATA_FILENAME

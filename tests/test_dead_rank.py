@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from glm46.parallel import build_strategy
+from glm46.lit.strategies import build_strategy
 from glm46.planning.sizing import composed_layout
 
 from .helpers import launcher_env

@@ -26,8 +26,9 @@ def main(spec: dict) -> None:
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    from glm46.lit.strategies import build_strategy
     from glm46.optim import Muon
-    from glm46.parallel import Layout, build_strategy
+    from glm46.parallel import Layout
     from glm46.parallel.grads import total_grad_norm
     from glm46.parallel.state import full_state_items, is_writer
     from glm46.rl.engine import RolloutSettings

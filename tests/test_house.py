@@ -1,6 +1,7 @@
 """The house rules that code review would otherwise have to remember: no import circles between glm46's modules
-(function-local imports included), no two modules with the same file name, the public names of DESIGN import, and a
-`_target_` node's schema is its constructor's signature (glm46.app.schema.derive)."""
+(function-local imports included) nor between its packages (a floor imports only the floors below it), no two
+modules with the same file name, the public names of DESIGN import, and a `_target_` node's schema is its
+constructor's signature (glm46.app.schema.derive)."""
 
 from __future__ import annotations
 
@@ -71,12 +72,36 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph with each module in its package under glm46 (glm46.parallel.mesh -> glm46.parallel; a
+    module on the ground floor, glm46.hf, stays itself)."""
+
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        here = package(module)
+        packages.setdefault(here, set()).update(package(t) for t in targets if package(t) != here)
+    return packages
+
+
 def test_no_import_circles():
     assert cycles(import_graph()) == []
 
 
+def test_no_package_circles():
+    assert cycles(package_graph(import_graph())) == []
+
+
 def test_the_cycle_finder_finds_a_planted_circle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_circle_through_two_packages_is_found_though_no_module_circle_is():
+    modules = {"glm46.a.x": {"glm46.b.y"}, "glm46.b.y": set(), "glm46.b.z": {"glm46.a.w"}, "glm46.a.w": set()}
+    assert cycles(modules) == []
+    assert cycles(package_graph(modules)) == [["glm46.a", "glm46.b"]]
 
 
 def test_no_two_modules_share_a_file_name():

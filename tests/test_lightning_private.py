@@ -24,7 +24,7 @@ from glm46.lightning_private import (
     save_last_checkpoint,
 )
 from glm46.lit.csv_logger import AppendingCSVLogger
-from glm46.parallel.strategies import DeepSpeedStrategy as GLMDeepSpeedStrategy
+from glm46.lit.strategies import DeepSpeedStrategy as GLMDeepSpeedStrategy
 
 from .helpers import LinearModule
 

@@ -68,8 +68,9 @@ def main(spec: dict) -> None:
     from glm46.lit import GLM46LitModule
     from glm46.lit.callbacks import ExpertBalancer
     from glm46.lit.guard import StepGuard
+    from glm46.lit.strategies import build_strategy
     from glm46.optim import Muon, Piecewise, WarmupCosine
-    from glm46.parallel import Layout, build_strategy, data_parallel_group
+    from glm46.parallel import Layout, data_parallel_group
     from glm46.parallel.layout import model_problems
     from glm46.parallel.state import full_state_items, is_writer
     from tests.helpers import tiny_config

@@ -8,7 +8,8 @@ from glm46.app.checks import check_layout
 from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
 from glm46.app.schema.launch import DeepSpeedParallelism, ParallelismConfig
 from glm46.errors import ConfigError
-from glm46.parallel import Layout, build_strategy
+from glm46.lit.strategies import build_strategy
+from glm46.parallel import Layout
 from glm46.parallel.layout import model_problems
 
 from .helpers import tiny_config

@@ -18,7 +18,6 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from glm46.app.logs import rank_zero_logger
 from glm46.app.resolvers import phase_steps, recipe_start
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.engine_limits import serving_problems
@@ -26,8 +25,10 @@ from glm46.checkpoint.hub_config import config_from_hf
 from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
+from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config, cuda_kernels
-from glm46.parallel.layout import Layout, is_muon, model_problems
+from glm46.optim.muon import is_muon
+from glm46.parallel.layout import Layout, model_problems
 from glm46.planning.sizing import composed_layout, composed_plan
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule

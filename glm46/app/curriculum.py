@@ -29,10 +29,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from glm46.app.checks import validate
-from glm46.app.logs import rank_zero_logger
 from glm46.app.plots import plot_curriculum
 from glm46.app.train import train
 from glm46.eval import summarize
+from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 
 log = rank_zero_logger(__name__)

@@ -10,13 +10,13 @@ from pathlib import Path
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.app.logs import rank_zero_logger
 from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.staged.cost import estimate, format_estimate
 from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm
 from glm46.data.staged.work import StagedPlan, make_plan, progress_table
 from glm46.errors import ConfigError
+from glm46.logs import rank_zero_logger
 
 log = rank_zero_logger(__name__)
 

@@ -12,13 +12,13 @@ from omegaconf import DictConfig
 
 from glm46.app.checks import validate
 from glm46.app.curriculum import train_stages
-from glm46.app.logs import quiet_dependencies, rank_zero_logger
 from glm46.app.preparation import prepare_cached, prepare_estimate, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.fp8 import export_fp8
 from glm46.checkpoint.gguf_export import export_gguf
 from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
+from glm46.logs import quiet_dependencies, rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.planning.counts import count_parameters, format_counts
 from glm46.planning.export_size import export_bytes

@@ -24,7 +24,7 @@ import torch
 from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
-from glm46.parallel.strategies import data_parallel_size
+from glm46.parallel.data_parallel import data_parallel_size
 
 META = "meta.pt"  # Lightning's file of everything but the weights and optimizer states in a DCP folder
 ENGINE_READS = {"single": ("file", "dcp"), "ddp": ("file", "dcp"), "mesh": ("file", "dcp"), "deepspeed": ("deepspeed",)}

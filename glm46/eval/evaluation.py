@@ -20,9 +20,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from glm46.app.logs import rank_zero_logger
 from glm46.errors import ConfigError
 from glm46.eval.lm_eval_tasks import write_tasks
+from glm46.logs import rank_zero_logger
 
 log = rank_zero_logger(__name__)
 

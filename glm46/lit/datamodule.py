@@ -16,7 +16,7 @@ from glm46.data.documents import Ledger
 from glm46.data.embedded import stdlib_code
 from glm46.data.windows import MixtureWindows, window
 from glm46.lit.shard_data import samples_consumed
-from glm46.parallel.strategies import data_parallel_rank_and_size
+from glm46.parallel.data_parallel import data_parallel_rank_and_size
 
 
 class TokenWindows(Dataset):

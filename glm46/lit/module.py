@@ -36,10 +36,10 @@ from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.modules.model import total_loss
 from glm46.optim import muon_param_groups
+from glm46.parallel.data_parallel import data_parallel_size
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
 from glm46.parallel.model_step import ModelStep
-from glm46.parallel.strategies import data_parallel_size
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 from glm46.data.shards import load_shard, read_index
 from glm46.data.windows import PACKINGS, DomainStream, MixtureWindows, best_fit_bins, document_pieces, window
-from glm46.parallel.strategies import data_parallel_rank_and_size
+from glm46.parallel.data_parallel import data_parallel_rank_and_size
 
 
 def samples_consumed(trainer, seq_len: int) -> int:

@@ -15,7 +15,7 @@ class RoutingStats(NamedTuple):
     """What an MoE layer's routing did, for the loss-free balancer and DeepSeek-V3's sequence-wise balance loss.
 
     Under a token split (context or sequence parallelism) a layer sees only this rank's tokens of each row; the
-    parallel code's forward hook (glm46.parallel.token_split) then sums `counts` and `selections` over the ranks and
+    parallel code's forward hook (glm46.parallel.sharded_tokens) then sums `counts` and `selections` over the ranks and
     counts `tokens` of the whole rows, so that the ranks' balance losses sum to the whole one."""
 
     counts: torch.Tensor  # [E] tokens routed to each expert

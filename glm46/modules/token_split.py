@@ -1,5 +1,5 @@
 """How the tokens of a forward are split over ranks, as the model meets the split: an argument the caller passes to
-GLM46ForCausalLM.forward (glm46.parallel.token_split builds the parallel ones), never state the model holds.
+GLM46ForCausalLM.forward (glm46.parallel.sharded_tokens builds the parallel ones), never state the model holds.
 
 Context parallelism gives each rank some chunks of every row from the embedding on; sequence parallelism splits the
 residual stream between the tensor-parallel regions. The model calls these four steps where its tensors cross

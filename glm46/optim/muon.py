@@ -16,6 +16,7 @@ equals single-process Muon.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -134,3 +135,13 @@ class Muon(torch.optim.Optimizer):
             eps=group["eps"],
             maximize=False,
         )
+
+
+def is_muon(target: str) -> bool:
+    """Whether the optimizer `_target_` names glm46's Muon (or a subclass); False when it cannot be imported."""
+    module, _, name = target.rpartition(".")
+    try:
+        found = getattr(importlib.import_module(module), name, None) if module else None
+    except ImportError:
+        return False
+    return isinstance(found, type) and issubclass(found, Muon)

@@ -1,22 +1,7 @@
-"""Parallel layouts with existing engines: Lightning's DDP, ModelParallelStrategy (FSDP2 x tensor x expert
-parallel over one device mesh) and DeepSpeed ZeRO; see glm46.parallel.layout for the sizes."""
+"""Parallel layouts on torch.distributed: the sizes (`Layout`), the device mesh, and their application to the model
+(TP, EP, CP, PP, activation checkpointing, FSDP2); the Lightning strategies that run them are glm46.lit.strategies."""
 
+from .data_parallel import data_parallel_group, data_parallel_rank_and_size, data_parallel_size
 from .layout import Layout
-from .strategies import (
-    DeepSpeedStrategy,
-    MeshParallelStrategy,
-    build_strategy,
-    data_parallel_group,
-    data_parallel_rank_and_size,
-    data_parallel_size,
-)
 
-__all__ = [
-    "DeepSpeedStrategy",
-    "Layout",
-    "MeshParallelStrategy",
-    "build_strategy",
-    "data_parallel_group",
-    "data_parallel_rank_and_size",
-    "data_parallel_size",
-]
+__all__ = ["Layout", "data_parallel_group", "data_parallel_rank_and_size", "data_parallel_size"]

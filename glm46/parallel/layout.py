@@ -29,7 +29,6 @@ dp = world_size / (tp x pp x cp).
 
 from __future__ import annotations
 
-import importlib
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -160,18 +159,6 @@ class Layout:
             return (pp, replicate, 1, shard // ep, ep, cp, tp)
         outer = ep // shard
         return (pp, replicate // outer, outer, 1, shard, cp, tp)
-
-
-def is_muon(target: str) -> bool:
-    """Whether the optimizer `_target_` names glm46's Muon (or a subclass); False when it cannot be imported."""
-    from glm46.optim import Muon
-
-    module, _, name = target.rpartition(".")
-    try:
-        found = getattr(importlib.import_module(module), name, None) if module else None
-    except ImportError:
-        return False
-    return isinstance(found, type) and issubclass(found, Muon)
 
 
 def layout_problems(parallelism: Any, world_size: int) -> list[str]:

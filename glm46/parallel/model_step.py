@@ -2,7 +2,7 @@
 per-step object (MeshParallelStrategy.model_step), so that the LightningModule speaks of the loss only.
 
 - `ModelStep`: the model on this rank's batch, whole or split by tensors (TP, EP, FSDP2), and under context and
-  sequence parallelism on this rank's tokens of it (glm46.parallel.token_split): each rank's loss is then its
+  sequence parallelism on this rank's tokens of it (glm46.parallel.sharded_tokens): each rank's loss is then its
   tokens' part, summed for the logs; the loss backpropagated is scaled by cp (FSDP2 averages the gradients over
   the cp ranks too, where they must sum); and after the step's last backward the gradients of the weights that
   saw only the rank's tokens are summed over TP (glm46.parallel.sequence_parallel).
@@ -20,7 +20,7 @@ from glm46.modules.token_split import WHOLE_ROWS
 
 from .pipeline_parallel import Pipeline, step_totals
 from .sequence_parallel import all_reduce_sequence_local_grads
-from .token_split import ShardedTokens
+from .sharded_tokens import ShardedTokens
 
 Batch = dict[str, torch.Tensor]
 
@@ -32,7 +32,7 @@ class ModelStep:
     group = None  # the process group over which this rank's parameters are a part of the model's (a pipeline's)
 
     def __init__(self, model: nn.Module, split: ShardedTokens | None = None, experts_fold_tp: bool = False):
-        """split: the layout's token split (glm46.parallel.token_split.token_split); experts_fold_tp: the layout's
+        """split: the layout's token split (glm46.parallel.sharded_tokens.token_split); experts_fold_tp: the layout's
         (whether the routed experts are split over TP, so that their gradients are not partial sums)."""
         self.model, self.split, self.experts_fold_tp = model, split, experts_fold_tp
 

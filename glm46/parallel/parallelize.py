@@ -24,7 +24,7 @@ from .context_parallel import ContextParallelAttention, ContextShards
 from .expert_dispatch import ExpertParallelExperts
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
-from .token_split import install_routing_sums, token_split
+from .sharded_tokens import install_routing_sums, token_split
 
 
 def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
@@ -141,7 +141,7 @@ def shard_experts(
 
 def apply_context_parallel(model: GLM46ForCausalLM, shards: ContextShards) -> None:
     """Each cp rank runs its load-balanced chunks of every sequence (glm46.parallel.context_parallel): the training
-    step passes the model a token split that takes them from the whole rows (glm46.parallel.token_split), and
+    step passes the model a token split that takes them from the whole rows (glm46.parallel.sharded_tokens), and
     attention all-gathers the keys and values. The cp ranks hold the same weights: apply_fsdp shards them over
     dp_shard_cp, whose gradient mean over cp the training step undoes (the rank's loss is its tokens' part)."""
     for layer in decoder_layers(model):

@@ -41,7 +41,7 @@ from glm46.modules.model import CausalLMOutput, GLM46ForCausalLM, positions_afte
 from glm46.modules.token_split import WHOLE_ROWS, TokenSplit
 
 from .layout import PIPELINE_SCHEDULES, V_SCHEDULES, Layout
-from .token_split import ShardedTokens
+from .sharded_tokens import ShardedTokens
 
 # ---------------------------------------------------------------- which layers each stage holds
 
@@ -251,7 +251,7 @@ class Pipeline:
         device: torch.device,
         split: ShardedTokens | None = None,
     ):
-        """split: sequence parallelism's split of the sequence (glm46.parallel.token_split), None without it."""
+        """split: sequence parallelism's split of the sequence (glm46.parallel.sharded_tokens), None without it."""
         from torch.distributed import pipelining
 
         self.models, self.layout, self.split = stage_models, layout, split

@@ -6,7 +6,8 @@ import torch
 from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
-from glm46.parallel.layout import Layout, is_muon
+from glm46.optim.muon import is_muon
+from glm46.parallel.layout import Layout
 from glm46.planning.plan import Hardware, plan
 from glm46.planning.rollout import add_colocated_engine
 

@@ -46,7 +46,7 @@ from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
-from glm46.parallel.strategies import data_parallel_group, data_parallel_rank_and_size
+from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
 from glm46.rl.grpo_loss import (
     AGGREGATIONS,

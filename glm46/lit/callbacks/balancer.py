@@ -16,7 +16,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from glm46.parallel.strategies import data_parallel_group
+from glm46.parallel.data_parallel import data_parallel_group
 
 
 def max_violation(counts: torch.Tensor) -> torch.Tensor:

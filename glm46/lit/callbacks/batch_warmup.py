@@ -6,7 +6,7 @@ from __future__ import annotations
 import lightning as L
 
 from glm46.optim.schedules import LinearRamp, accumulation_for, next_accumulation
-from glm46.parallel.strategies import data_parallel_size
+from glm46.parallel.data_parallel import data_parallel_size
 
 
 class BatchSizeWarmup(L.Callback):

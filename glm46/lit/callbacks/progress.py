@@ -11,7 +11,7 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import TQDMProgressBar
 
-from glm46.app.logs import rank_zero_logger
+from glm46.logs import rank_zero_logger
 
 log = rank_zero_logger(__name__)
 

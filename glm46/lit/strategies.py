@@ -35,13 +35,12 @@ from glm46.lightning_private import (
     init_deepspeed_processes,
     init_model_parallel_processes,
 )
-
-from .layout import Layout
-from .mesh import build_mesh
-from .model_step import ModelStep, PipelineStep
-from .parallelize import parallelize
-from .pipeline_parallel import Pipeline, split_model
-from .token_split import token_split
+from glm46.parallel.layout import Layout
+from glm46.parallel.mesh import build_mesh
+from glm46.parallel.model_step import ModelStep, PipelineStep
+from glm46.parallel.parallelize import parallelize
+from glm46.parallel.pipeline_parallel import Pipeline, split_model
+from glm46.parallel.sharded_tokens import token_split
 
 
 class MeshParallelStrategy(ModelParallelStrategy):
@@ -218,22 +217,3 @@ def build_strategy(parallelism: Any, layout: Layout) -> Strategy | str:
     if parallelism.engine == "mesh":
         return instantiate(node, _partial_=True)(layout=layout)  # the Layout object itself, not a config copy
     return instantiate(node)
-
-
-def data_parallel_group(strategy) -> torch.distributed.ProcessGroup | None:
-    """The process group over which batches differ (None: all ranks)."""
-    return getattr(strategy, "data_parallel_group", None)
-
-
-def data_parallel_rank_and_size(trainer) -> tuple[int, int]:
-    """(rank among the ranks that see different batches, their number): the global rank and world size,
-    except under tensor parallelism, whose ranks share a batch."""
-    kwargs = getattr(trainer.strategy, "distributed_sampler_kwargs", None)
-    if kwargs:
-        return int(kwargs["rank"]), int(kwargs["num_replicas"])
-    return trainer.global_rank, trainer.world_size
-
-
-def data_parallel_size(trainer) -> int:
-    """How many different batches one step sees (world size / tensor parallel)."""
-    return data_parallel_rank_and_size(trainer)[1]
