@@ -5,10 +5,10 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from glm46.app.aliases import renamed_overrides
-from glm46.app.checks import Refused
-from glm46.app.schema import register_configs
 from glm46.app.tasks import run_task
+from glm46.config.aliases import renamed_overrides
+from glm46.config.checks import Refused
+from glm46.config.schema import register_configs
 from glm46.errors import ConfigError
 
 register_configs()

@@ -1,8 +1,8 @@
-"""`python -m glm46.compare <sweep dir or run dirs...>`: the public name; the code is glm46.app.sweep_summary."""
+"""`python -m glm46.compare <sweep dir or run dirs...>`: the public name; the code is glm46.reports.sweep_summary."""
 
 import sys
 
-from glm46.app.sweep_summary import main
+from glm46.reports.sweep_summary import main
 
 if __name__ == "__main__":
     sys.exit(main())

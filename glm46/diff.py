@@ -1,8 +1,8 @@
-"""`python -m glm46.diff A B`: the command's public name; the code is glm46.app.config_diff."""
+"""`python -m glm46.diff A B`: the command's public name; the code is glm46.reports.config_diff."""
 
 import sys
 
-from glm46.app.config_diff import main
+from glm46.reports.config_diff import main
 
 if __name__ == "__main__":
     sys.exit(main())

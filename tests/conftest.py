@@ -7,7 +7,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from glm46.app.schema import register_configs
+from glm46.config.schema import register_configs
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.hf import save_hf
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from glm46.app.checks import validate
+from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.modules import cuda_kernels
 
@@ -126,7 +126,7 @@ TABLE = [
      [r"n_routed_experts=16 must be divisible by n_group=3"]),
     ("hidden-size-zero", [], ["model.hidden_size=0"], VALIDATE, [r"hidden_size=0 must be >= 1"]),
     ("vocab-negative", [], ["model.vocab_size=-5"], VALIDATE, [r"vocab_size=-5 must be >= 1"]),
-    # -- the cluster and the parallel layout (glm46.parallel.Layout.from_config, glm46.app.checks.check_layout)
+    # -- the cluster and the parallel layout (Layout.from_config, glm46.config.layout_checks.check_layout)
     ("devices-zero", TINY, ["cluster.devices=0"], VALIDATE, [r"cluster\.devices=0 must be an integer >= 1"]),
     ("nodes-negative", TINY, ["cluster.num_nodes=-1"], VALIDATE, [r"cluster\.num_nodes=-1 must be an integer >= 1"]),
     ("single-on-two-devices", TINY, ["cluster.devices=2"], VALIDATE,

@@ -27,9 +27,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import open_dict
 
-from glm46.app.checks import model_config
-from glm46.app.schema import register_configs
 from glm46.app.tasks import prepare_data, run_task
+from glm46.config.checks import model_config
+from glm46.config.schema import register_configs
 from glm46.data.documents import Ledger
 from glm46.data.prepare import EmptyDatasetError, prepare
 from glm46.data.quality import QualityRules

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import yaml
 
-from glm46.app.config_diff import diff_specs, format_text
-from glm46.app.plots import read_metrics
-from glm46.app.sweep_summary import Member, estimate, find_members, main, member_state, read_outcomes, summarize
+from glm46.reports.config_diff import diff_specs, format_text
+from glm46.reports.plots import read_metrics
+from glm46.reports.sweep_summary import Member, estimate, find_members, main, member_state, read_outcomes, summarize
 
 from .slurm import require_slurm
 

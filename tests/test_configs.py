@@ -10,7 +10,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from glm46.app.checks import model_config, validate
+from glm46.config.checks import model_config, validate
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 from glm46.planning.counts import count_parameters, format_counts
@@ -67,7 +67,7 @@ def test_every_group_member_composes_and_its_objects_build(tmp_path, group, memb
     from hydra.utils import instantiate
     from omegaconf import read_write
 
-    from glm46.app.schema import register_configs
+    from glm46.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
@@ -221,7 +221,7 @@ def test_run_py_refuses_a_misspelt_key_naming_it(tmp_path):
 
 
 def test_run_directories_are_keyed_by_slurm_job_id(monkeypatch):
-    from glm46.app.resolvers import job_id
+    from glm46.config.resolvers import job_id
 
     monkeypatch.setenv("SLURM_JOB_ID", "1234")
     assert job_id() == "1234"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from glm46.app.config_diff import SpecError, compose_from, diff_configs, main
 from glm46.optim.schedules import LinearRamp, steps_for
+from glm46.reports.config_diff import SpecError, compose_from, diff_configs, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1 = "experiment=pretrain_phase1 cluster=h800_1024n"  # its step count reads the data-parallel ranks

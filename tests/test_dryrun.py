@@ -45,9 +45,9 @@ AIR_H100 = [
 def main(spec: dict) -> None:
     from hydra import compose, initialize_config_dir
 
-    from glm46.app.checks import validate
-    from glm46.app.schema import register_configs
     from glm46.app.tasks import dryrun_job
+    from glm46.config.checks import validate
+    from glm46.config.schema import register_configs
 
     if spec.get("leave_replicated"):  # a broken layout: FSDP2 never applied, every parameter left whole
         import glm46.parallel.parallelize as parallelize
@@ -168,7 +168,7 @@ def test_the_plan_counts_the_newton_schulz_workspace_of_optim_ns_batch_bytes(com
     shrinks it, AdamW has none."""
     import torch
 
-    from glm46.app.checks import model_config
+    from glm46.config.checks import model_config
     from glm46.optim.newton_schulz import workspace_bytes
     from glm46.planning.sizing import composed_plan
 

@@ -16,8 +16,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import read_write
 
-from glm46.app.schema import register_configs
 from glm46.app.tasks import run_task
+from glm46.config.schema import register_configs
 from glm46.data.chat import ROLE_TOKENS
 from glm46.data.documents import Ledger
 from glm46.data.embedded import generated

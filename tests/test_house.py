@@ -1,7 +1,7 @@
 """The house rules that code review would otherwise have to remember: no import circles between glm46's modules
 (function-local imports included) nor between its packages (a floor imports only the floors below it), no two
 modules with the same file name, the public names of DESIGN import, and a `_target_` node's schema is its
-constructor's signature (glm46.app.schema.derive)."""
+constructor's signature (glm46.config.schema.derive)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ValidationError
 
-from glm46.app.schema.derive import target_schema
+from glm46.config.schema.derive import target_schema
 
 PACKAGE = Path(__file__).resolve().parents[1] / "glm46"
 

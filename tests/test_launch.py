@@ -16,8 +16,8 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 
-from glm46.app.checks import validate
-from glm46.app.schema import register_configs
+from glm46.config.checks import validate
+from glm46.config.schema import register_configs
 from glm46.errors import ConfigError
 from glm46.optim.schedules import LinearRamp, steps_for
 

@@ -36,7 +36,7 @@ def compose_layout(layout: str, overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from glm46.app.schema import register_configs
+    from glm46.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

@@ -4,9 +4,9 @@ rules name their keys and numbers (no processes started)."""
 import pytest
 from omegaconf import OmegaConf
 
-from glm46.app.checks import check_layout
-from glm46.app.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
-from glm46.app.schema.launch import DeepSpeedParallelism, ParallelismConfig
+from glm46.config.layout_checks import check_layout
+from glm46.config.schema import register_configs  # noqa: F401  (conftest registers; kept for direct runs)
+from glm46.config.schema.launch import DeepSpeedParallelism, ParallelismConfig
 from glm46.errors import ConfigError
 from glm46.lit.strategies import build_strategy
 from glm46.parallel import Layout

@@ -290,7 +290,7 @@ def test_run_py_prepare_command(planted, tmp_path):
 
 
 def test_the_readers_former_data_spelling_is_rewritten_to_source():
-    from glm46.app.aliases import renamed_overrides
+    from glm46.config.aliases import renamed_overrides
 
     old = ["task=prepare", "data=jsonl", "data.paths=[a.jsonl]", "data.output_dir=out", "seed=1"]
     assert renamed_overrides(old) == [

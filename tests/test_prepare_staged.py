@@ -160,9 +160,9 @@ def test_merge_tasks_hash_their_own_pieces_of_the_fingerprint(jsonl_corpus, tmp_
     """The token fingerprint hashes pieces of CHUNK_TOKENS: with small pieces, each merge task hashes those within
     its part and the finish reads back only those that straddle two parts; the fingerprint is one process's."""
     import glm46.data.shards
-    import glm46.data.staged.stages
+    import glm46.data.staged.assemble
 
-    for module in (glm46.data.shards, glm46.data.staged.stages):
+    for module in (glm46.data.shards, glm46.data.staged.assemble):
         monkeypatch.setattr(module, "CHUNK_TOKENS", 1000)
     folder, reference = jsonl_corpus
     tokenizer = str(reference / "tokenizer.json")

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from glm46.app.checks import validate
+from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.optim.schedules import recipe_values
 
@@ -36,7 +36,7 @@ def production():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from glm46.app.schema import register_configs
+    from glm46.config.schema import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()

@@ -124,8 +124,8 @@ def initial(tmp_path_factory) -> Path:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from glm46.app.checks import model_config
-    from glm46.app.schema import register_configs
+    from glm46.config.checks import model_config
+    from glm46.config.schema import register_configs
     from glm46.hf import save_hf
     from glm46.modules import GLM46ForCausalLM
 

@@ -111,7 +111,7 @@ def test_glm45_phases_set_sequence_rope_packing_and_steps(
 
 
 def test_a_sequence_longer_than_the_model_allows_is_refused(compose_config):
-    from glm46.app.checks import validate
+    from glm46.config.checks import validate
     from glm46.errors import ConfigError
 
     cfg = compose_config(

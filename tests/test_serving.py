@@ -18,10 +18,10 @@ from hydra.errors import ConfigCompositionException
 from safetensors import safe_open
 from transformers import AutoTokenizer
 
-from glm46.app.checks import model_config
 from glm46.app.tasks import run_task
 from glm46.checkpoint.hub_config import config_to_hf
 from glm46.checkpoint.hub_files import SINGLE_FILE
+from glm46.config.checks import model_config
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError

@@ -254,7 +254,7 @@ def test_the_355b_lightning_module_under_a_sharded_layout_allocates_no_parameter
 import resource
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from glm46.app.schema import register_configs
+from glm46.config.schema import register_configs
 from glm46.app.train import build_module
 register_configs()
 with initialize_config_dir(config_dir="{ROOT / "conf"}", version_base="1.3"):

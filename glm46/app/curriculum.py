@@ -28,12 +28,12 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
-from glm46.app.checks import validate
-from glm46.app.plots import plot_curriculum
 from glm46.app.train import train
+from glm46.config.checks import validate
 from glm46.eval import summarize
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
+from glm46.reports.plots import plot_curriculum
 
 log = rank_zero_logger(__name__)
 

@@ -14,7 +14,7 @@ from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.staged.cost import estimate, format_estimate
 from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm
-from glm46.data.staged.work import StagedPlan, make_plan, progress_table
+from glm46.data.staged.work import StagedPlan, plan_for, progress_table
 from glm46.errors import ConfigError
 from glm46.logs import rank_zero_logger
 
@@ -25,7 +25,7 @@ def staged_plan(source: DictConfig, settings: DictConfig, threads: int = 1) -> S
     """The plan of preparing `source` over prepare.tasks tasks (glm46.data.staged), or a ConfigError naming what
     cannot run (no input, more tasks than input files, an output directory holding another preparation)."""
     source_, settings_ = (OmegaConf.to_container(node, resolve=True) for node in (source, settings))
-    return make_plan(source_, settings_, prepare_fingerprint(source_, settings_), threads)
+    return plan_for(source_, settings_, threads)
 
 
 def prepare_estimate(source: DictConfig, settings: DictConfig, threads: int = 1) -> dict:

@@ -1,4 +1,4 @@
-"""What a run and a sweep leave behind for `python -m glm46.compare` (the files: glm46.app.run_files).
+"""What a run and a sweep leave behind for `python -m glm46.compare` (the files: glm46.run_files).
 
 - `<run dir>/state.json`, written by the Hydra callback RunState (hydra.callbacks in conf/config.yaml) when the job
   starts and when it ends, from the first rank only. A process killed outright (SIGKILL, a lost node) never
@@ -7,7 +7,7 @@
   local multirun, by the Slurm launcher once the array is queued), so that a member that never started or died
   early is listed, not dropped.
 
-A local multirun also rewrites the sweep's summary (glm46.app.sweep_summary) each time a member ends, so that the
+A local multirun also rewrites the sweep's summary (glm46.reports.sweep_summary) each time a member ends, so that the
 summary is complete once the last one has ended, also when a member failed (Hydra then raises and skips
 on_multirun_end).
 """
@@ -27,7 +27,7 @@ from hydra.core.utils import JobReturn, JobStatus
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from glm46.app.run_files import STATE_FILE, SWEEP_FILE, read_json, write_json, write_manifest
+from glm46.run_files import STATE_FILE, SWEEP_FILE, read_json, write_json, write_manifest
 
 log = logging.getLogger(__name__)
 LOCAL_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -104,7 +104,7 @@ class RunState(Callback):
     @staticmethod
     def summarize(sweep_dir: Path, run_dir: Path, state: dict) -> None:
         """One line for the member that ended; the sweep's summary (files, and the tables once it is the last)."""
-        from glm46.app.sweep_summary import summarize_sweep
+        from glm46.reports.sweep_summary import summarize_sweep
 
         log.info(f"member {run_dir.name}: {state['state']} -> {run_dir}")
         manifest = read_json(sweep_dir / SWEEP_FILE) or {"members": []}

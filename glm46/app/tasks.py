@@ -1,4 +1,4 @@
-"""The tasks `run.py` dispatches to, by the `task` key of the composed config (glm46.app.schema.Task)."""
+"""The tasks `run.py` dispatches to, by the `task` key of the composed config (glm46.config.schema.Task)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from glm46.app.checks import validate
 from glm46.app.curriculum import train_stages
 from glm46.app.preparation import prepare_cached, prepare_estimate, prepare_once
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.fp8 import export_fp8
 from glm46.checkpoint.gguf_export import export_gguf
+from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
 from glm46.logs import quiet_dependencies, rank_zero_logger

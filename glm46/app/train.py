@@ -11,7 +11,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.app.plots import plot_run
 from glm46.checkpoint import save_hf
 from glm46.checkpoint.atomic import AtomicCheckpointIO, resume_path
 from glm46.checkpoint.reshard import LayoutRecord, check_resume
@@ -24,6 +23,7 @@ from glm46.lit.strategies import build_strategy
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.planning.sizing import composed_layout
+from glm46.reports.plots import plot_run
 
 log = rank_zero_logger(__name__)
 

@@ -43,7 +43,7 @@ class ConversationTargets:
 
 
 def check_packing(packing: str) -> None:
-    """SFT's rule on its `packing`, run by the constructor and, at composition, by glm46.app.checks."""
+    """SFT's rule on its `packing`, run by the constructor and, at composition, by glm46.config.checks."""
     if packing == "truncate":
         raise ConfigError(
             "data.packing='truncate' with SFT data (data=sft, embedded_sft) would cut conversations at random: "

@@ -1,7 +1,7 @@
 """GLM46Config: the model's hyper-parameters, named as in transformers' `Glm4MoeConfig`.
 
 The same dataclass is the Hydra schema of the `model` config group (registered in
-`glm46.app.schema`), so a misspelt key or a wrong type fails when the config is composed, and
+`glm46.config.schema`), so a misspelt key or a wrong type fails when the config is composed, and
 `validate()` rejects inconsistent shapes with the offending keys and values.
 """
 

@@ -21,7 +21,7 @@ from glm46.errors import ConfigError
 
 
 def check_factors(min_factor: float, scale: float) -> None:
-    """The LR schedules' own rule on their factors (glm46.app.checks runs it at composition, naming the keys)."""
+    """The LR schedules' own rule on their factors (glm46.config.checks runs it at composition, naming the keys)."""
     if not 0 <= min_factor <= 1:
         raise ConfigError(f"schedule.lr.min_factor={min_factor!r} must be in [0, 1]: the floor as a share of the peak")
     if not scale > 0:

@@ -24,7 +24,7 @@ Sizes (the `parallelism` config group's keys):
 dp = world_size / (tp x pp x cp).
 
 `Layout.from_config` checks the layout's own rules (sizes, world size, what each engine can split);
-`model_problems` the model against it (glm46.app.checks runs both before anything is queued).
+`model_problems` the model against it (glm46.config.checks runs both before anything is queued).
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class Layout:
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
-        """The layout of a `parallelism` node (schema glm46.app.schema.launch.ParallelismConfig) on `world_size`
+        """The layout of a `parallelism` node (schema glm46.config.schema.launch.ParallelismConfig) on `world_size`
         processes; ConfigError naming the keys and values when the sizes cannot run together."""
         problems = layout_problems(parallelism, world_size)
         if problems:

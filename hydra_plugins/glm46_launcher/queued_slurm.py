@@ -2,10 +2,10 @@
 
 hydra-submitit-launcher's SlurmLauncher submits every point of a sweep as one job array and then
 blocks until all of them finish; for an 80-day job the user needs the command back. QueuedSlurmLauncher
-is that launcher with two changes: every job's composition is validated (glm46.app.checks.validate, which
+is that launcher with two changes: every job's composition is validated (glm46.config.checks.validate, which
 checks it against the cluster) before anything is submitted, and it returns after submission,
 printing the job ids, log paths and the squeue/scancel lines, unless `wait: true` (then it waits for the jobs and
-writes the sweep's summary, glm46.app.sweep_summary). A job array's manifest (glm46.app.run_files) lists its members.
+writes the sweep's summary, glm46.reports.sweep_summary). A job array's manifest (glm46.run_files) lists its members.
 When sbatch refuses the submission, the user gets one line (SlurmRefusedError) saying what was asked and what
 Slurm answered.
 """
@@ -48,7 +48,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
         configs = [self.hydra_context.config_loader.load_sweep_config(self.config, list(o)) for o in job_overrides]
         if all(config.task in LOCAL_TASKS for config in configs):
             return [self.run_here(config) for config in configs]
-        from glm46.app.checks import Refused, validate
+        from glm46.config.checks import Refused, validate
         from glm46.errors import ConfigError
 
         for overrides, config in zip(job_overrides, configs):
@@ -102,7 +102,7 @@ class QueuedSlurmLauncher(SlurmLauncher):
                     JobReturn(overrides=list(overrides), cfg=config, status=JobStatus.FAILED, _return_value=error)
                 )
         if members_dir is not None:
-            from glm46.app.sweep_summary import summarize_sweep
+            from glm46.reports.sweep_summary import summarize_sweep
 
             summarize_sweep(members_dir)
         return returns
@@ -196,8 +196,8 @@ def restart_lines(cluster, sweep_dir: Path) -> list[str]:
 
 def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:
     """A job array's members run in `<sweep dir>/<array id>/<task>` (conf/launch/slurm.yaml): write that directory's
-    manifest (glm46.app.run_files) so that a member that never starts is listed too; None for a job that is no array."""
-    from glm46.app.run_files import write_manifest
+    manifest (glm46.run_files) so that a member that never starts is listed too; None for a job that is no array."""
+    from glm46.run_files import write_manifest
 
     if "_" not in jobs[0].job_id:
         return None

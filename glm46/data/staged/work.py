@@ -13,12 +13,16 @@ import numpy as np
 
 from glm46.errors import ConfigError
 
-from ..cache import RECORD
+from ..cache import RECORD, prepare_fingerprint
 from ..sources import input_files
 
 WORK = ".staged"
 SINGLE = {"clusters", "tokenizer", "finish"}  # stages of one task; the others have one task per prepare.tasks
 KEY_BITS = 40  # a document's key: read task << KEY_BITS | its position among that task's inputs (input order)
+
+
+# The ledger reason of the documents each dedup stage drops
+DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
 
 
 @dataclass
@@ -118,6 +122,11 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         threads=threads,
         stages=stage_names(settings["dedup"]),
     )
+
+
+def plan_for(source: dict, settings: dict, threads: int = 1) -> StagedPlan:
+    """make_plan under the fingerprint of `source` and `settings` (glm46.data.cache) that marks the preparation."""
+    return make_plan(source, settings, prepare_fingerprint(source, settings), threads)
 
 
 def _check_output_dir(output_dir: Path, fingerprint: str, tasks: int) -> None:

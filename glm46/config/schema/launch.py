@@ -34,7 +34,7 @@ class ParallelismConfig:
     microbatches: int = 1  # a rank's batch (data.batch_size) is split into this many for the pipeline
     layers_per_stage: Optional[List[int]] = None  # decoder layers of each stage, in order; null: balanced by cost
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
-    # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.app.resolvers.fsdp_policy)
+    # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.config.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
     # Free each gathered layer after forward (ZeRO-3-like) or keep it to the backward (ZeRO-2-like). null:
     # torchtitan's default, true without pipeline parallelism, false under it (the stages would gather their layers

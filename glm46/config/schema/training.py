@@ -1,9 +1,9 @@
 """Schemas of the groups that build the training loop: trainer, optim, schedule, recipe, guard, callbacks, logger.
 
-A `_target_` node's schema is derived from its constructor (glm46.app.schema.derive), so Hydra refuses any key the
+A `_target_` node's schema is derived from its constructor (glm46.config.schema.derive), so Hydra refuses any key the
 constructor does not take while composing, naming it; only the nodes without a target (optim, schedule, recipe)
 are written here. Values of `${...}` interpolations are checked when resolved, before anything runs
-(glm46.app.checks).
+(glm46.config.checks).
 """
 
 from __future__ import annotations

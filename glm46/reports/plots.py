@@ -1,6 +1,6 @@
 """Pictures of a run: the loss curves and the expert load, from the files in its run directory.
 
-`python -m glm46.app.plots RUN_DIR` redraws them; training draws them at the end of a run.
+`python -m glm46.reports.plots RUN_DIR` redraws them; training draws them at the end of a run.
 """
 
 from __future__ import annotations

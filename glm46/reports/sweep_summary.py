@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from glm46.app.run_files import STATE_FILE, SWEEP_FILE, is_run_dir, read_json
+from glm46.run_files import STATE_FILE, SWEEP_FILE, is_run_dir, read_json
 
 SEED = "seed"
 # (column, metric in metrics.csv, which value): the outcomes every training run logs.
@@ -180,7 +180,7 @@ def _alive(pid: int | None) -> bool:
 
 def read_outcomes(run_dir: Path) -> dict[str, float]:
     """The run's outcomes (OUTCOMES from metrics.csv, then every lm-eval metric of eval/results.json)."""
-    from glm46.app.plots import read_metrics
+    from glm46.reports.plots import read_metrics
 
     outcomes = {}
     if (run_dir / "metrics.csv").is_file():
@@ -376,7 +376,7 @@ def label(member: Member, varied: list[str]) -> str:
 
 def write_summary(summary: Summary, folder: Path) -> list[Path]:
     """summary.md, summary.csv and loss_curves.png in `folder`."""
-    from glm46.app.plots import plot_sweep
+    from glm46.reports.plots import plot_sweep
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "summary.md").write_text(format_summary(summary) + "\n")

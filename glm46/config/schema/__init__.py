@@ -7,7 +7,7 @@ value of the wrong type, then fails while composing, naming its full key.
 
 from hydra.core.config_store import ConfigStore
 
-from glm46.app.resolvers import register_resolvers
+from glm46.config.resolvers import register_resolvers
 from glm46.modules import GLM46Config
 from glm46.rl.engine import RolloutSettings
 

@@ -35,9 +35,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from glm46.app.aliases import renamed_overrides
-from glm46.app.run_files import is_run_dir as run_directory
-from glm46.app.schema import register_configs
+from glm46.config.aliases import renamed_overrides
+from glm46.config.schema import register_configs
+from glm46.run_files import is_run_dir as run_directory
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "conf"
 _ABSENT = object()
@@ -217,12 +217,12 @@ def diff_configs(a: dict, b: dict) -> dict[str, dict[str, Any]]:
 
 def diff_specs(spec_a: str, spec_b: str, config_dir: str | Path | None = None) -> dict:
     """{"defaults": choice differences, "changed": key differences} of two specs; and when both are run directories,
-    "outcomes": {outcome: {"a", "b"}} for every outcome either run has (glm46.app.sweep_summary.read_outcomes)."""
+    "outcomes": {outcome: {"a", "b"}} for every outcome either run has (glm46.reports.sweep_summary.read_outcomes)."""
     cfg_a, choices_a = compose_from(spec_a, config_dir)
     cfg_b, choices_b = compose_from(spec_b, config_dir)
     result = {"defaults": diff_configs(choices_a, choices_b), "changed": diff_configs(cfg_a, cfg_b)}
     if is_run_dir(spec_a) and is_run_dir(spec_b):
-        from glm46.app.sweep_summary import read_outcomes
+        from glm46.reports.sweep_summary import read_outcomes
 
         a, b = read_outcomes(Path(spec_a)), read_outcomes(Path(spec_b))
         result["outcomes"] = {

@@ -1,5 +1,5 @@
 """The two files that let `python -m glm46.compare` read runs and sweeps (written by glm46.app.sweep and the Slurm
-launcher, read by glm46.app.sweep_summary):
+launcher, read by glm46.reports.sweep_summary):
 
 - `<run dir>/state.json`: {"state": running | completed | failed | interrupted, "pid", "host", "job_id", "started",
   "ended", "error"};

@@ -98,7 +98,7 @@ def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_paralle
 
 def fsdp_policy(precision: str, mixed_precision: DictConfig) -> dict | None:
     """`${fsdp_policy:${trainer.precision},${..mixed_precision}}`: parallelism.mixed_precision when either dtype
-    is set (glm46.app.checks refuses one that contradicts trainer.precision), else the policy trainer.precision
+    is set (glm46.config.checks refuses one that contradicts trainer.precision), else the policy trainer.precision
     implies (glm46.parallel.parallelize.fsdp_policy)."""
     return parallel_fsdp_policy(precision, OmegaConf.to_container(mixed_precision))
 

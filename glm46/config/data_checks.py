@@ -1,0 +1,68 @@
+"""The data against the model and the phase: the dataset's domains, sequence length, packing; a preparation's tasks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra.utils import get_class
+from omegaconf import DictConfig, OmegaConf
+
+from glm46.data.staged.work import plan_for
+from glm46.errors import ConfigError
+from glm46.lit.sft_data import SFTDataModule, check_packing
+from glm46.modules import GLM46Config
+
+from .values import value_at
+
+
+def _prepared_domains(cfg: DictConfig) -> set[str] | None:
+    """The domains of the prepared dataset at data.path (its tokens/shards.json), when it is on this machine and
+    not one the run prepares itself (its `source`); None otherwise (an unreadable index is the DataModule's to
+    report)."""
+    path = value_at(cfg, "data.path")
+    if not path:
+        return None
+    source = cfg.get("source")
+    if source and Path(str(source.output_dir)).absolute() == Path(path).absolute():
+        return None
+    try:
+        return set(json.loads((Path(path) / "tokens" / "shards.json").read_text())["domains"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def check_data(cfg: DictConfig, config: GLM46Config) -> None:
+    data = cfg.data
+    seq_len = data.get("seq_len")
+    if seq_len is not None and seq_len > config.max_position_embeddings:
+        raise ConfigError(
+            f"data.seq_len={seq_len} exceeds model.max_position_embeddings={config.max_position_embeddings}"
+        )
+    module = get_class(data._target_) if "_target_" in data else None
+    if module is not None and issubclass(module, SFTDataModule):
+        check_packing(data.packing)
+    if data.get("mixture") is None:
+        return
+    mixture = OmegaConf.to_container(data.mixture, resolve=True)
+    for domain, weight in mixture.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
+            raise ConfigError(f"data.mixture.{domain}={weight!r} (phase.mixture) must be a number >= 0")
+    if not sum(mixture.values()) > 0:
+        raise ConfigError(f"data.mixture={mixture} (phase.mixture) gives no domain a positive weight")
+    domains = _prepared_domains(cfg)
+    unknown = sorted(set(mixture) - domains) if domains is not None else []
+    if unknown:
+        raise ConfigError(
+            f"data.mixture (phase.mixture) names domains {unknown} that data.path={data.path} "
+            f"does not have (it has {sorted(domains)})"
+        )
+
+
+def check_prepare(cfg: DictConfig) -> None:
+    """prepare.tasks: at least 1; over several tasks, the staged plan must be possible (glm46.data.staged.work:
+    the input exists, holds no fewer files than tasks, and the output directory holds no other preparation)."""
+    if cfg.prepare.tasks < 1:
+        raise ConfigError(f"prepare.tasks={cfg.prepare.tasks}: the number of tasks of each stage is at least 1")
+    if cfg.prepare.tasks > 1:
+        plan_for(*(OmegaConf.to_container(node, resolve=True) for node in (cfg.source, cfg.prepare)))

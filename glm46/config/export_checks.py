@@ -1,0 +1,85 @@
+"""task=serve and task=export: the export they read, what serving engines refuse in it, the llama.cpp they need."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from glm46.checkpoint import find_weights
+from glm46.checkpoint.engine_limits import serving_problems
+from glm46.checkpoint.hub_config import config_from_hf
+from glm46.errors import ConfigError
+from glm46.modules import GLM46Config
+from glm46.serve.llama_cpp import BUILD_SCRIPT as LLAMA_CPP_BUILD_SCRIPT
+from glm46.serve.llama_cpp import llama_cpp_python
+
+
+def exported_model(key: str, path: str | None, what: str) -> tuple[Path, dict, GLM46Config]:
+    """The HF directory at `path` (itself, or a run directory's hf/), its config.json and model config; `key` names
+    the setting in errors, `what` the task."""
+    if path is None:
+        raise ConfigError(f"{key}: no model to {what}; set {key}=<a run directory or an HF directory>")
+    try:
+        weights = find_weights(path)
+        hf_config = json.loads((weights / "config.json").read_text())
+        return weights, hf_config, config_from_hf(hf_config)
+    except (FileNotFoundError, ValueError, TypeError, KeyError) as error:
+        raise ConfigError(f"{key}={path}: {error}") from None
+
+
+def check_serve(cfg: DictConfig) -> GLM46Config:
+    """task=serve: an export that the engine, device and launch settings can serve; returns its model config."""
+    settings = cfg.serve
+    weights, _, config = exported_model("serve.model", settings.model, "serve")
+    if settings.tensor_parallel_size < 1 or settings.speculative_steps < 1:
+        raise ConfigError(
+            f"serve.tensor_parallel_size={settings.tensor_parallel_size} and serve.speculative_steps="
+            f"{settings.speculative_steps} must be >= 1"
+        )
+    problems = serving_problems(
+        config, str(settings.engine), str(settings.device), settings.tensor_parallel_size, settings.mtp
+    )
+    if problems:
+        where = f"serve.engine={settings.engine} serve.device={settings.device}: {weights} cannot be served: "
+        raise ConfigError(where + "; ".join(problems))
+    return config
+
+
+def check_export(cfg: DictConfig) -> GLM46Config:
+    """task=export: an unquantized export to read, a new directory to write, a format built here."""
+    settings = cfg.export
+    weights, hf_config, config = exported_model("export.model", settings.model, "export")
+    if hf_config.get("quantization_config"):
+        raise ConfigError(
+            f"export.model={settings.model}: {weights} is already quantized ({hf_config['quantization_config']}); "
+            f"export the unquantized model"
+        )
+    if settings.output is None:
+        raise ConfigError("export.output: no directory to write; set export.output=<a new directory>")
+    output = Path(settings.output)
+    if output.exists() and any(output.iterdir()):
+        raise ConfigError(f"export.output={output} holds files: an export writes a new directory, never over one")
+    if settings.format == "fp8" and settings.block_size < 1:
+        raise ConfigError(f"export.block_size={settings.block_size} must be >= 1 (GLM-4.6-FP8: 128)")
+    if settings.format == "gguf":
+        if not (weights / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"export.model={settings.model}: {weights} has no tokenizer.json, and a GGUF file carries its "
+                f"tokenizer; export a run's model (its hf/ holds the tokenizer it was trained with)"
+            )
+        if settings.gguf_type == "q4_k_m" and llama_cpp(f"export.gguf_type={settings.gguf_type}") is None:
+            raise ConfigError(
+                f"export.gguf_type=q4_k_m is made by llama.cpp's quantizer, and no llama.cpp venv is built: run "
+                f"bash {LLAMA_CPP_BUILD_SCRIPT} (or set GLM46_LLAMA_CPP_PYTHON), or export gguf_type=f16|q8_0"
+            )
+    return config
+
+
+def llama_cpp(key: str) -> Path | None:
+    """The llama.cpp venv's python (None: not built); a GLM46_LLAMA_CPP_PYTHON that does not exist is an error."""
+    try:
+        return llama_cpp_python()
+    except FileNotFoundError as error:
+        raise ConfigError(f"{key}: {error}") from None
