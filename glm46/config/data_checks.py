@@ -9,6 +9,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.data.staged.work import plan_for
+from glm46.data.windows import check_mixture_domains, check_packing_choice
 from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
@@ -39,6 +40,8 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
         raise ConfigError(
             f"data.seq_len={seq_len} exceeds model.max_position_embeddings={config.max_position_embeddings}"
         )
+    if data.get("packing") is not None:
+        check_packing_choice(data.packing)
     module = get_class(data._target_) if "_target_" in data else None
     if module is not None and issubclass(module, SFTDataModule):
         check_packing(data.packing)
@@ -51,12 +54,8 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
     if not sum(mixture.values()) > 0:
         raise ConfigError(f"data.mixture={mixture} (phase.mixture) gives no domain a positive weight")
     domains = _prepared_domains(cfg)
-    unknown = sorted(set(mixture) - domains) if domains is not None else []
-    if unknown:
-        raise ConfigError(
-            f"data.mixture (phase.mixture) names domains {unknown} that data.path={data.path} "
-            f"does not have (it has {sorted(domains)})"
-        )
+    if domains is not None:
+        check_mixture_domains(mixture, domains, data.path)
 
 
 def check_prepare(cfg: DictConfig) -> None:

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
+from glm46.parallel.layout import data_parallel_size
 from glm46.parallel.parallelize import fsdp_policy as parallel_fsdp_policy
 
 _START = time.time()
@@ -70,16 +71,8 @@ def phase_steps(budget: int, ramp: DictConfig | None, start_tokens: int, global_
 def data_parallel(
     num_nodes: int, devices: int, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1
 ) -> int:
-    """`${data_parallel:nodes,devices,tp,pp,cp}`: ranks that see different batches (the tensor-parallel ranks, the
-    stages of one pipeline and the context-parallel ranks share one)."""
-    split = tensor_parallel * pipeline_parallel * context_parallel
-    if (num_nodes * devices) % split:
-        raise ValueError(
-            f"world size cluster.num_nodes x cluster.devices = {num_nodes} x {devices} is not divisible by "
-            f"parallelism.tensor_parallel x pipeline_parallel x context_parallel = {tensor_parallel} x "
-            f"{pipeline_parallel} x {context_parallel}"
-        )
-    return num_nodes * devices // split
+    """`${data_parallel:nodes,devices,tp,pp,cp}`: ranks that see different batches (glm46.parallel.layout)."""
+    return data_parallel_size(num_nodes * devices, tensor_parallel, pipeline_parallel, context_parallel)
 
 
 def accumulation(global_tokens: int, batch_size: int, seq_len: int, data_parallel_ranks: int) -> int:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from glm46.data.windows import PACKINGS
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 
@@ -53,7 +52,6 @@ CHOICES = {  # key -> (allowed values, what the message says about the key)
         ("bfloat16", "float16", "float32", "float64"),
         "{key}={value!r} (Muon's Newton-Schulz) is not one of {choices}",
     ),
-    "data.packing": (PACKINGS, "{key}={value!r} (phase.packing) is not one of {choices}"),
 }
 
 

@@ -14,9 +14,27 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
 
 PACKINGS = ("truncate", "best_fit", "pad")
+
+
+def check_packing_choice(packing: str) -> None:
+    """data.packing names one of PACKINGS (checked at composition and by the DataModule)."""
+    if packing not in PACKINGS:
+        raise ConfigError(f"data.packing={packing!r} (phase.packing) is not one of {list(PACKINGS)}")
+
+
+def check_mixture_domains(mixture: dict[str, float], domains: list[str], path) -> None:
+    """Every domain the mixture weighs is one the prepared dataset at data.path has (checked at composition, when
+    the dataset is on this machine, and by the DataModule)."""
+    unknown = sorted(set(mixture) - set(domains))
+    if unknown:
+        raise ConfigError(
+            f"data.mixture (phase.mixture) names domains {unknown} that data.path={path} does not have "
+            f"(it has {sorted(domains)})"
+        )
 
 
 class DomainStream:

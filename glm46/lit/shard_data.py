@@ -22,7 +22,15 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from glm46.data.shards import load_shard, read_index
-from glm46.data.windows import PACKINGS, DomainStream, MixtureWindows, best_fit_bins, document_pieces, window
+from glm46.data.windows import (
+    DomainStream,
+    MixtureWindows,
+    best_fit_bins,
+    check_mixture_domains,
+    check_packing_choice,
+    document_pieces,
+    window,
+)
 from glm46.parallel.data_parallel import data_parallel_rank_and_size
 
 
@@ -61,14 +69,8 @@ class ShardDataModule(L.LightningDataModule):
         if not index_file.exists():
             raise FileNotFoundError(f"data.path: {index_file} not found; run task=prepare first")
         self.index = read_index(self.path)
-        unknown = sorted(set(mixture) - set(self.index["domains"]))
-        if unknown:
-            raise ValueError(
-                f"data.mixture names domains {unknown} that {self.path} does not have "
-                f"(it has {sorted(self.index['domains'])})"
-            )
-        if packing not in PACKINGS:
-            raise ValueError(f"data.packing={packing!r}: expected one of {list(PACKINGS)}")
+        check_mixture_domains(mixture, self.index["domains"], self.root)
+        check_packing_choice(packing)
         self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
         self.num_workers = num_workers

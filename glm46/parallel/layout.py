@@ -74,7 +74,7 @@ class Layout:
             raise ConfigError(f"parallelism={parallelism.name}: " + "; ".join(problems))
         shard = parallelism.data_parallel_shard
         cp = parallelism.get("context_parallel", 1)
-        dp = world_size // (parallelism.tensor_parallel * parallelism.pipeline_parallel * cp)
+        dp = data_parallel_size(world_size, parallelism.tensor_parallel, parallelism.pipeline_parallel, cp)
         split = parallelism.get("layers_per_stage")
         return cls(
             world_size,
@@ -95,7 +95,7 @@ class Layout:
     @property
     def data_parallel(self) -> int:
         """Ranks that see different batches: all but the tensor-, pipeline- and context-parallel ones."""
-        return self.world_size // (self.tensor_parallel * self.pipeline_parallel * self.context_parallel)
+        return data_parallel_size(self.world_size, self.tensor_parallel, self.pipeline_parallel, self.context_parallel)
 
     @property
     def reshards_after_forward(self) -> bool:
@@ -159,6 +159,29 @@ class Layout:
             return (pp, replicate, 1, shard // ep, ep, cp, tp)
         outer = ep // shard
         return (pp, replicate // outer, outer, 1, shard, cp, tp)
+
+
+def product(*sizes: tuple[str, int]) -> str:
+    """'tensor_parallel x context_parallel = 2 x 2' of the sizes that split (tensor_parallel always)."""
+    shown = [(k, v) for k, v in sizes if v > 1 or k == "tensor_parallel"]
+    if len(shown) == 1:
+        return f"parallelism.{shown[0][0]}={shown[0][1]}"
+    return " x ".join(k for k, _ in shown) + " = " + " x ".join(str(v) for _, v in shown)
+
+
+def data_parallel_size(
+    world_size: int, tensor_parallel: int = 1, pipeline_parallel: int = 1, context_parallel: int = 1
+):
+    """Ranks that see different batches: the world size over the ranks that share one (tensor-parallel ranks, the
+    stages of one pipeline, the context-parallel ranks); a ConfigError when they do not divide it. The one place
+    this is computed: Layout.data_parallel and the configs' `${data_parallel:...}` resolver read it."""
+    shared = (("tensor_parallel", tensor_parallel), ("pipeline_parallel", pipeline_parallel))
+    shared += (("context_parallel", context_parallel),)
+    if world_size % (tensor_parallel * pipeline_parallel * context_parallel):
+        raise ConfigError(
+            f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {product(*shared)}"
+        )
+    return world_size // (tensor_parallel * pipeline_parallel * context_parallel)
 
 
 def layout_problems(parallelism: Any, world_size: int) -> list[str]:
@@ -229,16 +252,11 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
         if problems:
             return problems
 
-    def product(*sizes: tuple[str, int]) -> str:
-        """'tensor_parallel x context_parallel = 2 x 2' of the sizes that split (tensor_parallel always)."""
-        shown = [(k, v) for k, v in sizes if v > 1 or k == "tensor_parallel"]
-        if len(shown) == 1:
-            return f"parallelism.{shown[0][0]}={shown[0][1]}"
-        return " x ".join(k for k, _ in shown) + " = " + " x ".join(str(v) for _, v in shown)
-
     outer = (("tensor_parallel", tp), ("pipeline_parallel", pp), ("context_parallel", cp))
-    if world_size % (tp * pp * cp):
-        return [f"world size {world_size} (cluster.num_nodes x cluster.devices) must be divisible by {product(*outer)}"]
+    try:
+        dp = data_parallel_size(world_size, tp, pp, cp)
+    except ConfigError as error:
+        return [str(error)]
     if tp > 1 and ep > 1 and ep % tp:
         return [
             f"parallelism.expert_parallel={ep} must be a multiple of tensor_parallel={tp}: the experts fold over "
@@ -250,7 +268,6 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"parallelism.expert_parallel={ep} must be a multiple of {product(*outer[::2])} = {inner}: an ep group "
             f"spans whole context-parallel groups{' and tp groups' if tp > 1 else ''}"
         ]
-    dp = world_size // (tp * pp * cp)
     ep_dp = ep // inner if ep > 1 else ep  # Layout.expert_parallel_dp
     resolved = dp if shard == -1 else shard
     sizes = [
