@@ -30,7 +30,7 @@ dp = world_size / (tp x pp x cp).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from glm46.errors import ConfigError
@@ -48,22 +48,27 @@ DTYPES = ("bfloat16", "float16", "float32")
 
 @dataclass(frozen=True)
 class Layout:
-    """The one object that says how a job is laid out, as torchtitan's ParallelDims: built once from the typed
-    `parallelism` node (`Layout.from_config`) and handed to the strategy, the plan, the dry run and the checks."""
+    """The one object that says how a job is laid out, as torchtitan's ParallelDims: its fields (all but world_size,
+    which the cluster gives) are the `parallelism` config group's keys (glm46.config.schema.launch derives the
+    schema from them, so each is declared here once, with its default); built once from the composed node
+    (`Layout.from_config`, which checks it) and handed to the strategy, the plan, the dry run and the checks."""
 
-    world_size: int
-    tensor_parallel: int = 1
-    expert_parallel: int = 1
-    data_parallel_shard: int = 1  # resolved: a divisor of data_parallel (never -1)
-    pipeline_parallel: int = 1
-    engine: str = "mesh"
-    pipeline_schedule: str = "1F1B"
-    virtual_stages: int = 1  # stages per pipeline rank
-    microbatches: int = 1  # pipeline microbatches per batch
-    layers_per_stage: tuple[int, ...] | None = None  # None: balanced by cost (pipeline_parallel.py)
-    reshard_after_forward: bool | None = None  # FSDP2's; None: reshards_after_forward decides
-    sequence_parallel: bool = False  # with TP (glm46.parallel.sequence_parallel)
-    context_parallel: int = 1  # ranks that split every sequence (glm46.parallel.context_parallel)
+    world_size: int  # cluster.num_nodes x cluster.devices
+    tensor_parallel: int = 1  # attention heads and dense MLPs split over this many ranks
+    expert_parallel: int = 1  # routed experts split over this many ranks
+    data_parallel_shard: int = 1  # FSDP shard degree among data-parallel ranks; -1 (config): all of them
+    pipeline_parallel: int = 1  # stages the decoder is split into (torch.distributed.pipelining, engine=mesh)
+    engine: str = "mesh"  # single | ddp | mesh | deepspeed
+    pipeline_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble | DualPipeV | GPipe
+    virtual_stages: int = 1  # stages per rank: 1 for 1F1B/GPipe, >= 2 for Interleaved1F1B, 2 for the V schedules
+    microbatches: int = 1  # a rank's batch (data.batch_size) is split into this many for the pipeline
+    layers_per_stage: tuple[int, ...] | None = None  # decoder layers of each stage, in order; None: balanced by cost
+    # Free each gathered layer after forward (ZeRO-3-like) or keep it to the backward (ZeRO-2-like). None:
+    # torchtitan's default, true without pipeline parallelism, false under it (the stages would gather their layers
+    # again for every microbatch; the zero-bubble schedules take the weights' gradients on the gathered weights).
+    reshard_after_forward: bool | None = None
+    sequence_parallel: bool = False  # with TP: the residual stream split over the sequence between TP regions
+    context_parallel: int = 1  # ranks each sequence is split over (engine=mesh); data.seq_len divisible by 2 x it
 
     @classmethod
     def from_config(cls, parallelism: Any, world_size: int) -> Layout:
@@ -72,25 +77,13 @@ class Layout:
         problems = layout_problems(parallelism, world_size)
         if problems:
             raise ConfigError(f"parallelism={parallelism.name}: " + "; ".join(problems))
-        shard = parallelism.data_parallel_shard
-        cp = parallelism.get("context_parallel", 1)
-        dp = data_parallel_size(world_size, parallelism.tensor_parallel, parallelism.pipeline_parallel, cp)
-        split = parallelism.get("layers_per_stage")
-        return cls(
-            world_size,
-            tensor_parallel=parallelism.tensor_parallel,
-            expert_parallel=parallelism.expert_parallel,
-            data_parallel_shard=dp if shard == -1 else shard,
-            pipeline_parallel=parallelism.pipeline_parallel,
-            engine=parallelism.engine,
-            pipeline_schedule=parallelism.get("pipeline_schedule", "1F1B"),
-            virtual_stages=parallelism.get("virtual_stages", 1),
-            microbatches=parallelism.get("microbatches", 1),
-            layers_per_stage=tuple(split) if split else None,
-            reshard_after_forward=parallelism.get("reshard_after_forward"),
-            sequence_parallel=parallelism.get("sequence_parallel", False),
-            context_parallel=cp,
-        )
+        values = {f.name: parallelism[f.name] for f in fields(cls) if f.name != "world_size"}
+        if values["data_parallel_shard"] == -1:
+            values["data_parallel_shard"] = data_parallel_size(
+                world_size, values["tensor_parallel"], values["pipeline_parallel"], values["context_parallel"]
+            )
+        values["layers_per_stage"] = tuple(values["layers_per_stage"]) if values["layers_per_stage"] else None
+        return cls(world_size, **values)
 
     @property
     def data_parallel(self) -> int:
@@ -189,7 +182,7 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
     nothing). Checked in order, each group of rules only once the one before it holds."""
     engine, tp, ep = parallelism.engine, parallelism.tensor_parallel, parallelism.expert_parallel
     pp, shard = parallelism.pipeline_parallel, parallelism.data_parallel_shard
-    cp = parallelism.get("context_parallel", 1)
+    cp = parallelism.context_parallel
     basics = [
         (engine in ENGINES, f"parallelism.engine={engine!r} is not one of {list(ENGINES)}"),
         *(
@@ -227,7 +220,7 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
             f"parallelism.activation_checkpointing=true is applied by engine=mesh (fsdp2, ep, tp, ...), not {engine}",
         ),
         (
-            not parallelism.get("sequence_parallel") or (engine == "mesh" and tp > 1),
+            not parallelism.sequence_parallel or (engine == "mesh" and tp > 1),
             f"parallelism.sequence_parallel=true splits the sequence over the tensor-parallel ranks: it needs "
             f"engine=mesh with tensor_parallel > 1 (here {tp})",
         ),
@@ -342,7 +335,7 @@ def pipeline_problems(parallelism: Any) -> list[tuple[bool, str]]:
             f"parallelism.microbatches={microbatches} must be >= the {stages} stages for {schedule}",
         ),
         (
-            schedule not in V_SCHEDULES or not parallelism.get("reshard_after_forward"),
+            schedule not in V_SCHEDULES or not parallelism.reshard_after_forward,
             f"parallelism.reshard_after_forward=true: {schedule} takes the weights' gradients after the inputs', "
             f"on the gathered weights, which FSDP2 would have freed (measured: those gradients are lost); leave it "
             f"null or false",

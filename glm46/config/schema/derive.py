@@ -32,7 +32,8 @@ def omegaconf_type(annotation: Any) -> Any:
         inner = omegaconf_type(rest[0]) if len(rest) == 1 else Any
         return Optional[inner] if len(rest) < len(args) and inner is not Any else inner
     if origin in (list, tuple, Sequence, typing.get_origin(List[int])) or annotation in (list, tuple):
-        item = omegaconf_type(args[0]) if args and args[-1] is not Ellipsis and len(set(args)) == 1 else Any
+        same = args and (len(set(args)) == 1 or (len(args) == 2 and args[-1] is Ellipsis))  # tuple[int, ...] too
+        item = omegaconf_type(args[0]) if same else Any
         return List[item]
     return Any  # dicts too: Hydra cannot override a typed dict that holds an interpolation (`${phase.mixture}`)
 

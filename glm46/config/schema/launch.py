@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import typing
+from dataclasses import dataclass, field, make_dataclass
+from dataclasses import fields as dataclass_fields
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
+
+from glm46.parallel.layout import Layout
+
+from .derive import omegaconf_type
 
 
 @dataclass
@@ -16,30 +22,32 @@ class MixedPrecision:
     reduce_dtype: Optional[str] = None
 
 
+def layout_fields() -> list[tuple[str, Any, Any]]:
+    """The fields of glm46.parallel.Layout but world_size, as schema fields: the sizes and switches are declared
+    once, there. The engine has no default here: each member of the group names its own."""
+    hints = typing.get_type_hints(Layout)
+    derived = []
+    for item in dataclass_fields(Layout):
+        if item.name == "world_size":
+            continue
+        default = MISSING if item.name == "engine" else item.default
+        derived.append((item.name, omegaconf_type(hints[item.name]), field(default=default)))
+    return derived
+
+
+LayoutSizes = make_dataclass("LayoutSizes", layout_fields())
+
+
 @dataclass
-class ParallelismConfig:
-    """A parallel layout (glm46.parallel.layout). The sizes default to one process's: members set what differs."""
+class ParallelismConfig(LayoutSizes):
+    """A parallel layout: glm46.parallel.Layout's sizes and switches (LayoutSizes, one process's by default: members
+    set what differs), and how the strategy runs it."""
 
     name: str = MISSING
-    engine: str = MISSING  # single | ddp | mesh | deepspeed
     strategy: Any = "auto"  # the Lightning strategy (a `_target_` node, or a Lightning name)
-    data_parallel_shard: int = 1  # FSDP shard degree among data-parallel ranks; -1: all of them
-    tensor_parallel: int = 1  # world size = data-parallel ranks x tensor_parallel
-    sequence_parallel: bool = False  # with TP: the residual stream split over the sequence between TP regions
-    expert_parallel: int = 1  # routed experts split over this many of the data-parallel ranks
-    pipeline_parallel: int = 1  # stages the decoder is split into (torch.distributed.pipelining, engine=mesh)
-    context_parallel: int = 1  # ranks each sequence is split over (engine=mesh); data.seq_len divisible by 2 x it
-    pipeline_schedule: str = "1F1B"  # 1F1B | Interleaved1F1B | ZBVZeroBubble | DualPipeV | GPipe
-    virtual_stages: int = 1  # stages per rank: 1 for 1F1B/GPipe, >= 2 for Interleaved1F1B, 2 for the V schedules
-    microbatches: int = 1  # a rank's batch (data.batch_size) is split into this many for the pipeline
-    layers_per_stage: Optional[List[int]] = None  # decoder layers of each stage, in order; null: balanced by cost
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
     # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.config.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
-    # Free each gathered layer after forward (ZeRO-3-like) or keep it to the backward (ZeRO-2-like). null:
-    # torchtitan's default, true without pipeline parallelism, false under it (the stages would gather their layers
-    # again for every microbatch; the zero-bubble schedules take the weights' gradients on the gathered weights).
-    reshard_after_forward: Optional[bool] = None
     # How long a rank waits in a collective (and at start-up, for the others to join) before it fails: the
     # process-group timeout of every multi-process strategy. 600 s (torch's NCCL default; Lightning passes 30 min)
     # is above the longest wait a healthy run has (every rank writing its checkpoint or hf/ files, DeepSpeed's
