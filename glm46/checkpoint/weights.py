@@ -34,7 +34,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
         state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state_dict"]
     state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     own = model.state_dict(keep_vars=True)
-    if hasattr(model, "pipeline_stages"):  # a pipeline part: only its stages' weights
+    if not model.is_whole():  # a pipeline stage's part: only its weights
         state = {name: state[name] for name in own.keys() & state.keys()}
     if own.keys() != state.keys():
         missing, unexpected = sorted(own.keys() - state.keys()), sorted(state.keys() - own.keys())

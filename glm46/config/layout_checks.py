@@ -62,7 +62,7 @@ def check_composed_layout(cfg: DictConfig, config: GLM46Config) -> None:
 def check_context_parallel_kernel(cfg: DictConfig, config: GLM46Config) -> None:
     """Context parallelism's attention on GPUs runs CUDA block kernels that a GPU run of bench/gpu_suite.py must have
     verified first (glm46.modules.cuda_kernels); until then planning a GPU cluster with it is allowed, training not."""
-    cp, accelerator = cfg.parallelism.get("context_parallel", 1), cfg.cluster.accelerator
+    cp, accelerator = cfg.parallelism.context_parallel, cfg.cluster.accelerator
     on_gpus = accelerator == "gpu" or (accelerator == "auto" and torch.cuda.is_available())
     if cp > 1 and on_gpus and not cuda_kernels.enabled("context_flash"):
         raise ConfigError(

@@ -158,6 +158,13 @@ class GLM46ForCausalLM(nn.Module):
     def init_weights(self, modules: Iterable[nn.Module] | None = None, normal_=_normal_) -> None:
         initialize(self.modules() if modules is None else modules, self.config.initializer_range, normal_)
 
+    def is_whole(self) -> bool:
+        """Whether every part of the model is here; a pipeline stage's model leaves out the embedding, the head
+        (final norm, MTP layers, lm_head) or decoder layers (glm46.parallel.pipeline_parallel.split_model)."""
+        inner = self.model
+        parts = (inner.embed_tokens, inner.norm, self.lm_head)
+        return all(p is not None for p in parts) and len(inner.layers) == self.config.num_hidden_layers
+
     def routers(self) -> list[TopkRouter]:
         """The routers in the order of `expert_counts`: main-model MoE layers, then MTP layers."""
         blocks = [*self.model.layers.values(), *(mtp.block for mtp in self.mtp_layers)]

@@ -228,7 +228,6 @@ def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_ran
         model.model.embed_tokens = None
     if last not in mine:
         model.model.norm, model.lm_head, model.mtp_layers = None, None, nn.ModuleList()
-    model.pipeline_stages = mine  # marks a part of a model: glm46.checkpoint.weights reads only its weights
     model.pipeline_first_rank = first_rank  # the first global rank of this stage (glm46.parallel.state)
     return [StageModule(stage_part(model, ranges[s], s == 0, s == last)) for s in mine]
 

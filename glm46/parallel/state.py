@@ -34,7 +34,8 @@ def state_shapes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dt
 
 
 def is_pipeline_part(model: torch.nn.Module) -> bool:
-    return hasattr(model, "pipeline_stages")
+    """Whether `model` holds only some pipeline stages' parts (a GLM46ForCausalLM split by split_model)."""
+    return callable(getattr(model, "is_whole", None)) and not model.is_whole()
 
 
 def _whole_model_shapes(model: torch.nn.Module, own: dict) -> dict[str, tuple[torch.Size, torch.dtype]]:

@@ -32,7 +32,7 @@ from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.layout import MESH_DIMS, Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
-from glm46.parallel.pipeline_parallel import split_layers, split_model
+from glm46.parallel.pipeline_parallel import split_layers, split_model, stage_ids
 from glm46.planning.plan import (
     GIB,
     GROUPS,
@@ -145,7 +145,8 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         planned = {p.name: p for p in planned_parameters(config, layout, kind)}
         if stages is not None:  # the plan of this pipeline rank's stages
             ranges = split_layers(config, layout.num_stages, layout.layers_per_stage)
-            planned = {n: p for n, p in planned.items() if stage_of(n, ranges, config) in model.pipeline_stages}
+            mine = stage_ids(layout, mesh["pp"].get_local_rank())
+            planned = {n: p for n, p in planned.items() if stage_of(n, ranges, config) in mine}
         state = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
         problems = []
         for name, p in model.named_parameters():
