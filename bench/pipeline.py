@@ -85,7 +85,7 @@ def pipelined_step_seconds(config, schedule: str, microbatches: int, data, steps
     torch.manual_seed(0)
     model = GLM46ForCausalLM(config)
     rank = dist.get_rank()
-    stages = split_model(model, layout, rank, first_rank=rank)
+    stages = split_model(model, layout, rank)
     parallelize(model, layout, mesh, stages=stages)
     pipeline = Pipeline(stages, layout, mesh, torch.device("cpu"))
     totals = step_totals(data, config, mtp_weight=0.3, alpha=1e-4, accumulation=1)

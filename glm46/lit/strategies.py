@@ -99,8 +99,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
         parallelism first keep only this rank's stages."""
         if self.layout.pipeline_parallel > 1:
             pp_rank = self.device_mesh["pp"].get_local_rank()
-            first_rank = int(self.device_mesh.mesh[pp_rank].min())
-            self.stage_models = split_model(model, self.layout, pp_rank, first_rank)
+            self.stage_models = split_model(model, self.layout, pp_rank)
         return parallelize(
             model,
             self.layout,

@@ -214,10 +214,9 @@ class StageModule(nn.Module):
         return (x, *(e.view_as(e) for e in out.mtp_embeds))
 
 
-def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_rank: int) -> list[StageModule]:
+def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int) -> list[StageModule]:
     """Keep only the modules of `pp_rank`'s stages in `model` (in place, names unchanged; meant for the meta
-    device, before the model is laid out) and return those stages, in stage order. first_rank: the first global
-    rank of the pipeline rank's slice of the mesh."""
+    device, before the model is laid out) and return those stages, in stage order."""
     ranges = split_layers(model.config, layout.num_stages, layout.layers_per_stage)
     mine = sorted(stage_ids(layout, pp_rank))
     last = layout.num_stages - 1
@@ -228,7 +227,6 @@ def split_model(model: GLM46ForCausalLM, layout: Layout, pp_rank: int, first_ran
         model.model.embed_tokens = None
     if last not in mine:
         model.model.norm, model.lm_head, model.mtp_layers = None, None, nn.ModuleList()
-    model.pipeline_first_rank = first_rank  # the first global rank of this stage (glm46.parallel.state)
     return [StageModule(stage_part(model, ranges[s], s == 0, s == last)) for s in mine]
 
 

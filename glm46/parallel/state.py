@@ -24,13 +24,19 @@ def _zero3_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
 
 
 def state_shapes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Name -> (full shape, dtype) of every state-dict entry, in state-dict order, without communication."""
+    """Name -> (full shape, dtype) of every state-dict entry, in state-dict order; without communication unless
+    `model` is a pipeline part."""
+    shapes = _own_shapes(model)
+    return _whole_model_shapes(model, shapes)[0] if is_pipeline_part(model) else shapes
+
+
+def _own_shapes(model: torch.nn.Module) -> dict[str, tuple[torch.Size, torch.dtype]]:
     zero3 = _zero3_parameters(model)
     shapes = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         shape = zero3[name].ds_shape if name in zero3 else tensor.shape  # DTensor.shape is the full shape
         shapes[name] = (torch.Size(shape), tensor.dtype)
-    return _whole_model_shapes(model, shapes) if is_pipeline_part(model) else shapes
+    return shapes
 
 
 def is_pipeline_part(model: torch.nn.Module) -> bool:
@@ -38,8 +44,10 @@ def is_pipeline_part(model: torch.nn.Module) -> bool:
     return callable(getattr(model, "is_whole", None)) and not model.is_whole()
 
 
-def _whole_model_shapes(model: torch.nn.Module, own: dict) -> dict[str, tuple[torch.Size, torch.dtype]]:
-    """Every stage's entries, in the whole model's state-dict order (collective: the parts tell their shapes)."""
+def _whole_model_shapes(model: torch.nn.Module, own: dict) -> tuple[dict[str, tuple[torch.Size, torch.dtype]], int]:
+    """Every stage's entries, in the whole model's state-dict order, and the first global rank that holds the
+    same stages as this one (collective: the parts tell their shapes; the ranks of one pipeline rank's slice of
+    the mesh hold the same entries, those of other slices none of them)."""
     from glm46.modules import GLM46ForCausalLM
 
     parts = [None] * dist.get_world_size()
@@ -47,7 +55,8 @@ def _whole_model_shapes(model: torch.nn.Module, own: dict) -> dict[str, tuple[to
     merged = {name: entry for part in parts for name, entry in part.items()}
     with torch.device("meta"):
         order = GLM46ForCausalLM(model.config).state_dict().keys()
-    return {name: merged[name] for name in order}
+    first_rank = next(rank for rank, part in enumerate(parts) if part.keys() == own.keys())
+    return {name: merged[name] for name in order}, first_rank
 
 
 def is_sharded(model: torch.nn.Module) -> bool:
@@ -71,11 +80,11 @@ def gathered_parts(model: torch.nn.Module, requests: Iterable[tuple[str, Box, in
     held_name, held = None, None
     pipeline = is_pipeline_part(model)
     if pipeline:
-        dtypes = {name: dtype for name, (_, dtype) in state_shapes(model).items()}
+        shapes, first_rank = _whole_model_shapes(model, _own_shapes(model))
         device = next(model.parameters()).device
     for name, box, dst in requests:
         if pipeline:
-            yield sum_box(state.get(name), box, dst, dtypes[name], device, model.pipeline_first_rank)
+            yield sum_box(state.get(name), box, dst, shapes[name][1], device, first_rank)
         elif name in zero3:
             if held_name != name:
                 import deepspeed

@@ -134,7 +134,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         stages = None
         if layout.pipeline_parallel > 1:  # this rank's stages only, as MeshParallelStrategy.parallelize splits them
             pp_rank = mesh["pp"].get_local_rank()
-            stages = split_model(model, layout, pp_rank, int(mesh.mesh[pp_rank].min()))
+            stages = split_model(model, layout, pp_rank)
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
         with shared_empty_chunks():
