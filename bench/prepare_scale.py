@@ -1,6 +1,7 @@
-"""Staged preparation (glm46.data.staged) over 1, 2 and 4 tasks against the one-process preparation (the peer),
+"""Staged preparation (glm46.data.staged) over 1, 2 and 4 tasks against `prepare.tasks=1` run in this process (the
+peer: the same stages one after another, what `prepare_dataset` and `task=prepare` without tasks do),
 on a generated JSONL corpus (a tenth near-duplicates of earlier documents, some exact copies) in `--files`
-files: documents/s, the ratio to one process, each stage's share of the tasks' time, and the wall time
+files: documents/s, the ratio to the peer, each stage's share of the tasks' time, and the wall time
 extrapolated to a corpus of `--target-tokens` on `--nodes` CPU nodes of `--cores` cores.
 
 On Slurm (the local one of scripts/local_slurm.sh when it answers) each stage is a job array of one-CPU tasks,
@@ -114,9 +115,9 @@ def main() -> None:
             f"corpus: {args.docs:,} documents in {args.files} files, {tokens:,} tokens kept; executor: "
             f"{'Slurm job arrays (1 CPU per task)' if slurm else 'local processes, 2 at a time'}"
         )
-        print(f"one process (2 threads): {one_seconds:.1f} s, {args.docs / one_seconds:,.0f} documents/s")
+        print(f"in this process (2 threads): {one_seconds:.1f} s, {args.docs / one_seconds:,.0f} documents/s")
         print(
-            f"{'tasks':>5} {'wall s':>8} {'slowest tasks s':>16} {'documents/s':>12} {'vs one process':>15}   "
+            f"{'tasks':>5} {'wall s':>8} {'slowest tasks s':>16} {'documents/s':>12} {'vs in-process':>15}   "
             "share of task time per stage"
         )
         measured = {}

@@ -31,7 +31,8 @@ from glm46.app.tasks import prepare_data, run_task
 from glm46.config.checks import model_config
 from glm46.config.schema import register_configs
 from glm46.data.documents import Ledger
-from glm46.data.prepare import EmptyDatasetError, prepare
+from glm46.data.pipeline import prepare_dataset
+from glm46.data.prepare import EmptyDatasetError
 from glm46.data.quality import QualityRules
 from glm46.data.shards import write_shards
 from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
@@ -43,7 +44,7 @@ from glm46.lit.shard_data import DataMismatchError, ShardDataModule
 from .conftest import CONF_DIR
 from .helpers import tiny_config
 from .test_balancer import lit_module
-from .test_prepare import DEDUP, prose
+from .test_prepare import DEDUP, VOCAB, prose
 
 READERS = {"jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
 
@@ -53,9 +54,10 @@ def good_lines(count: int = 2, seed: int = 0) -> list[str]:
     return [json.dumps({"text": prose(rng)}) for _ in range(count)]
 
 
-def run(reader, paths, output_dir, **quality) -> dict:
-    ledger = Ledger()
-    return prepare(reader([str(p) for p in paths], ledger), ledger, output_dir, DEDUP, QualityRules(**quality))
+def run(reader: str, paths, output_dir, **quality) -> dict:
+    return prepare_dataset(
+        reader, [str(p) for p in paths], output_dir, dedup=DEDUP, quality=QualityRules(**quality), vocab_size=VOCAB
+    )
 
 
 def assert_conserved(manifest: dict) -> None:
@@ -89,7 +91,7 @@ def test_a_bad_jsonl_line_is_counted_at_its_file_and_line(tmp_path, line, reason
     file = tmp_path / "in.jsonl"
     good = good_lines()
     file.write_text("\n".join([good[0], line, good[1]]) + "\n")
-    manifest = run(read_jsonl, [file], tmp_path / "out")
+    manifest = run("jsonl", [file], tmp_path / "out")
     assert (manifest["documents_in"], manifest["documents_out"], manifest["dropped"]) == (3, 2, {reason: 1})
     assert_conserved(manifest)
     example = manifest["examples"][reason][0]
@@ -103,7 +105,7 @@ def test_a_bad_jsonl_line_is_counted_at_its_file_and_line(tmp_path, line, reason
 def test_a_byte_order_mark_does_not_cost_the_first_line(tmp_path):
     file = tmp_path / "windows.jsonl"
     file.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(good_lines(2)).encode() + b"\r\n")
-    manifest = run(read_jsonl, [file], tmp_path / "out")
+    manifest = run("jsonl", [file], tmp_path / "out")
     assert (manifest["documents_in"], manifest["documents_out"], manifest["dropped"]) == (2, 2, {})
 
 
@@ -118,7 +120,7 @@ def test_a_text_folder_counts_empty_blank_and_undecodable_files(tmp_path):
     (folder / "blank.md").write_text(" \n\t\r\n ")
     (folder / "latin1.txt").write_bytes("caf\xe9 ".encode("latin-1") * 20)
     (folder / "notes.csv").write_text("not, read")  # not a .txt/.md file: not input
-    manifest = run(read_text_folder, [folder], tmp_path / "out")
+    manifest = run("text", [folder], tmp_path / "out")
     assert (manifest["documents_in"], manifest["documents_out"], manifest["files"]) == (5, 2, 5)
     assert manifest["dropped"] == {"empty": 2, "undecodable": 1}
     assert_conserved(manifest)
@@ -133,7 +135,7 @@ def test_a_gigantic_document_is_dropped_by_max_chars_before_dedup(tmp_path):
     file = tmp_path / "in.jsonl"
     giant = prose(random.Random(2), words=20_000)  # ~110k characters against max_chars=10k
     file.write_text("\n".join(good_lines(2) + [json.dumps({"text": giant})] * 2) + "\n")
-    manifest = run(read_jsonl, [file], tmp_path / "out", max_chars=10_000)
+    manifest = run("jsonl", [file], tmp_path / "out", max_chars=10_000)
     assert manifest["dropped"] == {"quality/max_chars": 2}  # both copies: for length, not as duplicates
     assert manifest["bytes_dropped"] == {"quality/max_chars": 2 * len(giant)}
     assert manifest["examples"]["quality/max_chars"] == [f"{file}:3", f"{file}:4"]
@@ -147,7 +149,7 @@ def test_a_gigantic_document_is_dropped_by_max_chars_before_dedup(tmp_path):
 def test_parquet_without_a_text_column_counts_every_row(tmp_path):
     pq.write_table(pa.table({"body": ["a", "b", "c"], "id": [1, 2, 3]}), tmp_path / "a.parquet")
     pq.write_table(pa.table({"text": [prose(random.Random(3))]}), tmp_path / "b.parquet")
-    manifest = run(read_parquet, [tmp_path], tmp_path / "out")
+    manifest = run("parquet", [tmp_path], tmp_path / "out")
     assert (manifest["documents_in"], manifest["documents_out"], manifest["dropped"]) == (4, 1, {"malformed": 3})
     example = f"{tmp_path / 'a.parquet'}:rows 0-2: no column 'text' (columns: body, id)"
     assert manifest["examples"]["malformed"] == [example]
@@ -157,7 +159,7 @@ def test_parquet_without_a_text_column_counts_every_row(tmp_path):
 def test_parquet_text_of_the_wrong_type_counts_each_row(tmp_path):
     pq.write_table(pa.table({"text": [1, 2]}), tmp_path / "ints.parquet")
     pq.write_table(pa.table({"text": [prose(random.Random(4))]}), tmp_path / "ok.parquet")
-    manifest = run(read_parquet, [tmp_path], tmp_path / "out")
+    manifest = run("parquet", [tmp_path], tmp_path / "out")
     assert manifest["dropped"] == {"malformed": 2}
     assert (
         manifest["examples"]["malformed"][1] == f"{tmp_path / 'ints.parquet'}:row 1: field 'text' is a number, "
@@ -174,7 +176,7 @@ def test_a_corrupt_parquet_row_group_counts_its_rows_and_keeps_the_others(tmp_pa
     data = bytearray(file.read_bytes())
     data[start : start + column.total_compressed_size] = b"\xff" * column.total_compressed_size
     file.write_bytes(bytes(data))
-    manifest = run(read_parquet, [file], tmp_path / "out")
+    manifest = run("parquet", [file], tmp_path / "out")
     assert (manifest["documents_in"], manifest["documents_out"], manifest["dropped"]) == (6, 3, {"undecodable": 3})
     assert manifest["examples"]["undecodable"][0].startswith(f"{file}:rows 3-5: row group 1 does not read")
     assert_conserved(manifest)
@@ -216,12 +218,12 @@ def test_empty_input_files_are_listed_and_alone_are_an_error(tmp_path):
     (tmp_path / "blank.jsonl").write_text("\n  \n")
     (tmp_path / "good.jsonl").write_text("\n".join(good_lines()) + "\n")
     manifest = run(
-        read_jsonl, [tmp_path / "empty.jsonl", tmp_path / "blank.jsonl", tmp_path / "good.jsonl"], tmp_path / "out"
+        "jsonl", [tmp_path / "empty.jsonl", tmp_path / "blank.jsonl", tmp_path / "good.jsonl"], tmp_path / "out"
     )
     assert (manifest["documents_in"], manifest["documents_out"], manifest["files"]) == (2, 2, 3)
     assert manifest["empty_files"] == [str(tmp_path / "empty.jsonl"), str(tmp_path / "blank.jsonl")]
     with pytest.raises(EmptyDatasetError, match=f"no documents in the input: 1 file.* {tmp_path / 'empty.jsonl'}"):
-        run(read_jsonl, [tmp_path / "empty.jsonl"], tmp_path / "out2")
+        run("jsonl", [tmp_path / "empty.jsonl"], tmp_path / "out2")
 
 
 def test_a_dataset_empty_after_filtering_names_the_reasons_through_task_prepare(tmp_path):
@@ -266,8 +268,8 @@ def test_a_tokenizer_of_ones_own_without_a_document_end_token_is_refused_before_
 def test_an_earlier_run_in_the_same_output_dir_leaves_no_domain_behind(tmp_path):
     (tmp_path / "web.jsonl").write_text(json.dumps({"text": prose(random.Random(7)), "domain": "web"}) + "\n")
     (tmp_path / "general.jsonl").write_text("\n".join(good_lines()) + "\n")
-    run(read_jsonl, [tmp_path / "web.jsonl"], tmp_path / "out")
-    manifest = run(read_jsonl, [tmp_path / "general.jsonl"], tmp_path / "out")
+    run("jsonl", [tmp_path / "web.jsonl"], tmp_path / "out")
+    manifest = run("jsonl", [tmp_path / "general.jsonl"], tmp_path / "out")
     assert sorted(p.name for p in (tmp_path / "out" / "documents").iterdir()) == ["general.jsonl"]
     assert manifest["domains"].keys() == {"general"}
 

@@ -16,11 +16,12 @@ from datasketch import LeanMinHash, MinHash, MinHashLSH
 
 from glm46.data.dedup import dedup_near, minhash_signatures, shingles
 from glm46.data.documents import Document, Ledger
-from glm46.data.prepare import prepare
+from glm46.data.pipeline import prepare_dataset
 from glm46.data.quality import QualityRules, violation
 from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
 
 ROOT = Path(__file__).resolve().parents[1]
+VOCAB = 300  # a byte-level BPE's smallest useful vocabulary: these tests count documents, not tokens
 DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
 
 
@@ -58,8 +59,7 @@ def planted(tmp_path):
 
 
 def test_planted_folder_gives_the_expected_counts(planted, tmp_path):
-    ledger = Ledger()
-    manifest = prepare(read_jsonl([str(planted)], ledger), ledger, tmp_path / "out", DEDUP, QualityRules())
+    manifest = prepare_dataset("jsonl", [str(planted)], tmp_path / "out", dedup=DEDUP, vocab_size=VOCAB)
     assert manifest["documents_in"] == 50
     assert manifest["documents_out"] == 40
     assert manifest["dropped"] == {
@@ -85,8 +85,7 @@ def test_planted_folder_gives_the_expected_counts(planted, tmp_path):
 
 
 def test_stage_report_chains(planted, tmp_path):
-    ledger = Ledger()
-    stages = prepare(read_jsonl([str(planted)], ledger), ledger, tmp_path / "out", DEDUP, QualityRules())["stages"]
+    stages = prepare_dataset("jsonl", [str(planted)], tmp_path / "out", dedup=DEDUP, vocab_size=VOCAB)["stages"]
     for before, after in zip(stages, stages[1:]):
         assert after["documents_in"] == before["documents_out"]
         assert after["documents_out"] == after["documents_in"] - sum(after["dropped"].values())

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.data.cache import is_prepared, mark_prepared, prepare_fingerprint
-from glm46.data.pipeline import prepare_dataset
+from glm46.data.pipeline import run_preparation
 from glm46.data.staged.cost import estimate, format_estimate
-from glm46.data.staged.executors import run_local, submit_slurm, wait_slurm
+from glm46.data.staged.executors import submit_slurm, wait_slurm
 from glm46.data.staged.work import StagedPlan, plan_for, progress_table
 from glm46.errors import ConfigError
 from glm46.logs import rank_zero_logger
@@ -44,25 +42,9 @@ def prepare_estimate(source: DictConfig, settings: DictConfig, threads: int = 1)
 
 
 def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
-    """Prepare a `source` (source=embedded|jsonl|text|parquet) with the `prepare` settings: in one process, or over
-    prepare.tasks tasks on this machine, prepare.num_workers at a time."""
-    if settings.tasks > 1:
-        plan = staged_plan(source, settings)
-        plan.save()
-        run_local(plan, settings.num_workers)
-        return json.loads((Path(source.output_dir) / "manifest.json").read_text())
-    return prepare_dataset(
-        source.reader,
-        list(source.paths),
-        source.output_dir,
-        default_domain=source.default_domain,
-        options=OmegaConf.to_container(source.options) if source.options else None,
-        dedup=OmegaConf.to_container(settings.dedup),
-        quality=instantiate(settings.quality, _convert_="all"),
-        tokenizer_path=settings.tokenizer.path,
-        vocab_size=settings.tokenizer.vocab_size,
-        num_workers=settings.num_workers,
-    )
+    """Prepare a `source` (source=embedded|jsonl|text|parquet) with the `prepare` settings: in this process, or over
+    prepare.tasks tasks on this machine, prepare.num_workers at a time (glm46.data.pipeline.run_preparation)."""
+    return run_preparation(*(OmegaConf.to_container(node, resolve=True) for node in (source, settings)))
 
 
 def prepare_cached(

@@ -32,34 +32,9 @@ def content_key(text: str) -> bytes:
     return hashlib.blake2b(text.encode("utf-8"), digest_size=16).digest()
 
 
-def dedup_exact(docs: list[Document], ledger: Ledger) -> list[Document]:
-    seen, kept = set(), []
-    for doc in docs:
-        key = content_key(doc.text)
-        if key in seen:
-            ledger.drop(doc, "exact_duplicate")
-        else:
-            seen.add(key)
-            kept.append(doc)
-    return kept
-
-
 def normalize_url(url: str) -> str:
     parts = urlsplit(url.strip())
     return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"), parts.query, ""))
-
-
-def dedup_urls(docs: list[Document], ledger: Ledger) -> list[Document]:
-    seen, kept = set(), []
-    for doc in docs:
-        if doc.url:
-            key = normalize_url(doc.url)
-            if key in seen:
-                ledger.drop(doc, "url_duplicate")
-                continue
-            seen.add(key)
-        kept.append(doc)
-    return kept
 
 
 def shingles(text: str, size: int) -> list[bytes]:

@@ -1,5 +1,6 @@
 """The whole preparation, from sources to a dataset a DataModule reads: read -> normalise, deduplicate,
-filter (glm46.data.prepare) -> train or load a tokenizer -> token shards (glm46.data.shards).
+filter -> train or load a tokenizer -> token shards. One task is the staged preparation (glm46.data.staged)
+run in this process, stage after stage: the same code, and so the same output, as over N tasks.
 
 `prepare_dataset(...)` is `python run.py task=prepare` without Hydra:
 
@@ -12,36 +13,30 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+import shutil
 from pathlib import Path
 
 from glm46.errors import ConfigError
 
-from .documents import Ledger
-from .prepare import READERS, prepare
+from .cache import RECORD
+from .prepare import READERS
 from .quality import QualityRules
-from .shards import EOS, write_shards
-from .tokenizer import GLMTokenizer, train_tokenizer
+from .shards import load_tokenizer
+from .staged.executors import run_local
+from .staged.work import WORK, plan_for
 
 log = logging.getLogger(__name__)
 
-
-def load_tokenizer(path: str | Path) -> GLMTokenizer:
-    """The tokenizer.json at `path` (prepare.tokenizer.path), which must have the document-end token."""
-    tokenizer = GLMTokenizer.from_file(path)
-    if tokenizer.tokenizer.token_to_id(EOS) is None:
-        raise ConfigError(
-            f"prepare.tokenizer.path={path}: the tokenizer has no {EOS!r} token, which "
-            f"ends every document in the token shards"
-        )
-    return tokenizer
-
-
-def _texts(documents_dir: Path) -> Iterator[str]:
-    for file in sorted(documents_dir.glob("*.jsonl")):
-        with open(file) as f:
-            for line in f:
-                yield json.loads(line)["text"]
+# What a `dedup` argument leaves out (conf/prepare/default.yaml's values): every stage on, MinHash over word 5-grams
+DEDUP_DEFAULTS = {
+    "exact": True,
+    "url": True,
+    "near": True,
+    "threshold": 0.8,
+    "num_perm": 128,
+    "shingle_size": 5,
+    "seed": 1,
+}
 
 
 def prepare_dataset(
@@ -57,29 +52,52 @@ def prepare_dataset(
     vocab_size: int = 8192,
     num_workers: int = 2,
 ) -> dict:
-    """Write `output_dir`: documents/, manifest.json, tokenizer.json and tokens/; return the manifest.
+    """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
+    manifest. Whatever `output_dir` held before is replaced.
 
-    reader: one of READERS (embedded, jsonl, text, parquet); dedup: glm46.data.prepare.prepare's switches and
-    MinHash settings (conf/prepare/default.yaml; missing keys: on, with dedup_near's defaults); tokenizer_path:
-    a tokenizer.json to use as is (checked before any document is read), else a byte-level BPE of `vocab_size`
-    is trained on the kept documents."""
-    if reader not in READERS:
+    reader: one of READERS (embedded, jsonl, text, parquet); dedup: the stages' switches and MinHash settings
+    (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
+    read), else a byte-level BPE of `vocab_size` is trained on the kept documents; num_workers: threads for
+    MinHash and tokenization."""
+    source = {
+        "reader": reader,
+        "paths": list(paths),
+        "output_dir": str(output_dir),
+        "default_domain": default_domain,
+        "options": options or {},
+    }
+    settings = {
+        "tasks": 1,
+        "dedup": DEDUP_DEFAULTS | (dedup or {}),
+        "quality": vars(quality or QualityRules()),
+        "tokenizer": {"path": tokenizer_path, "vocab_size": vocab_size},
+        "num_workers": num_workers,
+    }
+    return run_preparation(source, settings)
+
+
+def run_preparation(source: dict, settings: dict) -> dict:
+    """Prepare `source` (a `source=` node) with `settings` (the `prepare` node) on this machine: one task in this
+    process (whatever `source.output_dir` held is replaced), or prepare.tasks tasks as processes of their own,
+    prepare.num_workers at a time (an unfinished run of the same preparation resumes). Returns the manifest."""
+    if source["reader"] not in READERS:
         raise ConfigError(
-            f"source.reader={reader!r}: task=prepare reads one of {sorted(READERS)} "
+            f"source.reader={source['reader']!r}: task=prepare reads one of {sorted(READERS)} "
             f"(source=embedded, jsonl, text or parquet)"
         )
-    own_tokenizer = load_tokenizer(tokenizer_path) if tokenizer_path else None
-    ledger = Ledger()
-    documents = READERS[reader](list(paths), ledger, default_domain, **(options or {}))
-    manifest = prepare(documents, ledger, output_dir, dedup or {}, quality or QualityRules(), num_workers)
+    if settings["tokenizer"]["path"]:
+        load_tokenizer(settings["tokenizer"]["path"])  # before any document is read
+    output_dir, inline = Path(source["output_dir"]), settings["tasks"] == 1
+    if inline:  # one task starts afresh, as one process always has
+        shutil.rmtree(output_dir / WORK, ignore_errors=True)
+        (output_dir / RECORD).unlink(missing_ok=True)
+    plan = plan_for(source, settings, threads=settings["num_workers"] if inline else 1)
+    plan.save()
+    run_local(plan, workers=1 if inline else settings["num_workers"])
+    if inline:
+        shutil.rmtree(plan.work)
+    manifest = json.loads((output_dir / "manifest.json").read_text())
     dropped = ", ".join(f"{k} {v}" for k, v in sorted(manifest["dropped"].items())) or "none"
     log.info(f"{manifest['documents_in']} documents in, {manifest['documents_out']} out; dropped: {dropped}")
-
-    output_dir = Path(output_dir)
-    tokenizer = own_tokenizer or GLMTokenizer(train_tokenizer(_texts(output_dir / "documents"), vocab_size))
-    tokenizer.save(output_dir / "tokenizer.json")
-    shards = write_shards(output_dir, tokenizer, num_threads=num_workers)
-    tokens = sum(d["tokens"] for d in shards["domains"].values())
-    log.info(f"{tokens:,} tokens ({tokenizer.vocab_size} vocabulary), fingerprint {shards['fingerprint']}")
     log.info(f"wrote {output_dir}/manifest.json, tokenizer.json, tokens/")
     return manifest

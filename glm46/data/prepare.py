@@ -1,4 +1,5 @@
-"""`task=prepare`: read -> normalise -> exact, URL and near-duplicate removal -> quality filters -> write.
+"""What `task=prepare` reads and what it reports: the readers, normalisation, the lines of documents/<domain>.jsonl,
+and the manifest (the stages that fill them: glm46.data.staged).
 
 The output folder holds `documents/<domain>.jsonl` and `manifest.json`, which accounts for every
 input document: `documents_in == documents_out + sum(dropped.values())`, with bytes alike, per stage
@@ -12,15 +13,11 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable
+from collections import Counter
 from pathlib import Path
 
-from .dedup import dedup_exact, dedup_near, dedup_urls
 from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
-from .loop_progress import progress
-from .quality import QualityRules, violation
 from .sources import read_jsonl, read_parquet, read_text_folder
 
 READERS = {"embedded": read_embedded, "jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
@@ -40,37 +37,6 @@ def normalize_document(doc: Document, ledger: Ledger) -> bool:
     return bool(doc.text)
 
 
-def normalize(docs: Iterable[Document], ledger: Ledger) -> list[Document]:
-    return [doc for doc in progress(docs, desc="read+normalise", unit="doc") if normalize_document(doc, ledger)]
-
-
-def length_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
-    """The max_chars rule, applied before deduplication: a gigantic document is dropped for its length
-    without first costing MinHash memory (about 20 bytes per character of a document)."""
-    kept = []
-    for doc in docs:
-        if len(doc.text) > rules.max_chars:
-            ledger.drop(doc, "quality/max_chars")
-        else:
-            kept.append(doc)
-    return kept
-
-
-def quality_filter(docs: list[Document], ledger: Ledger, rules: QualityRules) -> list[Document]:
-    kept = []
-    for doc in progress(docs, desc="quality", unit="doc"):
-        rule = violation(doc, rules)
-        if rule:
-            ledger.drop(doc, f"quality/{rule}")
-        else:
-            kept.append(doc)
-    return kept
-
-
-def _totals(docs: list[Document]) -> tuple[int, int]:
-    return len(docs), sum(d.nbytes for d in docs)
-
-
 def stage_entry(name: str, documents_in: int, bytes_in: int, dropped: Counter, dropped_bytes: Counter) -> dict:
     """One stage's row of the manifest's `stages`: documents and bytes before and after, and what it dropped."""
     return {
@@ -81,18 +47,6 @@ def stage_entry(name: str, documents_in: int, bytes_in: int, dropped: Counter, d
         "bytes_out": bytes_in - sum(dropped_bytes.values()),
         "dropped": dict(dropped),
     }
-
-
-def run_pipeline(docs: Iterable[Document], ledger: Ledger, stages: list[tuple[str, Callable]]) -> tuple[list, list]:
-    """Apply the stages in order; record documents and bytes before/after each and what it dropped."""
-    report = []
-    current = normalize(docs, ledger)
-    report.append({"stage": "read+normalise", "documents_out": len(current), "dropped": dict(ledger.dropped)})
-    for name, stage in stages:
-        before, dropped, dropped_bytes = _totals(current), Counter(ledger.dropped), Counter(ledger.dropped_bytes)
-        current = stage(current, ledger)
-        report.append(stage_entry(name, *before, ledger.dropped - dropped, ledger.dropped_bytes - dropped_bytes))
-    return current, report
 
 
 def document_line(doc: Document) -> str:
@@ -121,47 +75,6 @@ def build_manifest(ledger: Ledger, report: list, domains: dict, settings: dict) 
         "settings": settings,
     }
     assert manifest["documents_in"] == documents_out + sum(ledger.dropped.values()), "a document went missing"
-    return manifest
-
-
-def write_dataset(docs: list[Document], ledger: Ledger, report: list, output_dir: Path, settings: dict) -> dict:
-    (output_dir / "documents").mkdir(parents=True, exist_ok=True)
-    for stale in (output_dir / "documents").glob("*.jsonl"):  # an earlier run's domains would be tokenized too
-        stale.unlink()
-    by_domain = defaultdict(list)
-    for doc in docs:
-        by_domain[doc.domain].append(doc)
-    for domain, domain_docs in by_domain.items():
-        with open(output_dir / "documents" / f"{domain}.jsonl", "w") as f:
-            f.writelines(map(document_line, domain_docs))
-    domains = {d: {"documents": len(v), "bytes": sum(x.nbytes for x in v)} for d, v in by_domain.items()}
-    manifest = build_manifest(ledger, report, domains, settings)
-    (output_dir / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    return manifest
-
-
-def prepare(
-    docs: Iterable[Document],
-    ledger: Ledger,
-    output_dir: str | Path,
-    dedup: dict,
-    quality: QualityRules,
-    num_workers: int = 1,
-) -> dict:
-    stages = [("max_chars", lambda d, led: length_filter(d, led, quality))]
-    if dedup.get("exact", True):
-        stages.append(("exact_dedup", dedup_exact))
-    if dedup.get("url", True):
-        stages.append(("url_dedup", dedup_urls))
-    if dedup.get("near", True):
-        near = {k: dedup[k] for k in ("threshold", "num_perm", "shingle_size", "seed") if k in dedup}
-        stages.append(("near_dedup", lambda d, led: dedup_near(d, led, num_workers=num_workers, **near)))
-    stages.append(("quality", lambda d, led: quality_filter(d, led, quality)))
-    kept, report = run_pipeline(docs, ledger, stages)
-    settings = {"dedup": dedup, "quality": vars(quality), "num_workers": num_workers}
-    manifest = write_dataset(kept, ledger, report, Path(output_dir), settings)
-    if not kept:
-        raise EmptyDatasetError(empty_dataset_message(manifest, Path(output_dir)))
     return manifest
 
 

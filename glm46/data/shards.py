@@ -12,11 +12,24 @@ from pathlib import Path
 
 import numpy as np
 
+from glm46.errors import ConfigError
+
 from .loop_progress import progress
 from .tokenizer import GLMTokenizer
 
 EOS = "<|endoftext|>"
 CHUNK_TOKENS = 1 << 20  # the fingerprint hashes the tokens in pieces of this many
+
+
+def load_tokenizer(path: str | Path) -> GLMTokenizer:
+    """The tokenizer.json at `path` (prepare.tokenizer.path), which must have the document-end token."""
+    tokenizer = GLMTokenizer.from_file(path)
+    if tokenizer.tokenizer.token_to_id(EOS) is None:
+        raise ConfigError(
+            f"prepare.tokenizer.path={path}: the tokenizer has no {EOS!r} token, which "
+            f"ends every document in the token shards"
+        )
+    return tokenizer
 
 
 def _chunks(texts: list[str], chunk_chars: int) -> list[list[str]]:

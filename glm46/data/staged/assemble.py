@@ -100,11 +100,11 @@ def merge(plan: StagedPlan, reader: int, folder: Path) -> dict:
     output, layout = Path(plan.output_dir), _layout(plan)
     dtype = token_dtype(GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json"))
     source, digests = plan.task_dir("tokenize", reader), {}
-    for directory in (output / "documents", output / "tokens"):
-        directory.mkdir(parents=True, exist_ok=True)
     for domain, parts in layout.items():
         if not parts[reader]["documents"]:
             continue
+        for directory in (output / "documents", output / "tokens"):
+            directory.mkdir(parents=True, exist_ok=True)
         before = {key: sum(p[key] for p in parts[:reader]) for key in ("documents", "tokens", "line_bytes")}
         lines = np.fromfile(source / f"{domain}.jsonl", np.uint8)
         _write_at(output / "documents" / f"{domain}.jsonl", before["line_bytes"], lines)
@@ -133,6 +133,13 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
     tasks read back), shards.json, tokenizer.json, manifest.json, prepared.json; then the bulky work files go
     (the stats stay, for the progress table)."""
     output, layout = Path(plan.output_dir), _layout(plan)
+    ledger = _merged_ledger(plan)
+    kept = {d: {k: sum(p[k] for p in parts) for k in ("documents", "bytes")} for d, parts in layout.items()}
+    settings = {"dedup": plan.dedup, "quality": plan.quality, "tasks": plan.tasks, "threads": plan.threads}
+    manifest = build_manifest(ledger, _stage_report(plan, ledger), kept, settings)
+    (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    if not layout:  # before any token file is written: the counts say why
+        raise EmptyDatasetError(empty_dataset_message(manifest, output))
     tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
     shutil.copyfile(plan.task_dir("tokenizer", 0) / "tokenizer.json", output / "tokenizer.json")
     dtype, fingerprint, shards, read_back = token_dtype(tokenizer_), shards_fingerprint(tokenizer_), {}, 0
@@ -159,13 +166,6 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
             fingerprint.update(bytes.fromhex(digest))
         shards[domain] = {"documents": documents, "tokens": total}
     write_index(output / "tokens", tokenizer_, dtype, fingerprint.hexdigest(), shards)
-    ledger = _merged_ledger(plan)
-    kept = {d: {k: sum(p[k] for p in parts) for k in ("documents", "bytes")} for d, parts in layout.items()}
-    settings = {"dedup": plan.dedup, "quality": plan.quality, "tasks": plan.tasks, "threads": plan.threads}
-    manifest = build_manifest(ledger, _stage_report(plan, ledger), kept, settings)
-    (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    if not layout:
-        raise EmptyDatasetError(empty_dataset_message(manifest, output))
     mark_prepared(output, plan.fingerprint)
     for stage in plan.stages[:-1]:
         for task in plan.work.glob(f"{stage}/*/"):

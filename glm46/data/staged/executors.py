@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from ..prepare import EmptyDatasetError
 from .stages import run_task
 from .work import StagedPlan, progress_table, stage_row
 
@@ -35,7 +36,9 @@ def run_local(plan: StagedPlan, workers: int) -> None:
         if workers <= 1:
             for index in pending:
                 try:
-                    run_task(plan.output_dir, stage, index)
+                    run_task(plan.output_dir, stage, index, say=log.debug)  # the stage's row below says it
+                except EmptyDatasetError:
+                    raise  # the data's verdict, with every reason's count: nothing to resume
                 except Exception as error:
                     raise _failed(plan, stage, index, f"{type(error).__name__}: {error}") from error
         else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -18,14 +19,13 @@ import numpy as np
 
 from ..dedup import band_keys, content_key, lsh_bands, minhash_signatures, near_duplicates, normalize_url
 from ..documents import Document, Ledger
-from ..pipeline import load_tokenizer
 from ..prepare import (
     READERS,
     document_line,
     normalize_document,
 )
 from ..quality import QualityRules, violation
-from ..shards import encode_documents, token_dtype
+from ..shards import encode_documents, load_tokenizer, token_dtype
 from ..tokenizer import GLMTokenizer, train_tokenizer
 from .assemble import finish, merge
 from .work import DEDUP_REASONS, KEY_BITS, StagedPlan, write_task
@@ -335,17 +335,18 @@ STAGES = {
 }
 
 
-def run_task(output_dir: str, stage: str, index: int) -> dict:
-    """One task of one stage (what a Slurm array task or a local worker runs); a finished task is not run again."""
+def run_task(output_dir: str, stage: str, index: int, say: Callable[[str], None] = print) -> dict:
+    """One task of one stage (what a Slurm array task or a local worker runs); a finished task is not run again.
+    `say`: where its start and end lines go (its log, for a task of its own)."""
     plan = StagedPlan.load(output_dir)
     if plan.done(stage, index):
         return plan.stats(stage, index)
     started = time.perf_counter()
-    print(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} started", flush=True)
+    say(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} started")
 
     def work(folder: Path) -> dict:
         return STAGES[stage](plan, index, folder) | {"seconds": round(time.perf_counter() - started, 3)}
 
     stats = write_task(plan, stage, index, work)
-    print(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} done in {stats['seconds']:.1f} s", flush=True)
+    say(f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} done in {stats['seconds']:.1f} s")
     return stats
