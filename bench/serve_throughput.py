@@ -35,7 +35,7 @@ QUESTIONS = [
 def prompts(tokenizer: GLMTokenizer, count: int) -> list[list[int]]:
     """`count` chat prompts of different lengths (a question, repeated 1, 2, ... times)."""
     texts = [" ".join([QUESTIONS[i % len(QUESTIONS)]] * (1 + i // 2)) for i in range(count)]
-    return [tokenizer.encode(render_chat([{"role": "user", "content": t}], generation_prompt=True)) for t in texts]
+    return [tokenizer.encode(render_chat([{"role": "user", "content": t}], add_generation_prompt=True)) for t in texts]
 
 
 def ours(model, batch: list[list[int]], max_tokens: int) -> list[list[int]]:

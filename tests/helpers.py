@@ -200,7 +200,8 @@ def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM4
     and the engines' tests compare against this one model (the bounds of tests/test_gguf.py were measured on it)."""
     tokens, _ = load_shard(dataset / "tokens", "sft")
     torch.manual_seed(0)
-    model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size))
+    # 1,024 positions: a chat request that lists tools (GLM's tools block) is longer than the tiny default
+    model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=1024))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     starts = np.random.default_rng(0).integers(0, len(tokens) - 129, size=(steps, 8))
     threads = torch.get_num_threads()

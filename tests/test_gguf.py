@@ -188,7 +188,7 @@ def test_llama_cpp_reads_each_gguf_type_as_our_model(chat_dataset, tokenizer, tr
     python = require_venv(llama_cpp_python(), "llama.cpp", BUILD_SCRIPT, "GLM46_REQUIRE_LLAMA_CPP")
     model, export = trained_chat_model
     held_out = rl_documents(chat_dataset)[-12:]
-    chats = [render_chat(messages, generation_prompt=True) for messages in CONVERSATIONS]
+    chats = [render_chat(messages, add_generation_prompt=True) for messages in CONVERSATIONS]
     texts = chats + held_out[:3] + ["Plain text: 12345 + 678 = ?\n\n  indented\ttab, and ümlauts."]
     prompts = [tokenizer.encode(text) for text in chats + ["Once upon a time"]]
     ours = [greedy(model, prompt, tokenizer) for prompt in prompts]

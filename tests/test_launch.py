@@ -153,6 +153,7 @@ def test_plan_of_the_355b_rl_job_on_fsdp2_x_ep(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "fits 80 GiB (with a 10% margin): yes" in result.stdout and "(ep 32, FSDP shard 8192)" in result.stdout
     assert "phase=rl is not on the recipe's clock" in result.stdout and "recipe timeline" not in result.stdout
+    assert "MTP weight 0.1 and balancer rate 0 (correction bias frozen) throughout" in result.stdout
     # The colocated FP8 engine on every GPU: 356,785,884,416 weights / TP 8 at one byte = 41.54 GiB, in a share of
     # 0.6 x 80 GiB = 48 GiB, the rest its KV cache (92 layers x 1 KV head per GPU x 128 x 2 x 2 bytes per token).
     assert re.search(r"rollout engine weights +41\.54 GiB", result.stdout), result.stdout

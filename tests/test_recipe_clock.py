@@ -99,6 +99,10 @@ def test_post_training_keeps_a_clock_of_its_own(compose_config):
         cfg = compose_config(f"experiment={experiment}", *PRODUCTION)
         assert cfg.schedule.start_tokens == 0 and cfg.schedule.end_tokens == cfg.schedule.run_tokens
         assert recipe_values(cfg, 0)["lr"] == 0.0 and "batch_size_warmup" not in cfg.callbacks
+        # it continues from the recipe's post-switch values: the MTP weight at 0.1, the correction bias frozen
+        for tokens in (0, cfg.schedule.run_tokens // 2, cfg.schedule.run_tokens):
+            values = recipe_values(cfg, tokens)
+            assert (values["mtp_weight"], values["balancer_rate"]) == (0.1, 0.0), (experiment, tokens)
 
 
 def test_the_toy_recipe_stages_share_one_lr_curve(compose_config):
@@ -113,6 +117,7 @@ def test_the_toy_recipe_stages_share_one_lr_curve(compose_config):
     assert recipe_values(last, last.phase.tokens)["lr"] == pytest.approx(floor)
     sft = compose_config("experiment=toy_stage", "phase=toy_sft", "data=embedded_sft")
     assert sft.schedule.start_tokens == 0 and recipe_values(sft, 0)["lr"] == 0.0  # SFT warms up on its own
+    assert (recipe_values(sft, 0)["mtp_weight"], recipe_values(sft, 0)["balancer_rate"]) == (0.1, 0.0)
 
 
 @pytest.mark.parametrize(

@@ -41,13 +41,36 @@ HUB_CONFIG_KEYS = {
     "num_hidden_layers", "num_key_value_heads", "rms_norm_eps", "rope_scaling", "rope_theta",
     "num_nextn_predict_layers", "tie_word_embeddings", "torch_dtype", "use_cache", "use_qk_norm", "vocab_size",
 }  # fmt: skip
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+    },
+}
+TOOL_TURNS = [
+    {"role": "user", "content": "What is 1234 * 56?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_0",
+                "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "1234 * 56"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_0", "content": "69104"},
+]
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 3 + 4?"}],
     [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "Name a prime.\nOne only."}],
     [
         {"role": "user", "content": "def f(x):\n    return x * 2"},
         {"role": "assistant", "content": " It doubles x."},
-        {"role": "observation", "content": "{'ok': true}"},
+        {"role": "tool", "content": "{'ok': true}"},
         {"role": "user", "content": "And f(21)?"},
     ],
 ]
@@ -124,14 +147,16 @@ def test_transformers_reads_our_tokenizer_and_chat_template(export, tokenizer):
     assert hf.eos_token == hf.pad_token == "<|endoftext|>" and hf.padding_side == "left"
     for messages in CONVERSATIONS:
         prompt = hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        ids, _ = format_chat(messages, tokenizer)
-        assert prompt == ids + [tokenizer.token_id(ROLE_TOKENS["assistant"])]
+        assert prompt == tokenizer.encode(render_chat(messages, add_generation_prompt=True))
+        assert prompt[-1] == tokenizer.token_id(ROLE_TOKENS["assistant"])
         assert hf.apply_chat_template(messages, tokenize=False) == render_chat(messages)
         full = [*messages, {"role": "assistant", "content": " 7"}]
         rendered = hf.apply_chat_template(full, tokenize=True, return_dict=False)
         assert rendered == format_chat(full, tokenizer)[0][:-1]  # format_chat ends the document with <|endoftext|>
-    with pytest.raises(Exception, match="message 1: role tool is not one of"):
-        hf.apply_chat_template([{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}], tokenize=False)
+    with pytest.raises(Exception, match="message 1: role observation is not one of"):
+        hf.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "observation", "content": "b"}], tokenize=False
+        )
 
 
 def test_an_export_vllms_cpu_build_would_refuse_is_written_with_a_warning_naming_the_key(tmp_path, caplog):
@@ -158,9 +183,11 @@ def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_co
     assert command == [
         "vllm", "serve", str(export), "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "2",
         "--dtype", "auto", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
+        "--tool-call-parser", "glm45", "--enable-auto-tool-choice", "--reasoning-parser", "glm45",
     ]  # fmt: skip
     assert printed.startswith(f"vllm serve {export} ") and printed.endswith(
-        """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
+        """--speculative-config '{"method":"mtp","num_speculative_tokens":1}' --tool-call-parser glm45 """
+        "--enable-auto-tool-choice --reasoning-parser glm45"
     )
     command, printed = serve(
         compose_config,
@@ -170,9 +197,12 @@ def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_co
         "+serve.env.VLLM_CPU_KVCACHE_SPACE=2",
         "serve.device=cpu",
         "serve.max_model_len=256",
+        "serve.tool_call_parser=null",
+        "serve.reasoning_parser=null",
     )
     assert command[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(export)]
     assert "--max-model-len" in command and "--speculative-config" not in command
+    assert not {"--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser"} & set(command)
     assert printed.startswith("VLLM_CPU_KVCACHE_SPACE=2 /venv/bin/python -m vllm.entrypoints.openai.api_server")
 
 
@@ -185,8 +215,6 @@ def test_task_serve_prints_sglangs_command_with_eagle_mtp(compose_config, capsys
         "serve.mtp=true",
         "serve.speculative_steps=3",
         "serve.tensor_parallel_size=4",
-        "serve.tool_call_parser=glm45",
-        "serve.reasoning_parser=glm45",
     )
     assert command == [
         "python3", "-m", "sglang.launch_server", "--model-path", str(export), "--host", "127.0.0.1", "--port", "8000",
@@ -199,9 +227,8 @@ def test_task_serve_prints_sglangs_command_with_eagle_mtp(compose_config, capsys
 def test_the_355b_exports_production_launch_on_8_gpus(compose_config, capsys, tmp_path):
     config = model_config(compose_config("model=glm46_355b"))
     (tmp_path / "config.json").write_text(json.dumps(config_to_hf(config, torch.bfloat16)))  # the config is enough
-    parsers = ("serve.tool_call_parser=glm45", "serve.reasoning_parser=glm45")
     model = f"serve.model={tmp_path}"
-    command, _ = serve(compose_config, capsys, model, "serve.tensor_parallel_size=8", "serve.mtp=true", *parsers)
+    command, _ = serve(compose_config, capsys, model, "serve.tensor_parallel_size=8", "serve.mtp=true")
     assert command[:3] == ["vllm", "serve", str(tmp_path)]
     assert command[command.index("--tensor-parallel-size") + 1] == "8"
     assert command[command.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
@@ -264,7 +291,7 @@ def trained(dataset, tokenizer, trained_chat_model):
     prompts = [
         tokenizer.encode(doc[: doc.rindex(ROLE_TOKENS["assistant"]) + len(ROLE_TOKENS["assistant"])]) for doc in rl[-4:]
     ]
-    prompts.append(tokenizer.encode(render_chat(CONVERSATIONS[2], generation_prompt=True)))
+    prompts.append(tokenizer.encode(render_chat(CONVERSATIONS[2], add_generation_prompt=True)))
     prompts.append(tokenizer.encode("Once upon a time"))
     completions = [greedy(model, prompt, tokenizer) for prompt in prompts]
     return model, export, prompts, completions
@@ -337,8 +364,11 @@ def free_port() -> int:
 
 def post(url: str, body: dict) -> dict:
     request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:  # the server's reason, not only its status
+        raise AssertionError(f"{url} answered {error.code}: {error.read().decode(errors='replace')[:2000]}") from None
 
 
 @pytest.mark.serving
@@ -352,7 +382,7 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         "serve.device=cpu",
         "serve.mtp=true",
         f"serve.port={port}",
-        "serve.max_model_len=256",
+        "serve.max_model_len=1024",
         "+serve.env.VLLM_CPU_KVCACHE_SPACE=1",
         f"hydra.run.dir={tmp_path}",
     ]
@@ -379,10 +409,23 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
             {"model": str(export), "messages": messages, "max_tokens": 24, "temperature": 0, "return_token_ids": True},
         )
         choice = reply["choices"][0]
-        prompt = tokenizer.encode(render_chat(messages, generation_prompt=True))
+        prompt = tokenizer.encode(render_chat(messages, add_generation_prompt=True))
         ours = greedy(model, prompt, tokenizer)
         assert reply["prompt_token_ids"] == prompt  # the chat template in tokenizer_config.json is ours
         assert choice["token_ids"] == ours
+        assert "<think>" not in (choice["message"]["content"] or "")  # the reasoning parser took the think block
+        # tools with tool_choice auto (GLM's tool-call parser), then a conversation holding an assistant's call (in
+        # OpenAI's form: arguments as a JSON string) and its result: both answered, rendered as GLM-4.6 renders them
+        tools = [CALCULATOR]
+        for messages in ([{"role": "user", "content": "What is 1234 * 56?"}], TOOL_TURNS):
+            body = {"model": str(export), "messages": messages, "tools": tools, "tool_choice": "auto"}
+            reply = post(
+                f"http://127.0.0.1:{port}/v1/chat/completions", body | {"max_tokens": 8, "return_token_ids": True}
+            )
+            assert reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
+            assert reply["prompt_token_ids"] == tokenizer.encode(
+                render_chat(messages, tools, add_generation_prompt=True)
+            )
         server.terminate()  # task=serve passes SIGTERM on: vLLM's server and engine stop with it
         server.wait(timeout=120)
         deadline = time.monotonic() + 30  # vLLM's engine core and workers shut down after its server

@@ -66,7 +66,9 @@ def test_two_turn_conversation_trains_only_the_assistant_tokens(tokenizer):
     ids, mask = format_chat(TWO_TURNS, tokenizer)
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     # the reply starts with the newline after <|assistant|>: a prompt ends at <|assistant|>, so it is generated
-    assert trained == "\n12 + 30 = 42.\nAnswer: 42<|user|>\n<think>42 * 2 = 84</think>\nAnswer: 84<|endoftext|>"
+    assert trained == (
+        "\n<think></think>\n12 + 30 = 42.\nAnswer: 42<|user|>\n<think>42 * 2 = 84</think>\nAnswer: 84<|endoftext|>"
+    )
     untrained = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
     assert untrained == (
         "[gMASK]<sop><|system|>\nAnswer briefly.<|user|>\nWhat is 12 + 30?<|assistant|>\nNow double it.<|assistant|>"
@@ -75,7 +77,7 @@ def test_two_turn_conversation_trains_only_the_assistant_tokens(tokenizer):
     # and the mask is recovered from the ids alone
     assert tokenizer.encode(render_chat(TWO_TURNS)) + [tokenizer.token_id("<|endoftext|>")] == ids
     assert assistant_mask(np.array(ids), ChatTokens(tokenizer)).tolist() == mask
-    assert render_chat(TWO_TURNS[:2], generation_prompt=True).endswith("What is 12 + 30?<|assistant|>")
+    assert render_chat(TWO_TURNS[:2], add_generation_prompt=True).endswith("What is 12 + 30?<|assistant|>")
 
 
 def test_generated_conversations_in_the_shards_are_format_chats_ids(dataset, tokenizer):

@@ -108,11 +108,11 @@ def test_chat_template_masks_assistant_turns_only(tokenizer):
     ids, mask = format_chat(messages, tokenizer)
     assert len(ids) == len(mask)
     assert tokenizer.decode(ids) == (
-        "[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2 + 2?<|assistant|>\n4"
-        "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>9<|endoftext|>"
+        "[gMASK]<sop><|system|>\nBe brief.<|user|>\nWhat is 2 + 2?<|assistant|>\n<think></think>\n4"
+        "<|user|>\nAnd 3 * 3?<|assistant|>\n<think>3 * 3 = 9</think>\n9<|endoftext|>"
     )
     trained = tokenizer.decode([i for i, m in zip(ids, mask) if m])
     # each reply from the newline after <|assistant|> (where a prompt ends) to the token that closes it
-    assert trained == "\n4<|user|>\n<think>3 * 3 = 9</think>9<|endoftext|>"
-    with pytest.raises(ValueError, match="role 'tool'"):
-        format_chat([{"role": "tool", "content": "x"}], tokenizer)
+    assert trained == "\n<think></think>\n4<|user|>\n<think>3 * 3 = 9</think>\n9<|endoftext|>"
+    with pytest.raises(ValueError, match="role 'observation'"):
+        format_chat([{"role": "observation", "content": "x"}], tokenizer)

@@ -42,8 +42,8 @@ def prepare_estimate(source: DictConfig, settings: DictConfig, threads: int = 1)
 
 
 def prepare_source(source: DictConfig, settings: DictConfig) -> dict:
-    """Prepare a `source` (source=embedded|jsonl|text|parquet) with the `prepare` settings: in this process, or over
-    prepare.tasks tasks on this machine, prepare.num_workers at a time (glm46.data.pipeline.run_preparation)."""
+    """Prepare a `source` (source=embedded|jsonl|chat|text|parquet) with the `prepare` settings: in this process, or
+    over prepare.tasks tasks on this machine, prepare.num_workers at a time (glm46.data.pipeline.run_preparation)."""
     return run_preparation(*(OmegaConf.to_container(node, resolve=True) for node in (source, settings)))
 
 

@@ -24,7 +24,7 @@ from glm46.planning.counts import count_parameters, format_counts
 from glm46.planning.export_size import export_bytes
 from glm46.planning.plan import format_plan
 from glm46.planning.sizing import composed_plan
-from glm46.planning.timeline import format_timeline, phase_compositions, timeline
+from glm46.planning.timeline import format_timeline, off_the_clock, phase_compositions, timeline
 from glm46.serve.command import engine_command, format_command, launch
 
 log = rank_zero_logger(__name__)
@@ -56,7 +56,7 @@ def plan_job(cfg: DictConfig, config: GLM46Config) -> dict:
     result, hardware, layout = composed_plan(cfg, config)
     log.info(format_plan(result, hardware, layout))
     if cfg.phase.name not in cfg.recipe.phases:  # SFT, RL: the recipe's phases are composed by their own experiments
-        log.info(f"phase={cfg.phase.name} is not on the recipe's clock: its schedules run over its own tokens")
+        log.info(off_the_clock(cfg))
         return {**result, "timeline": []}
     rows = timeline(phase_compositions(cfg))
     log.info(format_timeline(rows, cfg.phase.name, HydraConfig.get().runtime.choices.get("recipe", "recipe")))

@@ -89,8 +89,9 @@ def write_configs(config: GLM46Config, dtype: torch.dtype, path: Path, tokenizer
     generation = {"_from_model_config": True, "pad_token_id": pad, "eos_token_id": stops}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2))
     if tokenizer is not None:
-        tokenizer.save(path / "tokenizer.json")
-        (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(config), indent=2))
+        tokenizer.save(path / "tokenizer.json")  # a Hub tokenizer's own tokenizer_config.json comes with it, as it is
+        if "tokenizer_config.json" not in tokenizer.hub_files:
+            (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(config), indent=2))
     for problem in serving_problems(config):
         log.warning("%s: %s", path, problem)
 

@@ -78,7 +78,9 @@ def validate(cfg: DictConfig) -> GLM46Config:
     config = model_config(cfg)
     if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them
         if cfg.get("source") is None:
-            raise ConfigError("task=prepare reads `source`, and none is chosen: source=embedded|jsonl|text|parquet")
+            raise ConfigError(
+                "task=prepare reads `source`, and none is chosen: source=embedded|jsonl|chat|text|parquet"
+            )
         check_prepare(cfg)
         return config
     for _, tasks, check in CHECKS:

@@ -56,8 +56,17 @@ def clock_scale(phases: DictConfig, name: str, *, _parent_: DictConfig) -> float
 
 
 def scaled(position: int, scale: float) -> int:
-    """`${scaled:${recipe.switch_tokens},${schedule.scale}}`: a position of the recipe's clock on this run's."""
+    """`${scaled:${recipe.warmup_tokens},${schedule.scale}}`: a position of the recipe's clock on this run's."""
     return int(position) if scale == 1 else round(position * scale)
+
+
+def switch_at(position: int, scale: float, post_training: list[str], name: str) -> int:
+    """`${switch_at:${recipe.switch_tokens},${schedule.scale},${recipe.post_training},${phase.name}}`: where the MTP
+    weight and the balancer rate switch on this run's clock: the recipe's switch, scaled; 0 for a post-training
+    phase (SFT, RL), which starts past it. After the first 15T tokens GLM-4.5 trains with the correction bias frozen
+    and the MTP weight at 0.1, and fine-tuning that moved the bias again would move the routing the base model
+    learned."""
+    return 0 if name in post_training else scaled(position, scale)
 
 
 def phase_steps(budget: int, ramp: DictConfig | None, start_tokens: int, global_tokens: int, accumulation: int) -> int:
@@ -133,6 +142,7 @@ def register_resolvers() -> None:
         recipe_start,
         clock_scale,
         scaled,
+        switch_at,
         phase_steps,
         data_parallel,
         accumulation,

@@ -55,7 +55,7 @@ def prepare_dataset(
     """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
     manifest. Whatever `output_dir` held before is replaced.
 
-    reader: one of READERS (embedded, jsonl, text, parquet); dedup: the stages' switches and MinHash settings
+    reader: one of READERS (embedded, jsonl, chat, text, parquet); dedup: the stages' switches and MinHash settings
     (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
     read), else a byte-level BPE of `vocab_size` is trained on the kept documents; num_workers: threads for
     MinHash and tokenization."""
@@ -83,7 +83,7 @@ def run_preparation(source: dict, settings: dict) -> dict:
     if source["reader"] not in READERS:
         raise ConfigError(
             f"source.reader={source['reader']!r}: task=prepare reads one of {sorted(READERS)} "
-            f"(source=embedded, jsonl, text or parquet)"
+            f"(source=embedded, jsonl, chat, text or parquet)"
         )
     if settings["tokenizer"]["path"]:
         load_tokenizer(settings["tokenizer"]["path"])  # before any document is read

@@ -18,9 +18,15 @@ from pathlib import Path
 
 from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
-from .sources import read_jsonl, read_parquet, read_text_folder
+from .sources import read_chat, read_jsonl, read_parquet, read_text_folder
 
-READERS = {"embedded": read_embedded, "jsonl": read_jsonl, "text": read_text_folder, "parquet": read_parquet}
+READERS = {
+    "embedded": read_embedded,
+    "jsonl": read_jsonl,
+    "chat": read_chat,
+    "text": read_text_folder,
+    "parquet": read_parquet,
+}
 
 
 class EmptyDatasetError(ValueError):

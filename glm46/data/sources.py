@@ -1,5 +1,5 @@
-"""Readers for user data: JSONL, plain-text folders and parquet. Unreadable input is counted in the
-ledger with its file and line, never raised and never silently skipped; what cannot be counted (a
+"""Readers for user data: JSONL documents, JSONL conversations, plain-text folders and parquet. Unreadable input
+is counted in the ledger with its file and line, never raised and never silently skipped; what cannot be counted (a
 missing path, a folder without input files, a parquet file whose footer does not read) is an error
 naming the path, raised before the first document is read."""
 
@@ -11,11 +11,16 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from .chat import conversation_problem, render_chat
 from .documents import Document, Ledger
 
 # A domain names files (documents/<domain>.jsonl, tokens/<domain>.bin) and mixture keys.
 DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-SUFFIXES = {"jsonl": (".jsonl", ".json"), "parquet": (".parquet",)}  # the input files of each file reader
+SUFFIXES = {
+    "jsonl": (".jsonl", ".json"),
+    "chat": (".jsonl", ".json"),
+    "parquet": (".parquet",),
+}  # the input files of each file reader
 TEXT_SUFFIXES = (".txt", ".md")  # read_text_folder's default
 JSON_TYPES = {
     dict: "an object",
@@ -75,6 +80,10 @@ def _problem(record: object) -> str | None:
         return f"no field 'text' (fields: {', '.join(map(str, list(record)[:10])) or 'none'})"
     if not isinstance(record["text"], str):
         return f"field 'text' is {_kind(record['text'])}, not a string"
+    return _domain_problem(record)
+
+
+def _domain_problem(record: dict) -> str | None:
     domain = record.get("domain")
     if domain not in (None, "") and not (isinstance(domain, str) and DOMAIN.fullmatch(domain)):
         return f"field 'domain' is {repr(domain)[:60]}, not a name of letters, digits, '_', '-' and '.'"
@@ -87,11 +96,17 @@ def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes
     if problem:
         ledger.reject("malformed", where, problem, nbytes)
         return None
-    text = record["text"]
+    return _admit(record["text"], "field 'text'", record, where, ledger, default_domain, nbytes)
+
+
+def _admit(
+    text: str, what: str, record: dict, where: str, ledger: Ledger, default_domain: str, nbytes: int
+) -> Document | None:
+    """`text` as the document of `record` (its optional url, id and domain), or counted as undecodable."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:  # a "\ud800" escape: valid JSON, but no Unicode text
-        ledger.reject("undecodable", where, f"field 'text': {error.reason} ({text[error.start]!r})", nbytes)
+        ledger.reject("undecodable", where, f"{what}: {error.reason} ({text[error.start]!r})", nbytes)
         return None
     url, key = record.get("url"), record.get("id")
     return ledger.admit(
@@ -105,7 +120,9 @@ def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes
     )
 
 
-def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
+def jsonl_records(paths: list[str], ledger: Ledger) -> Iterator[tuple[object, str, int]]:
+    """(record, "file:line", bytes) of every JSONL line that decodes; the others counted (undecodable,
+    malformed) at their file and line; blank lines skipped."""
     for file in _files(paths, SUFFIXES["jsonl"]):
         before = ledger.documents_in
         with open(file, "rb") as f:
@@ -121,10 +138,36 @@ def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general"
                 except json.JSONDecodeError as error:
                     ledger.reject("malformed", where, f"{error.msg} (column {error.colno})", len(raw))
                     continue
-                doc = _from_record(record, where, ledger, default_domain, len(raw))
-                if doc is not None:
-                    yield doc
+                yield record, where, len(raw)
         ledger.read_file(file, before)
+
+
+def read_jsonl(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:
+    for record, where, nbytes in jsonl_records(paths, ledger):
+        doc = _from_record(record, where, ledger, default_domain, nbytes)
+        if doc is not None:
+            yield doc
+
+
+def read_chat(paths: list[str], ledger: Ledger, default_domain: str = "sft") -> Iterator[Document]:
+    """Conversations as JSONL in the OpenAI messages format, one per line: {"messages": [...], optional "tools",
+    "id", "domain"}, each rendered in GLM-4.6's chat format (glm46.data.chat). A conversation that cannot be
+    trained on is counted under chat/<reason> (glm46.data.chat.conversation_problem) at its file and line."""
+    for record, where, nbytes in jsonl_records(paths, ledger):
+        if not isinstance(record, dict) or "messages" not in record:
+            ledger.reject("malformed", where, f"{_kind(record)}, not an object with a field 'messages'", nbytes)
+            continue
+        problem = conversation_problem(record["messages"], record.get("tools"))
+        if problem is None and (domain_problem := _domain_problem(record)):
+            problem = ("malformed", domain_problem)
+        if problem:
+            reason, detail = problem
+            ledger.reject(reason if reason == "malformed" else f"chat/{reason}", where, detail, nbytes)
+            continue
+        text = render_chat(record["messages"], record.get("tools"))
+        doc = _admit(text, "the conversation", record, where, ledger, default_domain, nbytes)
+        if doc is not None:
+            yield doc
 
 
 def read_parquet(paths: list[str], ledger: Ledger, default_domain: str = "general") -> Iterator[Document]:

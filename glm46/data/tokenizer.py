@@ -83,23 +83,36 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: list[
     return tokenizer
 
 
-class GLMTokenizer:
-    """A trained or loaded `tokenizer.json`, with a tiktoken encoder over the same merges."""
+# The files a Hub tokenizer keeps beside its tokenizer.json (special tokens, chat template), carried as they are
+HUB_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
-    def __init__(self, tokenizer: Tokenizer):
+
+class GLMTokenizer:
+    """A trained or loaded `tokenizer.json`, with a tiktoken encoder over the same merges. A tokenizer loaded from
+    a Hub folder (GLM-4.6's own: tokenizer_config.json with its special tokens and chat template beside it) keeps
+    those files (`hub_files`) and writes them wherever it is saved: a dataset and an export carry them as they are."""
+
+    def __init__(self, tokenizer: Tokenizer, hub_files: dict[str, bytes] | None = None):
         self.tokenizer = tokenizer
+        self.hub_files = hub_files or {}
 
     @classmethod
     def from_file(cls, path: str | Path) -> GLMTokenizer:
-        if not Path(path).is_file():
+        path = Path(path)
+        if not path.is_file():
             raise FileNotFoundError(f"tokenizer {path} does not exist")
         try:
-            return cls(Tokenizer.from_file(str(path)))
+            tokenizer = Tokenizer.from_file(str(path))
         except Exception as error:  # noqa: BLE001 - tokenizers raises a bare Exception without the file
             raise ValueError(f"tokenizer {path} does not load ({error})") from None
+        beside = {name: path.with_name(name) for name in HUB_FILES}
+        return cls(tokenizer, {name: file.read_bytes() for name, file in beside.items() if file.is_file()})
 
     def save(self, path: str | Path) -> None:
+        """tokenizer.json at `path`, and the Hub files it was loaded with beside it."""
         self.tokenizer.save(str(path))
+        for name, content in self.hub_files.items():
+            Path(path).with_name(name).write_bytes(content)
 
     @property
     def vocab_size(self) -> int:

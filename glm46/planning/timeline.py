@@ -83,3 +83,16 @@ def format_timeline(rows: list[dict], composed: str, recipe: str) -> str:
     if composed not in {row["phase"] for row in rows}:
         lines.append(f"phase={composed} is not on the recipe's clock: its schedules run over its own tokens")
     return "\n".join(line.rstrip() for line in lines)
+
+
+def off_the_clock(cfg: DictConfig) -> str:
+    """What `task=plan` says of a run the recipe's clock does not hold: its schedules' own clock and, for a
+    post-training phase, the values it continues with."""
+    line = f"phase={cfg.phase.name} is not on the recipe's clock: its schedules run over its own tokens"
+    if cfg.phase.name in cfg.recipe.post_training:
+        values = recipe_values(cfg, 0)
+        line += (
+            f"; as post-training it continues past the recipe's switch: MTP weight {values['mtp_weight']:.3g} and "
+            f"balancer rate {values['balancer_rate']:.3g} (correction bias frozen) throughout"
+        )
+    return line

@@ -1,6 +1,6 @@
 """Schemas of the data side:
 
-- `source` (`source=embedded|jsonl|text|parquet`): what `task=prepare` reads and where it writes the dataset;
+- `source` (`source=embedded|jsonl|chat|text|parquet`): what `task=prepare` reads and where it writes the dataset;
 - `data` (`data=shards|sft|rl|stdlib` and the `embedded_*` members): the DataModule training reads.
 
 `phase` (sequence length, mixture, token budget of a curriculum stage) and `prepare` (dedup, filters,

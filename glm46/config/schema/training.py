@@ -9,7 +9,7 @@ are written here. Values of `${...}` interpolations are checked when resolved, b
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -84,6 +84,7 @@ class RecipeConfig:
     warmup_tokens: int = MISSING
     switch_tokens: int = MISSING  # MTP weight and balancer rate
     batch_warmup_tokens: int = MISSING  # the global batch's ramp (callbacks=batch_warmup)
+    post_training: List[str] = field(default_factory=list)  # phases after the clock, which start past the switch
 
 
 @dataclass

@@ -141,7 +141,7 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
     if not layout:  # before any token file is written: the counts say why
         raise EmptyDatasetError(empty_dataset_message(manifest, output))
     tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
-    shutil.copyfile(plan.task_dir("tokenizer", 0) / "tokenizer.json", output / "tokenizer.json")
+    tokenizer_.save(output / "tokenizer.json")  # with a Hub tokenizer's own files beside it
     dtype, fingerprint, shards, read_back = token_dtype(tokenizer_), shards_fingerprint(tokenizer_), {}, 0
     known: dict[str, dict[str, str]] = {}
     for reader in range(plan.tasks):
