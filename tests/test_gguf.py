@@ -235,6 +235,8 @@ def test_llama_cpp_reads_each_gguf_type_as_our_model(chat_dataset, tokenizer, tr
     # q8_0, q4_k_m: a choice differs only where ours was close (0.5 nats for q8_0 measured; q4_k_m: most of
     # this tiny model's matrices are too narrow for 4-bit K-quants, llama.cpp stores them in 5-bit Q5_0)
     assert measured["q8_0"]["next_token_differs"] < 0.02 and measured["q8_0"]["largest_margin_differing"] < 1.0
-    assert abs(measured["q8_0"]["perplexity_ratio"] - 1) < 5e-3
+    # q8_0 costs at most 0.5% perplexity; on ~1,500 positions its rounding may also lower it by chance (0.64% on the
+    # model trained on GLM-4.6's chat format), which is no defect: that side is bounded at 1%
+    assert 0.99 < measured["q8_0"]["perplexity_ratio"] < 1 + 5e-3
     assert measured["q4_k_m"]["next_token_differs"] < 0.1 and measured["q4_k_m"]["largest_margin_differing"] < 3.0
     assert abs(measured["q4_k_m"]["perplexity_ratio"] - 1) < 0.1

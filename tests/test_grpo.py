@@ -146,3 +146,26 @@ def test_the_data_position_counts_prompts_over_data_parallel_ranks(dataset):
     datamodule = prompts(dataset)
     datamodule.trainer = Trainer()
     assert datamodule.samples_consumed() == 24
+
+
+def test_multi_turn_episodes_of_prompts_without_tools_are_the_single_turn_rollouts(dataset, tmp_path):
+    """phase.grpo.max_turns > 1 plays episodes (glm46.rl.episodes) with the same generators: a prompt that lists no
+    tools gives the single-turn rows, targets and rewards, except where a completion ends in a tool call (which no
+    tool serves: the episode goes on); and such a GRPO run trains."""
+    model = module(dataset, max_new_tokens=6, max_turns=3)
+    datamodule = prompts(dataset, batch_size=3)
+    datamodule.setup()
+    batch = next(iter(datamodule.train_dataloader()))
+    assert not batch["tools"].any()
+    single, single_rewards = model.single_turns(batch)
+    multi, multi_rewards = model.episodes(batch)
+    observation = model.tokenizer.token_id("<|observation|>")
+    alike = [i for i in range(len(single_rewards)) if observation not in single.input_ids[i].tolist()]
+    assert len(alike) >= len(single_rewards) - 2
+    width = single.input_ids.shape[1]
+    for i in alike:
+        assert torch.equal(multi.input_ids[i, :width], single.input_ids[i])
+        assert torch.equal(multi.targets[i, :width], single.targets[i]) and multi_rewards[i] == single_rewards[i]
+    fit(module(dataset, max_new_tokens=6, max_turns=2), dataset, tmp_path, max_steps=2)
+    logged = rewards_logged(tmp_path, "rl/turns")
+    assert logged and all(1 <= turns <= 2 for turns in logged)

@@ -75,6 +75,19 @@ def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_
     assert [p.name for p in (tmp_path / "rollout").iterdir()] == ["engine.log"]  # pushed weights removed at the end
 
 
+@pytest.mark.serving
+@pytest.mark.slow
+def test_multi_turn_episodes_through_vllm_keep_the_engines_logprobs_on_the_models_tokens(dataset, tmp_path):  # noqa: F811
+    """phase.grpo.max_turns > 1 with the engine (glm46.rl.turns.EngineTurns): each turn a request of every episode's
+    context, and the engine's log-probs land on the model's tokens, where they equal the trainer's."""
+    require_serving()
+    fit(module(dataset, rollout=vllm_settings(), max_new_tokens=6, max_turns=2), dataset, tmp_path, max_steps=2)
+    rows = metrics(tmp_path)
+    assert column(rows, "rl/turns") and all(1 <= turns <= 2 for turns in column(rows, "rl/turns"))
+    gaps = column(rows, "rl/engine_logprob_gap_max")
+    assert len(gaps) == 2 and max(gaps) < LOGPROB_TOLERANCE
+
+
 def descendants(pid: int) -> list[int]:
     """The processes `pid` started, and theirs (Linux /proc)."""
     children = Path(f"/proc/{pid}/task/{pid}/children")

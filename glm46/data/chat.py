@@ -28,6 +28,7 @@ shards see exactly what the model sees; `assistant_mask` recovers the loss mask 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -235,6 +236,50 @@ def conversation_problem(messages: Any, tools: Any = None) -> tuple[str, str] | 
     return None
 
 
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.S)
+_ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>\s*", re.S)
+
+
+def parse_tool_calls(text: str, tools: list[dict] | None = None) -> list[dict]:
+    """The tool calls in an assistant turn written in GLM's format -> [{"name", "arguments"}], in order (none: []).
+    A value is kept as written where the tool's schema declares a string, else read as JSON when it is JSON (the
+    template writes non-strings as JSON), as vLLM's glm45 parser reads them. ValueError: a call that does not parse
+    (unclosed, without a name, with text that is no argument)."""
+    if text.count("<tool_call>") != text.count("</tool_call>") or text.count("<tool_call>") != len(
+        _TOOL_CALL.findall(text)
+    ):
+        raise ValueError("a <tool_call> is not closed")
+    strings = {
+        (tool.get("function") or tool)["name"]: {
+            key
+            for key, spec in (tool.get("function") or tool).get("parameters", {}).get("properties", {}).items()
+            if spec.get("type") == "string"
+        }
+        for tool in tools or []
+    }
+    calls = []
+    for body in _TOOL_CALL.findall(text):
+        head, opens, rest = body.partition("<arg_key>")
+        name, _, stray = head.strip().partition("\n")
+        rest = opens + rest
+        if not name or any(c.isspace() for c in name):
+            raise ValueError(f"a tool call without a name: {body[:60]!r}")
+        if stray.strip() or _ARGUMENT.sub("", rest).strip():
+            raise ValueError(f"{name}: text that is no <arg_key>/<arg_value> pair: {(stray or rest)[:60]!r}")
+        arguments = {}
+        for key, value in _ARGUMENT.findall(rest):
+            arguments[key.strip()] = value if key.strip() in strings.get(name, ()) else _json_or_text(value)
+        calls.append({"name": name, "arguments": arguments})
+    return calls
+
+
+def _json_or_text(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def render_chat(
     messages: list[dict],
     tools: list[dict] | None = None,
@@ -274,6 +319,8 @@ class ChatTokens:
 
     def __init__(self, tokenizer: GLMTokenizer):
         self.assistant = tokenizer.token_id(ROLE_TOKENS["assistant"])
+        self.user = tokenizer.token_id(ROLE_TOKENS["user"])
+        self.tool_call = tokenizer.tokenizer.token_to_id("<tool_call>")  # None in a tokenizer without tools
         self.eos = tokenizer.token_id(EOS)
         self.gmask = tokenizer.token_id(PREFIX[0])
         boundaries = [tokenizer.token_id(t) for t in ROLE_TOKENS.values()] + [self.eos, self.gmask]

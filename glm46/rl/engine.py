@@ -27,9 +27,12 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Client, Connection
 from pathlib import Path
+
+import torch.distributed as dist
 
 from glm46.errors import ConfigError
 
@@ -72,6 +75,40 @@ class RolloutSettings:
 
 class RolloutEngineError(RuntimeError):
     """The rollout engine failed to start, died, answered an error or did not answer in time."""
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def to_first_rank(value) -> list | None:
+    """Every rank's `value`, in rank order, on global rank 0 (None on the others)."""
+    if _world() == 1:
+        return [value]
+    values = [None] * _world() if dist.get_rank() == 0 else None
+    dist.gather_object(value, values, dst=0)
+    return values
+
+
+def from_first_rank(work: Callable[[], list]):
+    """work() on global rank 0 returns one item per rank; each rank gets its own. A RolloutEngineError there is
+    raised on every rank (so that they all write the checkpoint and stop)."""
+    world = _world()
+    items = None
+    if world == 1 or dist.get_rank() == 0:
+        try:
+            items = work()
+        except RolloutEngineError as error:
+            items = [error] * world
+    if world > 1:
+        mine = [None]
+        dist.scatter_object_list(mine, items, src=0)
+        item = mine[0]
+    else:
+        item = items[0]
+    if isinstance(item, RolloutEngineError):
+        raise RolloutEngineError(str(item))
+    return item
 
 
 def free_port() -> int:

@@ -47,7 +47,8 @@ from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
-from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
+from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank, to_first_rank
+from glm46.rl.episodes import ENDINGS, episode_rows, run_episodes
 from glm46.rl.grpo_loss import (
     AGGREGATIONS,
     group_advantages,
@@ -56,6 +57,8 @@ from glm46.rl.grpo_loss import (
     truncated_importance_weights,
 )
 from glm46.rl.rewards import verify
+from glm46.rl.tools import ToolEnvironment
+from glm46.rl.turns import EngineTurns, ModelTurns
 
 
 @dataclass
@@ -90,6 +93,7 @@ class GRPOSettings:
     max_new_tokens: int = 65536
     temperature: float = 1.0
     updates_per_rollout: int = 1  # optimizer updates per rollout batch, each on its share of the groups
+    max_turns: int = 1  # > 1: multi-turn episodes, in which prompts that list tools call them (glm46.rl.episodes)
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # None: eps_clip
     scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
@@ -112,6 +116,8 @@ class GRPOSettings:
             )
         if self.updates_per_rollout < 1:
             raise ConfigError(f"phase.grpo.updates_per_rollout={self.updates_per_rollout} must be >= 1")
+        if self.max_turns < 1:
+            raise ConfigError(f"phase.grpo.max_turns={self.max_turns} must be >= 1")
 
 
 class GRPOLitModule(GLM46LitModule):
@@ -239,34 +245,6 @@ class GRPOLitModule(GLM46LitModule):
         return input_ids, targets, (targets != IGNORE_INDEX).float()
 
     # -- rollouts through an inference engine (phase.rollout.engine=vllm)
-    def to_first_rank(self, value) -> list | None:
-        """Every rank's `value`, in rank order, on global rank 0 (None on the others)."""
-        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-            return [value]
-        values = [None] * torch.distributed.get_world_size() if self.trainer.is_global_zero else None
-        torch.distributed.gather_object(value, values, dst=0)
-        return values
-
-    def from_first_rank(self, work: Callable[[], list]):
-        """work() on global rank 0 returns one item per rank; each rank gets its own. A RolloutEngineError there is
-        raised on every rank (so that they all write the checkpoint and stop)."""
-        world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
-        items = None
-        if self.trainer.is_global_zero:
-            try:
-                items = work()
-            except RolloutEngineError as error:
-                items = [error] * world
-        if world > 1:
-            mine = [None]
-            torch.distributed.scatter_object_list(mine, items, src=0)
-            item = mine[0]
-        else:
-            item = items[0]
-        if isinstance(item, RolloutEngineError):
-            raise RolloutEngineError(str(item))
-        return item
-
     def push_weights(self) -> None:
         """Write the policy as an HF directory (every rank: a sharded model is written slice by slice) and load it into
         the engine, which the first push starts; the previous directory is then removed."""
@@ -287,7 +265,7 @@ class GRPOLitModule(GLM46LitModule):
                     shutil.rmtree(previous, ignore_errors=True)
             return [None] * self.trainer.world_size
 
-        self.from_first_rank(load)
+        from_first_rank(load)
         self.engine_step = self.trainer.global_step
         self.log("perf/weight_push_s", time.perf_counter() - started)
 
@@ -298,7 +276,7 @@ class GRPOLitModule(GLM46LitModule):
         tokens [N, M]. Rank 0 sends every rank's prompts to the engine in one request."""
         lengths = batch["prompt_length"].tolist()
         prompts = [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
-        requests = self.to_first_rank((prompts, self.sample_seeds(batch, samples)))
+        requests = to_first_rank((prompts, self.sample_seeds(batch, samples)))
 
         def generate():
             answer = self.engine.generate(
@@ -311,7 +289,7 @@ class GRPOLitModule(GLM46LitModule):
             starts = list(accumulate((len(prompts) for prompts, _ in requests), initial=0))
             return [(answer["completions"][a:b], answer["logprobs"][a:b]) for a, b in zip(starts, starts[1:])]
 
-        completions, logprobs = self.from_first_rank(generate)
+        completions, logprobs = from_first_rank(generate)
         width = max(map(len, completions))
         tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
         values = torch.zeros(len(completions), width)
@@ -337,9 +315,9 @@ class GRPOLitModule(GLM46LitModule):
             for pushed in (Path(self.trainer.default_root_dir) / "rollout").glob("policy-step*"):
                 shutil.rmtree(pushed, ignore_errors=True)
 
-    def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
+    def single_turns(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
+        """One completion per sample, scored as it ends: (the rollout without advantages, the rewards)."""
         samples = self.grpo.samples_per_prompt
-        started = time.perf_counter()
         engine_logprobs = None
         if self.rollout_settings.engine == "vllm":
             prompt_lengths, completions, lengths, engine_logprobs = self.engine_sample(batch, samples)
@@ -347,26 +325,65 @@ class GRPOLitModule(GLM46LitModule):
             prompt_lengths, completions, lengths = self.sample(
                 batch, samples, self.grpo.temperature, self.generators(batch, samples)
             )
-        seconds = time.perf_counter() - started
         rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(samples))
-        input_ids, targets, mask = self.layout(batch, prompt_lengths, completions, lengths)
-        advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
+        rollout = Rollout(*self.layout(batch, prompt_lengths, completions, lengths), advantages=None)
+        if engine_logprobs is not None:  # at the positions of their targets, as the trainer's log-probs
+            rollout.engine_logprobs = torch.zeros_like(rollout.mask)
+            for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
+                rollout.engine_logprobs[i, p - 1 : p + n - 1] = engine_logprobs[i, :n]
+        return rollout, rewards
+
+    def episodes(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
+        """Multi-turn episodes (phase.grpo.max_turns > 1): a prompt that lists tools may call them (the calculator),
+        their results become context; only the model's tokens are trained (glm46.rl.episodes)."""
+        samples, engine = self.grpo.samples_per_prompt, self.rollout_settings.engine == "vllm"
+        lengths = batch["prompt_length"].tolist()
+        prompts = [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
+        records = [{"answer": a} for a in batch["answer"].repeat_interleave(samples).tolist()]
+        tools = batch["tools"].repeat_interleave(samples).tolist()
+        temperature = self.grpo.temperature
+        if engine:
+            turns = EngineTurns(self, self.sample_seeds(batch, samples), temperature)
+        else:
+            turns = ModelTurns(self, self.generators(batch, samples), temperature)
+        environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
+        played = run_episodes(
+            prompts, records, turns, self.tokenizer, self.reward, environments, self.grpo.max_turns,
+            self.grpo.max_new_tokens, agree=self.agree,
+        )  # fmt: skip
+        input_ids, targets, mask, logprobs = episode_rows(played, self.pad_id, self.device)
+        self.log("rl/turns", sum(e.turns for e in played) / len(played), sync_dist=True)
+        self.log("rl/tool_calls", sum(e.tool_calls for e in played) / len(played), sync_dist=True)
+        for ending in ENDINGS:
+            self.log(f"rl/ended_{ending}", sum(e.ended == ending for e in played) / len(played), sync_dist=True)
+        rollout = Rollout(input_ids, targets, mask, None, engine_logprobs=logprobs if engine else None)
+        return rollout, torch.tensor([e.reward for e in played], device=self.device)
+
+    def agree(self, budget: int, done: bool) -> tuple[int, bool]:
+        """run_episodes' step across ranks: the largest turn budget, and whether every rank's episodes have ended."""
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return budget, done
+        values = torch.tensor([budget, int(not done)], device=self.device)
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
+        return int(values[0]), not bool(values[1])
+
+    def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
+        started = time.perf_counter()
+        rollout, rewards = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
+        seconds = time.perf_counter() - started
+        rollout.advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
+        lengths = rollout.mask.sum(1)  # the model's own tokens
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
         self.log("rl/accuracy", (rewards == 1).float().mean(), sync_dist=True)
         # Groups whose rewards are all equal have advantages 0: no gradient (slime's dynamic sampling drops them).
-        flat = rewards.view(-1, samples).std(dim=1) == 0
+        flat = rewards.view(-1, self.grpo.samples_per_prompt).std(dim=1) == 0
         self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
-        rollout = Rollout(input_ids, targets, mask, advantages)
-        if engine_logprobs is not None:  # at the positions of their targets, as the trainer's log-probs
-            rollout.engine_logprobs = torch.zeros_like(mask)
-            for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
-                rollout.engine_logprobs[i, p - 1 : p + n - 1] = engine_logprobs[i, :n]
         if self.grpo.updates_per_rollout > 1:  # later updates compare against the policy that sampled
             with torch.no_grad():
-                rollout.old_logprobs = self.logprobs(input_ids, targets)[0]
+                rollout.old_logprobs = self.logprobs(rollout.input_ids, rollout.targets)[0]
         return rollout
 
     # -- update

@@ -1,10 +1,12 @@
 """Prompt batches for RL on verifiable answers (the embedded `rl` domain, or any chat documents that end
-with a reference assistant reply): each sample is the conversation's ids up to and including its last
-`<|assistant|>` (where the policy starts its reply), right-padded to seq_len, with its length and the
-reference answer, the integer that glm46.rl.rewards.verify checks completions against, and its global sample
+with a reference assistant reply): each sample is the conversation's ids up to and including the
+`<|assistant|>` that opens the reply to its last user turn (where the policy starts; a reply with tool calls
+goes on after their results), right-padded to seq_len, with its length, the reference answer (the integer of
+the reference's last turn, which glm46.rl.rewards.verify checks completions against), whether the prompt lists
+tools (GLM's tools block: the episode may call them, glm46.rl.episodes) and its global sample
 index (which seeds its completions' sampling, so that a prompt draws the same completions on any rank of any layout).
 
-    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B], "index": [B]}
+    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B], "tools": [B], "index": [B]}
     prompt = batch["prompt_ids"][i, : batch["prompt_length"][i]]        # ends with <|assistant|>
     reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
 
@@ -27,24 +29,36 @@ from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.rewards import extract_answer
 
 
+def reply_starts(tokens: np.ndarray, chat: ChatTokens) -> np.ndarray:
+    """Positions just after each `<|assistant|>` that opens the reply to a user turn (the first after each
+    <|user|>): where an episode starts. The later ones of a reply (after tool results) belong to it."""
+    tokens = np.asarray(tokens)
+    assistants = np.flatnonzero(tokens == chat.assistant)
+    users = np.flatnonzero(tokens == chat.user)
+    opening = np.searchsorted(assistants, users, side="right")  # the first <|assistant|> after each <|user|>
+    return np.unique(assistants[opening[opening < len(assistants)]]) + 1
+
+
 class Prompts(MixtureWindows):
     """MixtureWindows whose bins are single whole documents, sampled as prompt records."""
 
     def __init__(self, *args, tokenizer: GLMTokenizer, **kwargs):
         super().__init__(*args, **kwargs)
-        self.tokenizer, self.assistant = tokenizer, ChatTokens(tokenizer).assistant
+        self.tokenizer, self.chat = tokenizer, ChatTokens(tokenizer)
 
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
         document = np.asarray(self.streams[domain][start : start + length], dtype=np.int64)
-        end = int(np.flatnonzero(document == self.assistant)[-1]) + 1
-        reply = self.tokenizer.decode(document[end:-1].tolist())  # the reference reply, without <|endoftext|>
+        end = int(reply_starts(document, self.chat)[-1])
+        last = int(np.flatnonzero(document == self.chat.assistant)[-1]) + 1
+        reply = self.tokenizer.decode(document[last:-1].tolist())  # the reference's last turn, without <|endoftext|>
         answer = extract_answer(reply)
         if answer is None:
             raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.rl.rewards)")
         prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
         prompt[:end] = document[:end]
-        return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer)}
+        tools = np.bool_(self.chat.tool_call is not None and (document[:end] == self.chat.tool_call).any())
+        return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer), "tools": tools}
 
     def batch(self, number: int) -> dict[str, torch.Tensor]:
         return super().batch(number) | {"index": torch.from_numpy(self.indices(number))}
@@ -70,12 +84,13 @@ class PromptDataModule(ShardDataModule):
         self.dataset = partial(Prompts, tokenizer=self.tokenizer)
 
     def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
-        """Documents whose prompt (up to the last <|assistant|>) fits seq_len, one per bin."""
-        replies = np.flatnonzero(np.asarray(tokens) == ChatTokens(self.tokenizer).assistant)
-        document = np.searchsorted(offsets, replies, side="right") - 1  # the document of each <|assistant|>
-        last = np.full(len(offsets) - 1, -1)
-        last[document] = replies  # the last one of each document wins
-        fits = (last >= 0) & (last - offsets[:-1] < self.seq_len)
+        """Documents whose prompt (up to the <|assistant|> that opens the reply to the last user turn) fits
+        seq_len, one per bin."""
+        starts = reply_starts(tokens, ChatTokens(self.tokenizer))
+        document = np.searchsorted(offsets, starts - 1, side="right") - 1  # the document of each reply
+        end = np.full(len(offsets) - 1, -1)
+        end[document] = starts  # the last one of each document wins
+        fits = (end >= 0) & (end - offsets[:-1] <= self.seq_len)
         return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in np.flatnonzero(fits)]
 
     def setup(self, stage: str | None = None) -> None:
