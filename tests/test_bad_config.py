@@ -80,7 +80,7 @@ TABLE = [
     ("mandatory-value-missing", PHASE1, ["data.path=???"], VALIDATE,
      [r"^data\.path: no value \(\?\?\?\) for task=train; set data\.path=\.\.\.$"]),
     ("prepare-without-source", TINY, ["task=prepare"], VALIDATE,
-     [r"^task=prepare reads `source`, and none is chosen: source=embedded\|jsonl\|text\|parquet"]),
+     [r"^task=prepare reads `source`, and none is chosen: source=embedded\|jsonl\|chat\|text\|parquet"]),
     ("mandatory-values-missing-for-prepare", [], ["task=prepare", "source=jsonl"], VALIDATE,
      [r"^source\.output_dir, source\.paths: no value \(\?\?\?\) for task=prepare"]),
     ("async-checkpoint-without-dcp", TINY,

@@ -1,7 +1,8 @@
 """GRPO with rollouts from vLLM (phase.rollout.engine=vllm, glm46.rl.engine): the engine's log-probs equal the
-trainer's before any update, the reward rises on test_grpo's easy task with the weights pushed after each update, and
-an engine that cannot start or dies ends the run with a clear error (and a checkpoint), never a hang. Marker
-`serving`: vLLM's CPU build in the serving venv (scripts/serving_venv.sh)."""
+trainer's before any update (single completions, and multi-turn episodes' turns on the model's tokens), the reward
+rises on test_grpo's easy task with the weights pushed after each update, and an engine that cannot start or dies
+ends the run with a clear error (and a checkpoint), never a hang. Marker `serving`: vLLM's CPU build in the serving
+venv (scripts/serving_venv.sh)."""
 
 import csv
 import sys
@@ -14,6 +15,10 @@ import torch
 
 from glm46.checkpoint.hf_write import save_hf
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
+from glm46.rl.episodes import episode_rows, run_episodes
+from glm46.rl.rewards import verify
+from glm46.rl.tools import ToolEnvironment
+from glm46.rl.turns import EngineTurns
 
 from .test_grpo import dataset, fit, module  # noqa: F401 (dataset: the module-scoped fixture)
 from .test_serving import require_serving
@@ -46,8 +51,18 @@ def test_the_engines_logprobs_equal_the_trainers_before_an_update(dataset, tmp_p
     try:
         prompt = grpo.tokenizer.encode("<|user|>What is 3 + 4?<|assistant|>")
         answer = engine.generate([prompt] * 4, [7, 8, 9, 7], 1.0, 12, grpo.stop_ids)
+        # multi-turn episodes' turns from the engine (glm46.rl.turns.EngineTurns): its log-probs land on the model's
+        # tokens of the training rows, where the trainer's equal them
+        grpo.engine = engine
+        turns = EngineTurns(grpo, seeds=[7, 8, 9], temperature=1.0)
+        environments = [ToolEnvironment()] * 3
+        played = run_episodes([prompt] * 3, [{"answer": 7}] * 3, turns, grpo.tokenizer, verify, environments, 2, 12)
     finally:
         engine.close()
+    input_ids, targets, mask, episode_logprobs = episode_rows(played, grpo.pad_id)
+    with torch.no_grad():
+        ours = grpo.logprobs(input_ids, targets)[0]
+    assert mask.sum() > 0 and ((ours - episode_logprobs).abs() * mask).max() < LOGPROB_TOLERANCE
     completions = answer["completions"]
     assert completions[0] == completions[3] and completions[0] != completions[1]  # a completion's seed decides it
     for tokens, engine_logprobs in zip(completions, answer["logprobs"]):
@@ -73,19 +88,6 @@ def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_
     assert max(column(rows, "rl/engine_logprob_gap_max")) < LOGPROB_TOLERANCE  # after the updates too
     assert all(abs(w - 1) < 1e-3 for w in column(rows, "rl/tis_weight"))
     assert [p.name for p in (tmp_path / "rollout").iterdir()] == ["engine.log"]  # pushed weights removed at the end
-
-
-@pytest.mark.serving
-@pytest.mark.slow
-def test_multi_turn_episodes_through_vllm_keep_the_engines_logprobs_on_the_models_tokens(dataset, tmp_path):  # noqa: F811
-    """phase.grpo.max_turns > 1 with the engine (glm46.rl.turns.EngineTurns): each turn a request of every episode's
-    context, and the engine's log-probs land on the model's tokens, where they equal the trainer's."""
-    require_serving()
-    fit(module(dataset, rollout=vllm_settings(), max_new_tokens=6, max_turns=2), dataset, tmp_path, max_steps=2)
-    rows = metrics(tmp_path)
-    assert column(rows, "rl/turns") and all(1 <= turns <= 2 for turns in column(rows, "rl/turns"))
-    gaps = column(rows, "rl/engine_logprob_gap_max")
-    assert len(gaps) == 2 and max(gaps) < LOGPROB_TOLERANCE
 
 
 def descendants(pid: int) -> list[int]:

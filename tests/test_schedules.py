@@ -60,10 +60,15 @@ def test_a_run_off_the_recipes_clock_scales_its_positions_to_its_own_tokens(comp
     assert instantiate(compose_config("phase=toy_sft", "data=embedded_sft").schedule.lr).scale == 1.0
     share = run_tokens / cfg.recipe.tokens  # the recipe's positions, scaled to the run
     assert lr.warmup_tokens == round(cfg.recipe.warmup_tokens * share)
-    mtp = instantiate(cfg.schedule.mtp_weight)
+    # RL is post-training (recipe.post_training): past the switch from its first token
+    assert instantiate(cfg.schedule.mtp_weight).boundaries == [0]
+    assert instantiate(cfg.callbacks.expert_balancer.rate)(0) == 0.0
+    # any other run off the clock (a quick run, a sweep) meets the switch where the recipe does, scaled
+    quick = compose_config("trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128", "recipe.post_training=[]")
+    mtp = instantiate(quick.schedule.mtp_weight)
     assert mtp.boundaries == [round(cfg.recipe.switch_tokens * share)] and mtp.values == [0.3, 0.1]
     assert 0.64 < mtp.boundaries[0] / run_tokens < 0.66  # at GLM-4.5's 15T of 23.1T
-    rate = instantiate(cfg.callbacks.expert_balancer.rate)
+    rate = instantiate(quick.callbacks.expert_balancer.rate)
     assert rate(0) > 0 and rate(run_tokens) == 0.0
 
 
