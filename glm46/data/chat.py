@@ -191,13 +191,18 @@ def _assistant_turn(message: dict, keeps_reasoning: bool) -> str:
     return "<|assistant|>" + think + text + "".join(_tool_call(call) for call in message.get("tool_calls") or [])
 
 
+def tool_responses(results: list) -> str:
+    """Tool results as the template writes them after <|observation|>, one block each."""
+    return "".join(f"\n<tool_response>\n{result}\n</tool_response>" for result in results)
+
+
 def _tool_result(messages: list[dict], number: int) -> str:
     content = messages[number].get("content")
     if isinstance(content, list):  # several results in one message
-        results = (item["output"] if isinstance(item, dict) and "output" in item else item for item in content)
-        return "<|observation|>" + "".join(f"\n<tool_response>\n{result}\n</tool_response>" for result in results)
+        results = [item["output"] if isinstance(item, dict) and "output" in item else item for item in content]
+        return "<|observation|>" + tool_responses(results)
     opens = number == 0 or messages[number - 1]["role"] != "tool"
-    return ("<|observation|>" if opens else "") + f"\n<tool_response>\n{visible_text(content)}\n</tool_response>"
+    return ("<|observation|>" if opens else "") + tool_responses([visible_text(content)])
 
 
 def conversation_problem(messages: Any, tools: Any = None) -> tuple[str, str] | None:

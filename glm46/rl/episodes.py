@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, parse_tool_calls
+from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, parse_tool_calls, tool_responses
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.modules.loss import IGNORE_INDEX
 
 from .tools import ToolEnvironment
 
+ENDINGS = ("answered", "unparsed_call", "out_of_turns", "out_of_tokens")
 # generate(contexts, max_new_tokens, active) -> for each active episode (the episodes' indices; `contexts` are theirs,
 # or one throwaway context when none is active), the turn it writes after its context (ids, cut after its first stop
 # token) and the sampler's log-prob of each of those tokens (None when it has none).
-ENDINGS = ("answered", "unparsed_call", "out_of_turns", "out_of_tokens")
 TurnGenerator = Callable[[list[list[int]], int, list[int]], list[tuple[list[int], list[float] | None]]]
 
 
@@ -42,7 +42,7 @@ class Episode:
     turns: int = 0
     tool_calls: int = 0
     reward: float = 0.0
-    ended: str = ""  # answered | unparsed_call | out_of_turns | out_of_tokens
+    ended: str = ""  # one of ENDINGS once the episode has ended
 
     @property
     def done(self) -> bool:
@@ -52,11 +52,6 @@ class Episode:
         self.tokens += tokens
         self.model_mask += [int(model)] * len(tokens)
         self.logprobs += logprobs if logprobs is not None else [0.0] * len(tokens)
-
-
-def tool_results(results: list[str]) -> str:
-    """What follows a turn's <|observation|>: each result in GLM-4.6's template, then the next assistant turn."""
-    return "".join(f"\n<tool_response>\n{result}\n</tool_response>" for result in results) + ROLE_TOKENS["assistant"]
 
 
 def alone(budget: int, done: bool) -> tuple[int, bool]:
@@ -119,7 +114,8 @@ def _serve_calls(
         episode.ended = "out_of_turns"
         return
     episode.tool_calls += len(calls)
-    results = tokenizer.encode(tool_results([environment.step(call) for call in calls]))
+    # what follows the turn's <|observation|>: the results as GLM-4.6's template writes them, then the next turn
+    results = tokenizer.encode(tool_responses([environment.step(call) for call in calls]) + ROLE_TOKENS["assistant"])
     if len(episode.tokens) + len(results) >= max_tokens:
         episode.ended = "out_of_tokens"
         return

@@ -33,7 +33,6 @@ import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from itertools import accumulate
 from pathlib import Path
 
 import torch
@@ -47,7 +46,7 @@ from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
-from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank, to_first_rank
+from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
 from glm46.rl.episodes import ENDINGS, episode_rows, run_episodes
 from glm46.rl.grpo_loss import (
     AGGREGATIONS,
@@ -58,7 +57,7 @@ from glm46.rl.grpo_loss import (
 )
 from glm46.rl.rewards import verify
 from glm46.rl.tools import ToolEnvironment
-from glm46.rl.turns import EngineTurns, ModelTurns
+from glm46.rl.turns import EngineTurns, ModelTurns, left_padded
 
 
 @dataclass
@@ -160,16 +159,10 @@ class GRPOLitModule(GLM46LitModule):
                 register_fsdp_forward_method(self.model, method)
 
     # -- rollout
-    def left_padded(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Right-padded prompts [P, S] with their lengths -> left-padded ids and mask [P, longest]."""
-        lengths = batch["prompt_length"]
-        longest = int(lengths.max())
-        ids = torch.full((len(lengths), longest), self.pad_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros_like(ids)
-        for i, n in enumerate(lengths.tolist()):
-            ids[i, longest - n :] = batch["prompt_ids"][i, :n]
-            mask[i, longest - n :] = 1
-        return ids, mask
+    def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
+        """Each prompt's ids, `samples` times in a row (rows group by group, prompt-major)."""
+        lengths = batch["prompt_length"].tolist()
+        return [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
 
     def completion_lengths(self, completions: torch.Tensor) -> torch.Tensor:
         """Tokens of each completion up to and including its first stop token [N]."""
@@ -204,8 +197,7 @@ class GRPOLitModule(GLM46LitModule):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Completions of every prompt `samples` times -> (prompt lengths [N], completions [N, M], lengths [N]),
         rows group by group (prompt-major)."""
-        ids, mask = self.left_padded(batch)
-        ids, mask = ids.repeat_interleave(samples, 0), mask.repeat_interleave(samples, 0)
+        ids, mask = left_padded(self.prompts(batch, samples), self.pad_id, self.device)
         out = self.model.generate(
             ids,
             self.grpo.max_new_tokens,
@@ -273,23 +265,10 @@ class GRPOLitModule(GLM46LitModule):
         self, batch: dict[str, torch.Tensor], samples: int
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """`sample`'s (prompt lengths, completions, lengths) from the engine, with its log-probs of the completion
-        tokens [N, M]. Rank 0 sends every rank's prompts to the engine in one request."""
-        lengths = batch["prompt_length"].tolist()
-        prompts = [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
-        requests = to_first_rank((prompts, self.sample_seeds(batch, samples)))
-
-        def generate():
-            answer = self.engine.generate(
-                [p for prompts, _ in requests for p in prompts],
-                [s for _, seeds in requests for s in seeds],
-                self.grpo.temperature,
-                self.grpo.max_new_tokens,
-                self.stop_ids,
-            )
-            starts = list(accumulate((len(prompts) for prompts, _ in requests), initial=0))
-            return [(answer["completions"][a:b], answer["logprobs"][a:b]) for a, b in zip(starts, starts[1:])]
-
-        completions, logprobs = from_first_rank(generate)
+        tokens [N, M]: the first turn of each sample's episode (glm46.rl.turns.EngineTurns)."""
+        rows = len(batch["prompt_ids"]) * samples
+        turns = EngineTurns(self, self.sample_seeds(batch, samples), self.grpo.temperature)
+        completions, logprobs = zip(*turns(self.prompts(batch, samples), self.grpo.max_new_tokens, list(range(rows))))
         width = max(map(len, completions))
         tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
         values = torch.zeros(len(completions), width)
@@ -337,8 +316,7 @@ class GRPOLitModule(GLM46LitModule):
         """Multi-turn episodes (phase.grpo.max_turns > 1): a prompt that lists tools may call them (the calculator),
         their results become context; only the model's tokens are trained (glm46.rl.episodes)."""
         samples, engine = self.grpo.samples_per_prompt, self.rollout_settings.engine == "vllm"
-        lengths = batch["prompt_length"].tolist()
-        prompts = [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
+        prompts = self.prompts(batch, samples)
         records = [{"answer": a} for a in batch["answer"].repeat_interleave(samples).tolist()]
         tools = batch["tools"].repeat_interleave(samples).tolist()
         temperature = self.grpo.temperature

@@ -5,11 +5,24 @@ the GRPO module (glm46.rl.grpo_module) whose policy, stop and pad ids, engine an
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from glm46.lit.module import GLM46LitModule
 
 from .engine import from_first_rank, to_first_rank
+
+
+def left_padded(contexts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists of different lengths -> left-padded ids and attention mask [N, longest], as `generate` takes them."""
+    longest = max(map(len, contexts))
+    ids = torch.full((len(contexts), longest), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for row, context in enumerate(contexts):
+        ids[row, longest - len(context) :] = torch.tensor(context)
+        mask[row, longest - len(context) :] = 1
+    return ids, mask
 
 
 def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
@@ -28,12 +41,7 @@ class ModelTurns:
     @torch.no_grad()
     def __call__(self, contexts: list[list[int]], max_new_tokens: int, active: list[int]) -> list:
         module = self.module
-        longest = max(map(len, contexts))
-        ids = torch.full((len(contexts), longest), module.pad_id, dtype=torch.long, device=module.device)
-        mask = torch.zeros_like(ids)
-        for row, context in enumerate(contexts):
-            ids[row, longest - len(context) :] = torch.tensor(context)
-            mask[row, longest - len(context) :] = 1
+        ids, mask = left_padded(contexts, module.pad_id, module.device)
         generators = [self.generators[i] for i in active] or [torch.Generator(module.device).manual_seed(0)]
         out = module.model.generate(
             ids,
@@ -44,13 +52,14 @@ class ModelTurns:
             attention_mask=mask,
             all_finished=module.all_finished,
         )
-        turns = out[:, longest:].tolist()
+        turns = out[:, ids.shape[1] :].tolist()
         return [(turn[: cut_at_stop(turn, module.stop_ids)], None) for turn in turns[: len(active)]]
 
 
 class EngineTurns:
-    """Turns from the vLLM engine: the first rank sends every rank's contexts in one request, each episode's k-th turn
-    sampled with the seed (its seed, k); the engine returns each sampled token's log-prob."""
+    """Turns from the vLLM engine: the first rank sends every rank's contexts in one request. An episode's first turn
+    is sampled with its seed, its k-th after that with the seed (its seed, k); the engine returns each sampled
+    token's log-prob."""
 
     def __init__(self, module: GLM46LitModule, seeds: list[int], temperature: float):
         self.module, self.seeds, self.temperature = module, seeds, temperature
@@ -58,29 +67,19 @@ class EngineTurns:
 
     def __call__(self, contexts: list[list[int]], max_new_tokens: int, active: list[int]) -> list:
         module = self.module
-        seeds = [hash((self.seeds[i], self.turns[i])) % 2**63 for i in active]
+        seeds = [self.seeds[i] if not self.turns[i] else hash((self.seeds[i], self.turns[i])) % 2**63 for i in active]
         for i in active:
             self.turns[i] += 1
         requests = to_first_rank((contexts[: len(active)], seeds))
 
         def generate():
-            prompts = [p for mine, _ in requests for p in mine]
-            answer = (
-                module.engine.generate(
-                    prompts,
-                    [s for _, mine in requests for s in mine],
-                    self.temperature,
-                    max_new_tokens,
-                    module.stop_ids,
-                )
-                if prompts
-                else {"completions": [], "logprobs": []}
-            )
-            pairs, start = [], 0
-            for mine, _ in requests:
-                pairs.append(list(zip(answer["completions"][start : start + len(mine)], answer["logprobs"][start:])))
-                start += len(mine)
-            return pairs
+            prompts = [context for mine, _ in requests for context in mine]
+            answer = {"completions": [], "logprobs": []}
+            if prompts:
+                seeds = [seed for _, mine in requests for seed in mine]
+                answer = module.engine.generate(prompts, seeds, self.temperature, max_new_tokens, module.stop_ids)
+            starts = list(accumulate((len(mine) for mine, _ in requests), initial=0))
+            return [list(zip(answer["completions"][a:b], answer["logprobs"][a:b])) for a, b in zip(starts, starts[1:])]
 
         turns = from_first_rank(generate)
         return [(turn[:n], logprobs[:n]) for turn, logprobs in turns for n in [cut_at_stop(turn, module.stop_ids)]]
