@@ -4,6 +4,7 @@ the same numbers and generations as lm-eval's own HFLM over the HF export."""
 import csv
 import io
 import json
+import re
 from contextlib import redirect_stdout
 from pathlib import Path
 
@@ -248,3 +249,61 @@ def test_a_directory_without_weights_is_named(dataset, tmp_path):
     cfg = compose_run(tmp_path, f"eval.dataset={dataset}", "eval.tasks=[glm46_ppl_sft]")
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'empty'} holds no model: neither config.json"):
         evaluate(cfg.eval, tmp_path / "empty", tmp_path)
+
+
+@pytest.fixture(scope="module")
+def tool_dataset(tmp_path_factory):
+    return make_chat_dataset(tmp_path_factory.mktemp("tools"), 40, 40, vocab_size=512, tool_prompts=60)
+
+
+def scripted_generate(lm, calls: bool):
+    """In place of the model's `generate`: GLM's calculator call for the context's question (or, with calls=False, a
+    wrong answer at once); after a tool result, the answer it read."""
+    call = "\n<think></think>\n<tool_call>calculator\n<arg_key>expression</arg_key>\n<arg_value>{}</arg_value>"
+    call += "\n</tool_call>"
+
+    def generate(ids, max_new_tokens, temperature, eos_token_id=None, attention_mask=None, **_):
+        turns = []
+        for row, mask in zip(ids.tolist(), attention_mask.tolist()):
+            context = lm.tokenizer.decode([token for token, real in zip(row, mask) if real])
+            if context.endswith("</tool_response><|assistant|>"):
+                result = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", context)[-1]
+                turn = f"\n<think></think>\nAnswer: {result}<|endoftext|>"
+            elif calls:
+                turn = call.format(re.findall(r"What is (.*?)\?", context)[-1]) + "<|observation|>"
+            else:
+                turn = "\n<think></think>\nAnswer: 0<|endoftext|>"
+            turns.append(lm.tokenizer.encode(turn)[:max_new_tokens])
+        width = max(map(len, turns))
+        new = [turn + [lm.eot_token_id] * (width - len(turn)) for turn in turns]
+        return torch.cat([ids, torch.tensor(new)], dim=1)
+
+    return generate
+
+
+@pytest.mark.parametrize("calls", [True, False])
+def test_the_tool_task_plays_each_prompt_as_a_tool_episode_and_scores_its_last_turn(tool_dataset, tmp_path, calls):
+    """glm46_tool_arithmetic through lm-eval's own evaluator: the harness serves the calculator's calls for real."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from glm46.eval.harness import GLM46LM
+
+    folder = tmp_path / "tasks"
+    settings = compose_run(tmp_path, f"eval.dataset={tool_dataset}", "eval.max_gen_toks=48").eval  # per turn
+    assert "glm46_tool_arithmetic" in write_tasks(settings, folder)
+    tokenizer = GLMTokenizer.from_file(tool_dataset / "tokenizer.json")
+    config = tiny_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=1024)
+    lm = GLM46LM(str(save_hf(random_model(config, seed=0), tmp_path / "hf")), str(tool_dataset / "tokenizer.json"))
+    lm.model.generate = scripted_generate(lm, calls)
+    manager = TaskManager(include_path=str(folder), include_defaults=False)
+    results = simple_evaluate(lm, tasks=["glm46_tool_arithmetic"], task_manager=manager, bootstrap_iters=0)
+    metrics, samples = results["results"]["glm46_tool_arithmetic"], results["samples"]["glm46_tool_arithmetic"]
+    assert len(samples) == results["n-samples"]["glm46_tool_arithmetic"]["effective"] > 0
+    assert metrics["exact_match,none"] == metrics["tool_calls,none"] == float(calls)
+    transcript, answer = samples[0]["resps"][0][0], samples[0]["doc"]["answer"]
+    if calls:  # the model's call, the calculator's result as GLM-4.6's template writes it, the model's answer
+        assert f"</tool_call><|observation|>\n<tool_response>\n{answer}\n</tool_response><|assistant|>" in transcript
+        assert transcript.endswith(f"Answer: {answer}<|endoftext|>")
+    else:
+        assert transcript == "\n<think></think>\nAnswer: 0<|endoftext|>"

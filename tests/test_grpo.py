@@ -9,6 +9,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from glm46.modules.loss import IGNORE_INDEX
+from glm46.rl.grpo_loss import token_logprobs, width_groups
 from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 
@@ -169,3 +170,35 @@ def test_multi_turn_episodes_of_prompts_without_tools_are_the_single_turn_rollou
     fit(module(dataset, max_new_tokens=6, max_turns=2), dataset, tmp_path, max_steps=2)
     logged = rewards_logged(tmp_path, "rl/turns")
     assert logged and all(1 <= turns <= 2 for turns in logged)
+
+
+def test_rows_of_different_lengths_score_as_one_full_width_forward(dataset):
+    """GRPOLitModule.logprobs runs a batch's long and short rows (multi-turn episodes beside single replies) as two
+    forwards, each cut after its last target: the same log-probs and gradients as one forward over the padded rows."""
+    model = module(dataset, temperature=0.7)
+    torch.manual_seed(0)
+    input_ids = torch.randint(0, 400, (6, 40))
+    targets = torch.full_like(input_ids, IGNORE_INDEX)
+    for row, end in enumerate([40, 12, 38, 9, 10, 25]):  # least padding: 39, 37 and 24 wide, then 11, 9 and 8
+        targets[row, end - 6 : end - 1] = input_ids[row, end - 5 : end]
+    assert [(sorted(rows.tolist()), width) for rows, width in width_groups(targets)] == [
+        ([0, 2, 5], 39),
+        ([1, 3, 4], 11),
+    ]
+
+    logprobs, entropy = model.logprobs(input_ids, targets)
+    logprobs.sum().backward()
+    split = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    hidden = model.model.hidden_states(input_ids, torch.arange(40).expand_as(input_ids))
+    expected, expected_entropy = token_logprobs(
+        hidden, model.model.lm_head.weight, targets, 0.7, model.model.loss_chunk_size, return_entropy=True
+    )
+    expected.sum().backward()
+    whole = [p.grad for p in model.parameters() if p.grad is not None]
+    mask = targets != IGNORE_INDEX
+    torch.testing.assert_close(logprobs, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropy[mask], expected_entropy[mask], atol=1e-5, rtol=1e-5)
+    assert len(split) == len(whole) > 0
+    for a, b in zip(split, whole):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)

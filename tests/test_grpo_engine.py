@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from glm46.checkpoint.hf_write import save_hf
+from glm46.data.tools import ToolEnvironment
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
 from glm46.rl.episodes import episode_rows, run_episodes
 from glm46.rl.rewards import verify
-from glm46.rl.tools import ToolEnvironment
 from glm46.rl.turns import EngineTurns
 
 from .test_grpo import dataset, fit, module  # noqa: F401 (dataset: the module-scoped fixture)

@@ -30,11 +30,11 @@ TWO_TURNS = [
 ]
 
 
-def make_chat_dataset(root, conversations=300, prompts=200, vocab_size=400):
-    """A prepared dataset (documents, tokenizer, shards) of the generated `sft` and `rl` domains."""
+def make_chat_dataset(root, conversations=300, prompts=200, vocab_size=400, tool_prompts=0):
+    """A prepared dataset (documents, tokenizer, shards) of the generated `sft`, `rl` (and `tool`) domains."""
     (root / "documents").mkdir(parents=True)
     texts = {}
-    for doc in generated(Ledger(), 0, 0, seed=0, sft_conversations=conversations, rl_prompts=prompts):
+    for doc in generated(Ledger(), 0, 0, 0, conversations, prompts, tool_prompts):
         texts.setdefault(doc.domain, {})[doc.text] = None  # exact duplicates dropped, as the preparation does
     texts = {domain: list(docs) for domain, docs in texts.items()}
     for domain, docs in texts.items():

@@ -10,11 +10,11 @@ import torch
 from glm46.data.chat import parse_tool_calls, render_chat
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
+from glm46.data.tools import Calculator, ToolEnvironment
 from glm46.rl.episodes import episode_rows, run_episodes
 from glm46.rl.grpo_loss import group_advantages, policy_loss
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.rewards import verify
-from glm46.rl.tools import Calculator, ToolEnvironment
 
 
 @pytest.mark.parametrize(
@@ -189,3 +189,18 @@ def test_a_tool_conversation_is_a_prompt_up_to_its_reply_with_the_answer_of_its_
         assert int(answer) == (a * b if op == "*" else a + b) and bool(offers) == (op == "*")
         seen.add(bool(offers))
     assert seen == {True, False}
+
+
+def test_a_turn_that_reaches_its_own_bound_ends_the_episode_out_of_tokens(tokenizer):
+    """turn_tokens (the evaluation's max_gen_toks per turn) bounds each turn; the episode's bound stays max_tokens."""
+    prompt = tokenizer.encode(
+        render_chat([{"role": "user", "content": "What is 1234 * 56?"}], add_generation_prompt=True)
+    )
+    turns = {0: [CALL.format("1234 * 56") + "<|observation|>", "\n<think></think>\nAnswer: 69104<|endoftext|>"]}
+    call_length = len(tokenizer.encode(turns[0][0]))
+    for bound, ended in ((call_length, "answered"), (call_length - 1, "out_of_tokens")):
+        (episode,) = run_episodes(
+            [prompt], [{"answer": 69104}], scripted(tokenizer, dict(turns)), tokenizer, verify, [ToolEnvironment()],
+            max_turns=2, max_tokens=192, turn_tokens=bound,
+        )  # fmt: skip
+        assert episode.ended == ended and episode.turns == (2 if ended == "answered" else 1)

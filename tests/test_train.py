@@ -6,6 +6,7 @@ import csv
 import json
 import math
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -346,6 +347,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         "source.options.reasoning_problems=1000",
         "source.options.sft_conversations=1000",
         "source.options.rl_prompts=200",
+        "source.options.tool_prompts=200",
         "prepare.tokenizer.vocab_size=2048",
         "data.batch_size=4",
         "phase.seq_len=128",
@@ -362,7 +364,9 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     assert f"dataset: preparing {dataset}" in first.stdout
     manifest = json.loads((dataset / "manifest.json").read_text())
     assert manifest["documents_in"] == manifest["documents_out"] + sum(manifest["dropped"].values())
-    assert {"code", "repo_code", "docs", "math", "reasoning", "sft", "rl"} <= set(manifest["domains"])
+    assert {"code", "repo_code", "docs", "license", "math", "reasoning", "sft", "rl", "tool"} <= set(
+        manifest["domains"]
+    )
 
     stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain", "sft": "toy_sft"}
     first_losses, previous = [], None
@@ -400,9 +404,12 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     # every stage is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
     for stage_dir in [*(run_dir / "stages" / name for name in stages), run_dir]:
         results = json.loads((stage_dir / "eval" / "results.json").read_text())
-        assert {"glm46_arithmetic", "glm46_arithmetic_mc", "glm46_ppl_code"} <= set(results["results"])
-        assert column(metrics(stage_dir), "eval/glm46_arithmetic/exact_match")
-    assert "skills per stage" in first.stdout + first.stderr and (run_dir / "curriculum.png").is_file()
+        assert {"glm46_arithmetic", "glm46_tool_arithmetic", "glm46_ppl_code"} <= set(results["results"])
+        assert column(metrics(stage_dir), "eval/glm46_tool_arithmetic/tool_calls")
+    printed = first.stdout + first.stderr
+    assert "skills per stage" in printed and (run_dir / "curriculum.png").is_file()
+    for skill in ("arithmetic", "tool_arithmetic"):  # the paired change of each skill from stage to stage
+        assert re.search(rf"{skill} sft -> toy_rl: [+-]\d\.\d{{3}} \(paired 95% CI \[[+-]\d\.\d{{3}}, ", printed)
 
     again = subprocess.run(
         [sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
@@ -435,7 +442,8 @@ def test_the_skill_table_reports_accuracy_with_its_wilson_interval():
         }
     )
     lines = table.splitlines()
-    assert [c.strip() for c in lines[0].split(" | ")] == ["stage", "arithmetic (95% CI)", "arith. MC acc", "code bpb"]
+    header = ["stage", "arithmetic (95% CI)", "tool_arithmetic (95% CI)", "tool calls", "arith. MC acc", "code bpb"]
+    assert [c.strip() for c in lines[0].split(" | ")] == header
     assert "0.500 [0.404, 0.596] n=100" in lines[3] and "0.300" in lines[3] and lines[3].rstrip().endswith("-")
     assert "0.000 [0.000, 0.071] n=50" in lines[2] and "2.500" in lines[2]
 

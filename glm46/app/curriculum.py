@@ -96,9 +96,12 @@ def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return center - half, center + half
 
 
-def arithmetic_outcomes(run_dir: Path) -> dict[int, float]:
-    """Each held-out arithmetic prompt's exact match (doc_id -> 0/1) from lm-eval's samples file."""
-    path = run_dir / "eval" / "samples_glm46_arithmetic.jsonl"
+SKILLS = {"arithmetic": "glm46_arithmetic", "tool_arithmetic": "glm46_tool_arithmetic"}  # name -> its lm-eval task
+
+
+def outcomes(run_dir: Path, task: str) -> dict[int, float]:
+    """Each held-out prompt's exact match (doc_id -> 0/1) in a generated task, from lm-eval's samples file."""
+    path = run_dir / "eval" / f"samples_{task}.jsonl"
     if not path.is_file():
         return {}
     return {s["doc_id"]: float(s["exact_match"]) for s in map(json.loads, path.read_text().splitlines())}
@@ -117,28 +120,32 @@ def paired_change(before: dict[int, float], after: dict[int, float], z: float = 
 
 
 def skill_table(scores: dict[str, dict[str, float]]) -> str:
-    """Rows = stages; columns = held-out arithmetic exact match (greedy) with its 95% interval, the multiple-choice
-    accuracy and each domain's bits per byte (lower is better)."""
+    """Rows = stages; columns = each skill's held-out exact match (greedy) with its 95% interval, the share of tool
+    episodes that called the tool, the multiple-choice accuracy and each domain's bits per byte (lower is better)."""
     domains = sorted({k.split("/")[0].removeprefix("glm46_ppl_") for s in scores.values() for k in s if "_ppl_" in k})
-    header = ["stage", "arithmetic (95% CI)", "arith. MC acc", *(f"{d} bpb" for d in domains)]
+    header = ["stage", *(f"{skill} (95% CI)" for skill in SKILLS), "tool calls", "arith. MC acc"]
+    header += [f"{d} bpb" for d in domains]
+
+    def number(value: float | None) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
     rows = []
     for stage, score in scores.items():
-        accuracy, n = score.get("glm46_arithmetic/exact_match"), int(score.get("glm46_arithmetic/n", 0))
-        low, high = interval(accuracy or 0.0, n)
-        arithmetic = "-" if accuracy is None else f"{accuracy:.3f} [{low:.3f}, {high:.3f}] n={n}"
-        mc = score.get("glm46_arithmetic_mc/acc")
-        ppl = [score.get(f"glm46_ppl_{d}/bits_per_byte") for d in domains]
-        rows.append(
-            [stage, arithmetic, "-" if mc is None else f"{mc:.3f}", *("-" if v is None else f"{v:.3f}" for v in ppl)]
-        )
+        row = [stage]
+        for task in SKILLS.values():
+            accuracy, n = score.get(f"{task}/exact_match"), int(score.get(f"{task}/n", 0))
+            low, high = interval(accuracy or 0.0, n)
+            row.append("-" if accuracy is None else f"{accuracy:.3f} [{low:.3f}, {high:.3f}] n={n}")
+        row += [number(score.get("glm46_tool_arithmetic/tool_calls")), number(score.get("glm46_arithmetic_mc/acc"))]
+        rows.append(row + [number(score.get(f"glm46_ppl_{d}/bits_per_byte")) for d in domains])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
     return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
 
 
 def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
-    """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format) and
-    curriculum.png, when the stages were evaluated (eval.after_train)."""
+    """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format), each skill's paired
+    change from stage to stage, and curriculum.png, when the stages were evaluated (eval.after_train)."""
     scores = {
         name: summarize(json.loads((where / "eval" / "results.json").read_text()))
         for name, where in stages
@@ -147,20 +154,20 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
     if not scores:
         return
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
-    evaluated = [(name, arithmetic_outcomes(where)) for name, where in stages if name in scores]
-    for (first, before), (second, after) in zip(evaluated, evaluated[1:]):
-        if before and after:
-            change, low, high = paired_change(before, after)
-            log.info(f"arithmetic {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
-    accuracy = {
-        name: (
-            score["glm46_arithmetic/exact_match"],
-            interval(score["glm46_arithmetic/exact_match"], int(score["glm46_arithmetic/n"])),
-        )
-        for name, score in scores.items()
-        if "glm46_arithmetic/exact_match" in score
-    }
-    log.info(f"wrote {plot_curriculum(stages, accuracy, run_dir / 'curriculum.png')}")
+    skills = {}
+    for skill, task in SKILLS.items():
+        evaluated = [(name, outcomes(where, task)) for name, where in stages if name in scores]
+        for (first, before), (second, after) in zip(evaluated, evaluated[1:]):
+            if before and after:
+                change, low, high = paired_change(before, after)
+                log.info(f"{skill} {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
+        measured = {name: score for name, score in scores.items() if f"{task}/exact_match" in score}
+        if measured:
+            skills[skill] = {
+                name: (score[f"{task}/exact_match"], interval(score[f"{task}/exact_match"], int(score[f"{task}/n"])))
+                for name, score in measured.items()
+            }
+    log.info(f"wrote {plot_curriculum(stages, skills, run_dir / 'curriculum.png')}")
 
 
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:

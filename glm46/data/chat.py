@@ -334,6 +334,24 @@ class ChatTokens:
         self.kind[self.assistant] = self.ASSISTANT
 
 
+def reply_starts(tokens: np.ndarray, chat: ChatTokens) -> np.ndarray:
+    """Positions just after each `<|assistant|>` that opens the reply to a user turn (the first after each
+    <|user|>): where an episode starts. The later ones of a reply (after tool results) belong to it."""
+    tokens = np.asarray(tokens)
+    assistants = np.flatnonzero(tokens == chat.assistant)
+    users = np.flatnonzero(tokens == chat.user)
+    opening = np.searchsorted(assistants, users, side="right")  # the first <|assistant|> after each <|user|>
+    return np.unique(assistants[opening[opening < len(assistants)]]) + 1
+
+
+def reply_span(ids: np.ndarray, chat: ChatTokens) -> tuple[int, int]:
+    """(where the reply to the last user turn starts, where its last assistant turn starts) in one conversation: a
+    prompt ends at the first; the reference's final answer is in the turn from the second (they differ in a reply
+    that calls tools)."""
+    ids = np.asarray(ids)
+    return int(reply_starts(ids, chat)[-1]), int(np.flatnonzero(ids == chat.assistant)[-1]) + 1
+
+
 def assistant_mask(ids: np.ndarray, chat: ChatTokens) -> np.ndarray:
     """The loss mask, from ids alone (uint8, the length of `ids`): 1 on the tokens of an assistant turn after its
     role token (the newline included), and on the role token or <|endoftext|> that closes it. `ids` may hold

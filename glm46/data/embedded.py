@@ -2,13 +2,18 @@
 
 - code: each standard-library module; repo_code: each standard-library package's modules
   concatenated with file headers (GLM's repository-level documents);
-- docs: the interpreter's documentation topics (pydoc_data); license: the license and copyright
-  texts under /usr/share on Debian (many near-identical: real work for the deduplicator);
+- docs: the interpreter's documentation topics (pydoc_data); license: the Python's LICENSE.txt and Debian's common
+  licenses (a fixed list of base-files' texts, near-identical versions and aliases among them: real work for the
+  deduplicator). Only files that come with the Python or with every Debian and Ubuntu system are read, never what
+  other packages install, so that installing packages leaves the corpus as it is;
 - math: arithmetic with worked steps; reasoning: multi-step word problems with a <think> trace;
 - sft: chat-formatted conversations (GLM's template, glm46.data.chat) asking those questions, with
   system-prompt variants, thinking and non-thinking (`/nothink`) replies and some two-turn follow-ups;
 - rl: chat prompts of one-digit arithmetic (varied wordings) with a reference reply whose final `Answer:`
-  line is the integer that glm46.rl.rewards.verify checks; half of the sft conversations ask the same way.
+  line is the integer that glm46.rl.rewards.verify checks; half of the sft conversations ask the same way;
+- tool: `What is A * B?` (A of 4 digits, B of 2) in chats that offer the `calculator` tool (glm46.data.tools),
+  answered with a calculator call, its result and `Answer: N`: agentic RL's prompts and the held-out tool skill;
+  a tenth of the sft conversations are such chats.
 Everything is deterministic given the seed; each generated domain draws from its own random stream.
 """
 
@@ -23,9 +28,16 @@ from pathlib import Path
 
 from .chat import render_chat
 from .documents import Document, Ledger, normalized
+from .tools import Calculator
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3"}
-LICENSE_GLOBS = ("/usr/share/common-licenses/*", "/usr/share/doc/*/copyright")
+# base-files' /usr/share/common-licenses (an Essential package on Debian and Ubuntu; GFDL, GPL and LGPL are aliases of
+# the latest versions): a fixed list, since the folder is the place for every license text a package may read
+COMMON_LICENSES = Path("/usr/share/common-licenses")
+COMMON_LICENSE_NAMES = (
+    "Apache-2.0", "Artistic", "BSD", "CC0-1.0", "GFDL", "GFDL-1.2", "GFDL-1.3", "GPL", "GPL-1", "GPL-2", "GPL-3",
+    "LGPL", "LGPL-2", "LGPL-2.1", "LGPL-3", "MPL-1.1", "MPL-2.0",
+)  # fmt: skip
 
 
 def _read(path: Path, ledger: Ledger, domain: str) -> Document | None:
@@ -69,8 +81,7 @@ def source_files() -> list[Path]:
     import pydoc_data.topics
 
     root = Path(sysconfig.get_paths()["stdlib"])
-    licenses = [p for pattern in LICENSE_GLOBS for p in sorted(Path("/").glob(pattern.lstrip("/"))) if p.is_file()]
-    return _stdlib_modules(root) + [Path(pydoc_data.topics.__file__)] + licenses
+    return _stdlib_modules(root) + [Path(pydoc_data.topics.__file__)] + license_files()
 
 
 def python_docs(ledger: Ledger) -> Iterator[Document]:
@@ -80,13 +91,17 @@ def python_docs(ledger: Ledger) -> Iterator[Document]:
         yield ledger.admit(Document(text=text, domain="docs", source=f"pydoc_data.topics:{name}", id=name))
 
 
+def license_files(common: Path = COMMON_LICENSES) -> list[Path]:
+    """The Python's license, then those of the common licenses that this system has."""
+    python = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
+    return [p for p in [python, *(common / name for name in COMMON_LICENSE_NAMES)] if p.is_file()]
+
+
 def license_texts(ledger: Ledger) -> Iterator[Document]:
-    for pattern in LICENSE_GLOBS:
-        for path in sorted(Path("/").glob(pattern.lstrip("/"))):
-            if path.is_file():
-                doc = _read(path, ledger, "license")
-                if doc is not None:
-                    yield doc
+    for path in license_files():
+        doc = _read(path, ledger, "license")
+        if doc is not None:
+            yield doc
 
 
 def arithmetic_problem(rng: random.Random) -> tuple[str, str, int]:
@@ -139,11 +154,43 @@ FOLLOW_UPS = [
 ]
 
 
-def conversation(rng: random.Random) -> list[dict[str, str]]:
-    """An SFT conversation: an expression in the RL prompts' format (half: SFT teaches the format and facts
-    that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or word problem, answered
-    with its steps (inside <think> for word problems, GLM's thinking mode, empty after `/nothink`) and a final
-    `Answer:` line; a third of the latter continue with a follow-up question on the previous answer."""
+CALCULATOR = Calculator()
+TOOL_SHARE = 0.1  # of the sft conversations: each is about 4 times as long as the others (its tools block)
+
+
+def tool_problem(rng: random.Random) -> tuple[str, int]:
+    """A 4-digit by 2-digit product: beyond what the toy model works out in its head, one calculator call away."""
+    a, b = rng.randint(1000, 9999), rng.randint(10, 99)
+    return f"{a} * {b}", a * b
+
+
+def tool_conversation(rng: random.Random) -> list[dict]:
+    """`What is A * B?` answered with a `calculator` call (GLM's tool-call format), its result, and `Answer: N`."""
+    expression, answer = tool_problem(rng)
+    system = rng.choice(SYSTEM_PROMPTS)
+    call = {"type": "function", "function": {"name": CALCULATOR.name, "arguments": {"expression": expression}}}
+    return ([{"role": "system", "content": system}] if system else []) + [
+        {"role": "user", "content": f"What is {expression}?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": str(answer)},
+        {"role": "assistant", "content": f"Answer: {answer}"},
+    ]
+
+
+def render(messages: list[dict]) -> str:
+    """A generated chat in GLM's format; one that calls the calculator lists it."""
+    calls = any(message.get("tool_calls") for message in messages)
+    return render_chat(messages, tools=[CALCULATOR.schema] if calls else None)
+
+
+def conversation(rng: random.Random) -> list[dict]:
+    """An SFT conversation: a tool conversation (a tenth), else an expression in the RL prompts' format (half: SFT
+    teaches the format and facts that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or
+    word problem, answered with its steps (inside <think> for word problems, GLM's thinking mode, empty after
+    `/nothink`) and a final `Answer:` line; a third of the latter continue with a follow-up question on the previous
+    answer."""
+    if rng.random() < TOOL_SHARE:
+        return tool_conversation(rng)
     if rng.random() < 1 / 2:
         return rl_prompt(rng)
     system = rng.choice(SYSTEM_PROMPTS)
@@ -216,6 +263,7 @@ def generated(
     seed: int,
     sft_conversations: int = 0,
     rl_prompts: int = 0,
+    tool_prompts: int = 0,
 ) -> Iterator[Document]:
     rng = random.Random(seed)
     for i in range(math_problems):
@@ -238,14 +286,16 @@ def generated(
                 id=f"reasoning-{i}",
             )
         )
-    for domain, count, make in (("sft", sft_conversations, conversation), ("rl", rl_prompts, rl_prompt)):
+    chats = (
+        ("sft", sft_conversations, conversation),
+        ("rl", rl_prompts, rl_prompt),
+        ("tool", tool_prompts, tool_conversation),
+    )
+    for domain, count, make in chats:
         rng = random.Random(f"{seed}:{domain}")
         for i in range(count):
-            yield ledger.admit(
-                Document(
-                    text=render_chat(make(rng)), domain=domain, source=f"generated:{domain}:{i}", id=f"{domain}-{i}"
-                )
-            )
+            text = render(make(rng))
+            yield ledger.admit(Document(text=text, domain=domain, source=f"generated:{domain}:{i}", id=f"{domain}-{i}"))
 
 
 def read_embedded(
@@ -257,9 +307,10 @@ def read_embedded(
     seed: int = 0,
     sft_conversations: int = 10000,
     rl_prompts: int = 40000,
+    tool_prompts: int = 4000,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)
     yield from license_texts(ledger)
-    yield from generated(ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts)
+    yield from generated(ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts, tool_prompts)

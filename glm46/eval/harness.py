@@ -10,7 +10,11 @@ the same weights (tests/test_eval.py):
   conditioned on <|endoftext|> (the token before every document in training).
 - generate_until: greedy (GLM46ForCausalLM.generate on left-padded prompts), stopping at GLM's stop tokens and at
   an `until` string of one token; the reply is cut at the first stop token, then at the first `until` string.
-  Special tokens other than the stop tokens stay in the text (HFLM decodes without them).
+  Special tokens other than the stop tokens stay in the text (HFLM decodes without them). A request whose
+  generation_kwargs name `tools` (glm46.data.tools.TOOLS) plays a tool episode instead (glm46.rl.episodes, greedy,
+  up to `max_turns` turns of up to max_gen_toks tokens): the answer is the whole transcript after the prompt, the
+  model's turns with their stop tokens and the tool results, so that a task scores its last turn. This is glm46's
+  own extension: lm-eval's other models generate one turn.
 Special-token strings in a request (`[gMASK]<sop><|user|>...`) encode as their ids, as in training and in HF's
 tokenizer.
 """
@@ -28,7 +32,10 @@ from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 from glm46.checkpoint import find_weights, load_hf
 from glm46.data.chat import EOS, STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
+from glm46.data.tools import environment
 from glm46.modules.model import positions_after
+from glm46.rl.episodes import run_episodes
+from glm46.rl.turns import ModelTurns
 
 
 def find_tokenizer(weights: Path, fallback: str | Path | None) -> Path:
@@ -140,12 +147,17 @@ class GLM46LM(TemplateLM):
         results = []
         for chunk in collator.get_batched(n=self.batch_size):
             contexts, gen_kwargs = zip(*chunk)
-            kwargs = normalize_gen_kwargs(gen_kwargs[0], self.max_gen_toks)
+            kwargs = dict(gen_kwargs[0])
+            tools, max_turns = kwargs.pop("tools", None), kwargs.pop("max_turns", 1)
+            kwargs = normalize_gen_kwargs(kwargs, self.max_gen_toks)
             until, new_tokens = kwargs["until"], kwargs["max_gen_toks"]
             if kwargs["do_sample"] or new_tokens >= self.max_length:
                 raise ValueError(f"glm46 generates greedily, fewer than max_length={self.max_length} tokens: {kwargs}")
-            stops = self.stop_ids + [ids[0] for ids in map(self.tok_encode, until) if len(ids) == 1]
             prompts = [self.tok_encode(context)[-(self.max_length - new_tokens) :] for context in contexts]
+            if tools:
+                results += self._episodes(prompts, tools, max_turns, new_tokens)
+                continue
+            stops = self.stop_ids + [ids[0] for ids in map(self.tok_encode, until) if len(ids) == 1]
             width = max(map(len, prompts))
             ids = torch.tensor([[self.eot_token_id] * (width - len(p)) + p for p in prompts], device=self.device)
             mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=self.device)
@@ -154,3 +166,13 @@ class GLM46LM(TemplateLM):
                 end = next((i for i, token in enumerate(row) if token in stops), len(row))
                 results.append(postprocess_generated_text(self.tokenizer.decode(row[:end]), until, None))
         return collator.get_original(results)
+
+    def _episodes(self, prompts: list[list[int]], tools: list[str], max_turns: int, turn_tokens: int) -> list[str]:
+        """Each prompt's greedy tool episode, as the transcript after the prompt."""
+        greedy = ModelTurns(self.model, self.stop_ids, self.eot_token_id, self.device)
+        environments = [environment(list(tools)) for _ in prompts]
+        played = run_episodes(
+            prompts, [{}] * len(prompts), greedy, self.tokenizer, lambda record, text: 0.0, environments, max_turns,
+            max_turns * turn_tokens, turn_tokens=turn_tokens,
+        )  # fmt: skip
+        return [self.tokenizer.decode(episode.tokens) for episode in played]

@@ -6,6 +6,10 @@ Held out means exactly what the DataModules hold out: the last `val_fraction` of
 
 - `glm46_arithmetic` (generate_until, exact_match): the `rl` domain's chat prompts, up to and including
   <|assistant|>; a reply scores 1 when its final answer (glm46.rl.rewards.extract_answer) is the reference's integer.
+- `glm46_tool_arithmetic` (generate_until with tools, exact_match and tool_calls): the `tool` domain's prompts
+  (`What is A * B?` in a chat that offers the calculator), each played as a greedy tool episode of up to
+  TOOL_TURNS turns of up to max_gen_toks tokens (glm46.eval.harness serves the calls for real);
+  exact_match scores the last turn's final answer, tool_calls is the share of episodes in which a call was served.
 - `glm46_arithmetic_mc` (multiple_choice, acc): the `math` domain's questions as `Question: What is a + b?\\nAnswer:`,
   the right integer among three seeded distractors (the other operations' results, off by one or by ten).
 - `glm46_ppl_<domain>` (loglikelihood_rolling; word_perplexity, byte_perplexity, bits_per_byte): the first
@@ -28,13 +32,14 @@ import numpy as np
 import yaml
 from omegaconf import DictConfig
 
-from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS
+from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, ChatTokens, reply_span
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import DomainStream
 from glm46.rl.rewards import extract_answer, verify
 
 GROUP = "glm46"
+TOOL_TURNS = 2  # of a tool episode: a call, then the answer
 PPL_METRICS = {  # lm-eval's metric -> its aggregation
     "word_perplexity": "weighted_perplexity",
     "byte_perplexity": "weighted_perplexity",
@@ -46,6 +51,14 @@ _QUESTION = re.compile(r"Question: What is (\d+) ([-+*]) (\d+)\?")
 def score_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
     """glm46_arithmetic's process_results hook: 1.0 when the reply's final answer is the reference integer."""
     return {"exact_match": verify(doc, results[0])}
+
+
+def score_tool_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
+    """glm46_tool_arithmetic's: the last turn of the episode's transcript (glm46.eval.harness) scored as a reply, and
+    whether a tool call was served on the way."""
+    transcript = results[0]
+    last_turn = transcript.rpartition(ROLE_TOKENS["assistant"])[2]
+    return {"exact_match": verify(doc, last_turn), "tool_calls": float("<tool_response>" in transcript)}
 
 
 class _Function(str):
@@ -67,16 +80,17 @@ def held_out(tokens_dir: Path, domain: str, val_fraction: float) -> tuple[int, l
     return len(stream.train_offsets) - 1, [np.asarray(stream.val[a:b]) for a, b in zip(ends[:-1], ends[1:])]
 
 
-def arithmetic_records(first: int, documents: list[np.ndarray], tokenizer: GLMTokenizer) -> list[dict]:
-    """Each chat document's prompt (up to and including its last <|assistant|>, as text) and reference answer."""
-    assistant, records = tokenizer.token_id(ROLE_TOKENS["assistant"]), []
+def reply_records(first: int, documents: list[np.ndarray], tokenizer: GLMTokenizer) -> list[dict]:
+    """Each chat document's prompt (up to the <|assistant|> that opens the reply to its last user turn, as text) and
+    the integer of its reference's last turn."""
+    chat, records = ChatTokens(tokenizer), []
     for number, ids in enumerate(documents, start=first):
-        end = int(np.flatnonzero(ids == assistant)[-1]) + 1
-        reply = tokenizer.decode(ids[end:-1].tolist())
+        start, last = reply_span(ids, chat)
+        reply = tokenizer.decode(ids[last:-1].tolist())
         answer = extract_answer(reply)
         if answer is None:
-            raise ValueError(f"rl document {number}: the reference reply {reply!r} has no final 'Answer: <integer>'")
-        records.append({"document": number, "prompt": tokenizer.decode(ids[:end].tolist()), "answer": answer})
+            raise ValueError(f"document {number}: the reference reply {reply!r} has no final 'Answer: <integer>'")
+        records.append({"document": number, "prompt": tokenizer.decode(ids[:start].tolist()), "answer": answer})
     return records
 
 
@@ -130,22 +144,29 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
         first, documents = domains[domain]
         return first, [tokenizer.decode(ids[:-1].tolist()) for ids in documents[:count]]
 
+    def generated(scorer: str, metrics: list[str], **options) -> dict:
+        return {
+            "output_type": "generate_until",
+            "doc_to_text": "prompt",
+            "doc_to_target": "answer",
+            "generation_kwargs": {"until": list(STOP_TOKENS), "max_gen_toks": settings.max_gen_toks, "do_sample": False}
+            | options,
+            "process_results": _Function(f"{__name__}.{scorer}"),
+            "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in metrics],
+        }
+
     tasks = {}  # name -> (records, task config)
     if "rl" in domains:
         tasks[f"{GROUP}_arithmetic"] = (
-            arithmetic_records(*domains["rl"], tokenizer),
-            {
-                "output_type": "generate_until",
-                "doc_to_text": "prompt",
-                "doc_to_target": "answer",
-                "generation_kwargs": {
-                    "until": list(STOP_TOKENS),
-                    "max_gen_toks": settings.max_gen_toks,
-                    "do_sample": False,
-                },
-                "process_results": _Function(f"{__name__}.score_arithmetic"),
-                "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
-            },
+            reply_records(*domains["rl"], tokenizer),
+            generated("score_arithmetic", ["exact_match"]),
+        )
+    if "tool" in domains:
+        tasks[f"{GROUP}_tool_arithmetic"] = (
+            reply_records(*domains["tool"], tokenizer),
+            generated(
+                "score_tool_arithmetic", ["exact_match", "tool_calls"], tools=["calculator"], max_turns=TOOL_TURNS
+            ),
         )
     if "math" in domains:
         tasks[f"{GROUP}_arithmetic_mc"] = (

@@ -80,12 +80,12 @@ def on_recipe_clock(run_dir: Path) -> bool:
 
 
 def plot_curriculum(
-    stages: list[tuple[str, Path]], accuracy: dict[str, tuple[float, tuple[float, float]]], out: Path
+    stages: list[tuple[str, Path]], skills: dict[str, dict[str, tuple[float, tuple[float, float]]]], out: Path
 ) -> Path:
     """The stages of a curriculum on one axis of tokens seen: each stage's train/loss (its mean reward for RL) above,
     its LR below (one curve through the stages on the recipe's clock: pre-training and mid-training), boundaries
-    marked; beside them the arithmetic accuracy after each stage with its 95% interval.
-    accuracy: stage -> (accuracy, (low, high) of its interval)."""
+    marked; beside them each skill's accuracy after each stage with its 95% interval.
+    skills: skill -> stage -> (accuracy, (low, high) of its interval)."""
     fig = plt.figure(figsize=(13, 7))
     grid = fig.add_gridspec(2, 2, width_ratios=[2, 1], height_ratios=[3, 2])
     ax_loss, ax_acc = fig.add_subplot(grid[0, 0]), fig.add_subplot(grid[:, 1])
@@ -119,16 +119,21 @@ def plot_curriculum(
     ax_lr.legend(loc="lower left", fontsize=8)
     ax_lr.set(xlabel="tokens seen (RL: prompt rows x max_prompt_len)", ylabel="optim/lr", yscale="log")
     ax_lr.set_title("LR: one warm-up and one decay through the recipe's clock; SFT and RL on their own", fontsize=9)
-    names = list(accuracy)
-    values = [accuracy[n][0] for n in names]
-    errors = [  # below and above each value (clamped: at 0 or 1 the interval's end meets the value, up to rounding)
-        [max(v - accuracy[n][1][0], 0.0) for n, v in zip(names, values)],
-        [max(accuracy[n][1][1] - v, 0.0) for n, v in zip(names, values)],
-    ]
-    ax_acc.errorbar(range(len(names)), values, yerr=errors, marker="o", capsize=4)
-    ax_acc.set_xticks(range(len(names)), names, rotation=30)
-    ax_acc.set(ylabel="held-out arithmetic exact match (greedy)", title="skill per stage (95% interval)")
-    ax_acc.set_ylim(0, max([0.1, *(accuracy[n][1][1] for n in names)]) * 1.1)
+    top = 0.1
+    for number, (skill, accuracy) in enumerate(skills.items()):
+        names = list(accuracy)
+        values = [accuracy[n][0] for n in names]
+        errors = [  # below and above each value (clamped: at 0 or 1 the interval's end meets the value, up to rounding)
+            [max(v - accuracy[n][1][0], 0.0) for n, v in zip(names, values)],
+            [max(accuracy[n][1][1] - v, 0.0) for n, v in zip(names, values)],
+        ]
+        shift = 0.08 * (number - (len(skills) - 1) / 2)  # side by side, so that the intervals do not overlap
+        ax_acc.errorbar([i + shift for i in range(len(names))], values, yerr=errors, marker="o", capsize=4, label=skill)
+        ax_acc.set_xticks(range(len(names)), names, rotation=30)
+        top = max([top, *(accuracy[n][1][1] for n in names)])
+    ax_acc.set(ylabel="held-out exact match (greedy)", title="skills per stage (95% interval)")
+    ax_acc.set_ylim(0, top * 1.1)
+    ax_acc.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -1,7 +1,7 @@
 """Multi-turn episodes with tools, as GLM-4.5's agentic RL runs them (arXiv:2508.06471, section 3.2; slime's
 multi-turn rollouts): the model writes a turn until one of GLM's stop tokens; a turn that ends in a tool call
 (`<|observation|>`) is parsed in GLM's format (glm46.data.chat.parse_tool_calls), each call is served by the
-episode's tools (glm46.rl.tools), their results are appended as GLM-4.6's template writes them
+episode's tools (glm46.data.tools), their results are appended as GLM-4.6's template writes them
 (`\\n<tool_response>\\n...\\n</tool_response>` for each, then `<|assistant|>`), and the model goes on.
 
 An episode ends with its reward when a turn ends otherwise (<|endoftext|>, <|user|>): the reward function scores
@@ -22,9 +22,8 @@ import torch
 
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, parse_tool_calls, tool_responses
 from glm46.data.tokenizer import GLMTokenizer
+from glm46.data.tools import ToolEnvironment
 from glm46.modules.loss import IGNORE_INDEX
-
-from .tools import ToolEnvironment
 
 ENDINGS = ("answered", "unparsed_call", "out_of_turns", "out_of_tokens")
 # generate(contexts, max_new_tokens, active) -> for each active episode (the episodes' indices; `contexts` are theirs,
@@ -69,18 +68,21 @@ def run_episodes(
     max_turns: int,
     max_tokens: int,
     agree: Callable[[int, bool], tuple[int, bool]] = alone,
+    turn_tokens: int | None = None,
 ) -> list[Episode]:
     """Every prompt (its ids, ending at `<|assistant|>`; `records[i]` for the reward, `environments[i]` its tools)
     played out, all episodes a turn at a time. `max_tokens` bounds what follows each prompt (the model's tokens and
     the tool results). agree(this rank's turn budget, whether its episodes are all done) -> (the largest budget, whether
     every rank's are): ranks whose forwards are collective generate every turn in step, a rank whose episodes have
-    ended writing a throwaway turn (`active` empty) until the others' have too."""
+    ended writing a throwaway turn (`active` empty) until the others' have too. `turn_tokens` bounds each turn too (a
+    turn that reaches it without a stop token ends the episode, out of tokens)."""
     episodes = [Episode(list(prompt)) for prompt in prompts]
     stops = {tokenizer.token_id(token) for token in STOP_TOKENS}
     observation = tokenizer.token_id(ROLE_TOKENS["tool"])
     while True:
         active = [i for i, episode in enumerate(episodes) if not episode.done]
         budget = max((max_tokens - len(episodes[i].tokens) for i in active), default=1)
+        budget = min(budget, turn_tokens or budget)
         budget, all_done = agree(budget, not active)
         if all_done:
             return episodes

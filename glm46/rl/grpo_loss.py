@@ -209,3 +209,18 @@ def truncated_importance_weights(
     `vllm_importance_sampling_cap`, both 2.0 by default).
     """
     return (trainer_logprobs - engine_logprobs).exp().clamp(max=cap).detach()
+
+
+def width_groups(targets: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+    """Rows [N, T] as two groups (their indices, the width up to their last target), split by length where the
+    padding they keep is least: a batch of multi-turn episodes mixes rows of very different lengths. Always two
+    groups (one for a single row), so that ranks whose forwards are collective (FSDP2, EP) run as many."""
+    rows, width = targets.shape
+    columns = torch.arange(1, width + 1, device=targets.device)
+    ends = ((targets != IGNORE_INDEX) * columns).amax(1).clamp(min=1)  # [N] one past each row's last target
+    order = torch.argsort(ends, descending=True, stable=True)
+    ends = ends[order].tolist()
+    if rows == 1:
+        return [(order, ends[0])]
+    k = min(range(1, rows), key=lambda k: k * ends[0] + (rows - k) * ends[k])
+    return [(order[:k], ends[0]), (order[k:], ends[k])]

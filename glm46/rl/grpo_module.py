@@ -36,27 +36,29 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from glm46.checkpoint.hf_write import save_hf
 from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
+from glm46.data.tools import ToolEnvironment
 from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
-from glm46.rl.episodes import ENDINGS, episode_rows, run_episodes
+from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.grpo_loss import (
     AGGREGATIONS,
     group_advantages,
     policy_loss,
     token_logprobs,
     truncated_importance_weights,
+    width_groups,
 )
 from glm46.rl.rewards import verify
-from glm46.rl.tools import ToolEnvironment
 from glm46.rl.turns import EngineTurns, ModelTurns, left_padded
 
 
@@ -312,23 +314,32 @@ class GRPOLitModule(GLM46LitModule):
                 rollout.engine_logprobs[i, p - 1 : p + n - 1] = engine_logprobs[i, :n]
         return rollout, rewards
 
-    def episodes(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
-        """Multi-turn episodes (phase.grpo.max_turns > 1): a prompt that lists tools may call them (the calculator),
-        their results become context; only the model's tokens are trained (glm46.rl.episodes)."""
-        samples, engine = self.grpo.samples_per_prompt, self.rollout_settings.engine == "vllm"
-        prompts = self.prompts(batch, samples)
+    def play(self, batch: dict[str, torch.Tensor], samples: int, turns: TurnGenerator) -> list[Episode]:
+        """Every prompt's `samples` episodes: a prompt that lists tools may call them (the calculator)."""
         records = [{"answer": a} for a in batch["answer"].repeat_interleave(samples).tolist()]
         tools = batch["tools"].repeat_interleave(samples).tolist()
-        temperature = self.grpo.temperature
+        environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
+        return run_episodes(
+            self.prompts(batch, samples), records, turns, self.tokenizer, self.reward, environments,
+            self.grpo.max_turns, self.grpo.max_new_tokens, agree=self.agree,
+        )  # fmt: skip
+
+    def episodes(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
+        """Multi-turn episodes (phase.grpo.max_turns > 1), their tool results context: only the model's tokens are
+        trained (glm46.rl.episodes)."""
+        samples, engine, temperature = (
+            self.grpo.samples_per_prompt,
+            self.rollout_settings.engine == "vllm",
+            self.grpo.temperature,
+        )
         if engine:
             turns = EngineTurns(self, self.sample_seeds(batch, samples), temperature)
         else:
-            turns = ModelTurns(self, self.generators(batch, samples), temperature)
-        environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
-        played = run_episodes(
-            prompts, records, turns, self.tokenizer, self.reward, environments, self.grpo.max_turns,
-            self.grpo.max_new_tokens, agree=self.agree,
-        )  # fmt: skip
+            generators = self.generators(batch, samples)
+            turns = ModelTurns(
+                self.model, self.stop_ids, self.pad_id, self.device, temperature, generators, self.all_finished
+            )
+        played = self.play(batch, samples, turns)
         input_ids, targets, mask, logprobs = episode_rows(played, self.pad_id, self.device)
         self.log("rl/turns", sum(e.turns for e in played) / len(played), sync_dist=True)
         self.log("rl/tool_calls", sum(e.tool_calls for e in played) / len(played), sync_dist=True)
@@ -366,11 +377,20 @@ class GRPOLitModule(GLM46LitModule):
 
     # -- update
     def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies."""
-        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        hidden = self.model.hidden_states(input_ids, positions)
-        weight, chunk = self.model.lm_head.weight, self.model.loss_chunk_size
-        return token_logprobs(hidden, weight, targets, self.grpo.temperature, chunk, return_entropy=True)
+        """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies; the rows
+        run in two forwards of similar lengths, each cut after its last target (width_groups)."""
+        weight, chunk, width = self.model.lm_head.weight, self.model.loss_chunk_size, targets.shape[1]
+        groups, parts = width_groups(targets), []
+        for rows, length in groups:
+            ids = input_ids[rows, :length]
+            hidden = self.model.hidden_states(ids, torch.arange(length, device=ids.device).expand_as(ids))
+            logprobs, entropy = token_logprobs(
+                hidden, weight, targets[rows, :length], self.grpo.temperature, chunk, return_entropy=True
+            )
+            parts.append([F.pad(part, (0, width - length)) for part in (logprobs, entropy)])
+        order = torch.argsort(torch.cat([rows for rows, _ in groups]))
+        logprobs, entropy = (torch.cat(column)[order] for column in zip(*parts))
+        return logprobs, entropy
 
     def global_token_share(self, mask: torch.Tensor) -> torch.Tensor | None:
         """For the token mean over every data-parallel rank's completion tokens: their count / the ranks (the
@@ -443,6 +463,11 @@ class GRPOLitModule(GLM46LitModule):
 
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        if self.grpo.max_turns > 1:  # tool calls served, as in training
+            greedy = ModelTurns(self.model, self.stop_ids, self.pad_id, self.device, all_finished=self.all_finished)
+            played = self.play(batch, 1, greedy)
+            self.val_rewards.append(torch.tensor([e.reward for e in played], device=self.device))
+            return
         _, completions, lengths = self.sample(batch, 1, 0.0, None)
         self.val_rewards.append(self.rewards(completions, lengths, batch["answer"]))
 

@@ -22,21 +22,11 @@ from functools import partial
 import numpy as np
 import torch
 
-from glm46.data.chat import ChatTokens
+from glm46.data.chat import ChatTokens, reply_span, reply_starts
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import MixtureWindows
 from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.rewards import extract_answer
-
-
-def reply_starts(tokens: np.ndarray, chat: ChatTokens) -> np.ndarray:
-    """Positions just after each `<|assistant|>` that opens the reply to a user turn (the first after each
-    <|user|>): where an episode starts. The later ones of a reply (after tool results) belong to it."""
-    tokens = np.asarray(tokens)
-    assistants = np.flatnonzero(tokens == chat.assistant)
-    users = np.flatnonzero(tokens == chat.user)
-    opening = np.searchsorted(assistants, users, side="right")  # the first <|assistant|> after each <|user|>
-    return np.unique(assistants[opening[opening < len(assistants)]]) + 1
 
 
 class Prompts(MixtureWindows):
@@ -49,8 +39,7 @@ class Prompts(MixtureWindows):
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
         document = np.asarray(self.streams[domain][start : start + length], dtype=np.int64)
-        end = int(reply_starts(document, self.chat)[-1])
-        last = int(np.flatnonzero(document == self.chat.assistant)[-1]) + 1
+        end, last = reply_span(document, self.chat)
         reply = self.tokenizer.decode(document[last:-1].tolist())  # the reference's last turn, without <|endoftext|>
         answer = extract_answer(reply)
         if answer is None:

@@ -1,17 +1,21 @@
-"""Where the turns of multi-turn episodes (glm46.rl.episodes) are sampled: the policy's own KV-cache `generate`, or the
-vLLM rollout engine. Both are TurnGenerators: (contexts, max_new_tokens, active episodes) -> each active episode's
-turn, cut after its first stop token, with the sampler's log-probs (the engine's; none from `generate`). `module` is
-the GRPO module (glm46.rl.grpo_module) whose policy, stop and pad ids, engine and rank stepping they use."""
+"""Where the turns of multi-turn episodes (glm46.rl.episodes) are sampled: a model's own KV-cache `generate` (the policy
+in RL, the evaluated weights in the tool task of glm46.eval.harness), or the vLLM rollout engine. Both are
+TurnGenerators: (contexts, max_new_tokens, active episodes) -> each active episode's turn, cut after its first stop
+token, with the sampler's log-probs (the engine's; none from `generate`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import torch
 
-from glm46.lit.module import GLM46LitModule
-
 from .engine import from_first_rank, to_first_rank
+
+if TYPE_CHECKING:
+    from glm46.lit.module import GLM46LitModule
+    from glm46.modules import GLM46ForCausalLM
 
 
 def left_padded(contexts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -31,29 +35,41 @@ def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
 
 
 class ModelTurns:
-    """Turns from the policy's `generate`, the contexts left-padded into one batch. Each episode samples with its own
-    generator (glm46.rl.grpo_module.GRPOLitModule.generators), the same one every turn, so that an episode draws the
-    same tokens whatever rank or batch plays it, and again after a resume."""
+    """Turns from a model's `generate`, the contexts left-padded into one batch: greedy at temperature 0, else each
+    episode samples with its own generator (glm46.rl.grpo_module.GRPOLitModule.generators), the same one every turn,
+    so that an episode draws the same tokens whatever rank or batch plays it, and again after a resume.
+    all_finished: generate's, for a model sharded over ranks."""
 
-    def __init__(self, module: GLM46LitModule, generators: list[torch.Generator], temperature: float):
-        self.module, self.generators, self.temperature = module, generators, temperature
+    def __init__(
+        self,
+        model: GLM46ForCausalLM,
+        stop_ids: list[int],
+        pad_id: int,
+        device: torch.device,
+        temperature: float = 0.0,
+        generators: list[torch.Generator] | None = None,
+        all_finished: Callable[[bool], bool] | None = None,
+    ):
+        self.model, self.stop_ids, self.pad_id, self.device = model, stop_ids, pad_id, device
+        self.temperature, self.generators, self.all_finished = temperature, generators, all_finished
 
     @torch.no_grad()
     def __call__(self, contexts: list[list[int]], max_new_tokens: int, active: list[int]) -> list:
-        module = self.module
-        ids, mask = left_padded(contexts, module.pad_id, module.device)
-        generators = [self.generators[i] for i in active] or [torch.Generator(module.device).manual_seed(0)]
-        out = module.model.generate(
+        ids, mask = left_padded(contexts, self.pad_id, self.device)
+        generators = None
+        if self.generators is not None:
+            generators = [self.generators[i] for i in active] or [torch.Generator(self.device).manual_seed(0)]
+        out = self.model.generate(
             ids,
             max_new_tokens,
             self.temperature,
-            eos_token_id=module.stop_ids,
+            eos_token_id=self.stop_ids,
             generator=generators,
             attention_mask=mask,
-            all_finished=module.all_finished,
+            all_finished=self.all_finished,
         )
         turns = out[:, ids.shape[1] :].tolist()
-        return [(turn[: cut_at_stop(turn, module.stop_ids)], None) for turn in turns[: len(active)]]
+        return [(turn[: cut_at_stop(turn, self.stop_ids)], None) for turn in turns[: len(active)]]
 
 
 class EngineTurns:

@@ -32,6 +32,7 @@ class EmbeddedOptions:
     reasoning_problems: int = MISSING
     sft_conversations: int = MISSING
     rl_prompts: int = MISSING
+    tool_prompts: int = MISSING
     seed: int = MISSING  # of the generators; the run's `seed` is another (model init, data order)
 
 

@@ -1,5 +1,5 @@
-"""Tool environments for agentic RL: the tools an episode offers the model (their JSON schemas, as GLM's chat
-template lists them), a step that serves one parsed call, and the text the model reads back.
+"""Tools that a conversation offers, for the embedded corpus's tool conversations and agentic RL's episodes: their
+JSON schemas (as GLM's chat template lists them), a step that serves one parsed call, and the text the model reads.
 
 A well-formed call that a tool cannot serve (an unknown tool, a missing argument, an expression the calculator
 refuses) returns an error text to the model, as a real tool would, and the episode goes on; only a call that does
@@ -105,3 +105,14 @@ class ToolEnvironment:
             return tool(call["arguments"])
         except ToolError as error:
             return f"error: {error}"
+
+
+TOOLS = {"calculator": Calculator}  # by the names that tasks and configs give
+
+
+def environment(names: list[str]) -> ToolEnvironment:
+    """The environment offering the named tools (TOOLS)."""
+    unknown = sorted(set(names) - TOOLS.keys())
+    if unknown:
+        raise ValueError(f"unknown tools {unknown}: the built-in ones are {sorted(TOOLS)}")
+    return ToolEnvironment(tools=[TOOLS[name]() for name in names])
