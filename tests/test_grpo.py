@@ -175,7 +175,7 @@ def test_multi_turn_episodes_of_prompts_without_tools_are_the_single_turn_rollou
 def test_rows_of_different_lengths_score_as_one_full_width_forward(dataset):
     """GRPOLitModule.logprobs runs a batch's long and short rows (multi-turn episodes beside single replies) as two
     forwards, each cut after its last target: the same log-probs and gradients as one forward over the padded rows."""
-    model = module(dataset, temperature=0.7)
+    model = module(dataset, temperature=0.7, max_turns=2)
     torch.manual_seed(0)
     input_ids = torch.randint(0, 400, (6, 40))
     targets = torch.full_like(input_ids, IGNORE_INDEX)

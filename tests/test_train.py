@@ -408,7 +408,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         assert column(metrics(stage_dir), "eval/glm46_tool_arithmetic/tool_calls")
     printed = first.stdout + first.stderr
     assert "skills per stage" in printed and (run_dir / "curriculum.png").is_file()
-    for skill in ("arithmetic", "tool_arithmetic"):  # the paired change of each skill from stage to stage
+    for skill in ("arithmetic", "tool_arithmetic", "tool_calls"):  # each skill's paired change from stage to stage
         assert re.search(rf"{skill} sft -> toy_rl: [+-]\d\.\d{{3}} \(paired 95% CI \[[+-]\d\.\d{{3}}, ", printed)
 
     again = subprocess.run(
@@ -442,7 +442,8 @@ def test_the_skill_table_reports_accuracy_with_its_wilson_interval():
         }
     )
     lines = table.splitlines()
-    header = ["stage", "arithmetic (95% CI)", "tool_arithmetic (95% CI)", "tool calls", "arith. MC acc", "code bpb"]
+    header = ["stage", "arithmetic (95% CI)", "tool_arithmetic (95% CI)", "tool_calls (95% CI)", "arith. MC acc"]
+    header.append("code bpb")
     assert [c.strip() for c in lines[0].split(" | ")] == header
     assert "0.500 [0.404, 0.596] n=100" in lines[3] and "0.300" in lines[3] and lines[3].rstrip().endswith("-")
     assert "0.000 [0.000, 0.071] n=50" in lines[2] and "2.500" in lines[2]

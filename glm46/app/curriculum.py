@@ -96,15 +96,19 @@ def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return center - half, center + half
 
 
-SKILLS = {"arithmetic": "glm46_arithmetic", "tool_arithmetic": "glm46_tool_arithmetic"}  # name -> its lm-eval task
+SKILLS = {  # name -> (its lm-eval task, the 0/1 metric of each prompt)
+    "arithmetic": ("glm46_arithmetic", "exact_match"),
+    "tool_arithmetic": ("glm46_tool_arithmetic", "exact_match"),
+    "tool_calls": ("glm46_tool_arithmetic", "tool_calls"),  # whether the episode called the tool at all
+}
 
 
-def outcomes(run_dir: Path, task: str) -> dict[int, float]:
-    """Each held-out prompt's exact match (doc_id -> 0/1) in a generated task, from lm-eval's samples file."""
+def outcomes(run_dir: Path, task: str, metric: str = "exact_match") -> dict[int, float]:
+    """Each held-out prompt's 0/1 metric (doc_id -> value) in a generated task, from lm-eval's samples file."""
     path = run_dir / "eval" / f"samples_{task}.jsonl"
     if not path.is_file():
         return {}
-    return {s["doc_id"]: float(s["exact_match"]) for s in map(json.loads, path.read_text().splitlines())}
+    return {s["doc_id"]: float(s[metric]) for s in map(json.loads, path.read_text().splitlines())}
 
 
 def paired_change(before: dict[int, float], after: dict[int, float], z: float = 1.96) -> tuple[float, float, float]:
@@ -120,11 +124,10 @@ def paired_change(before: dict[int, float], after: dict[int, float], z: float = 
 
 
 def skill_table(scores: dict[str, dict[str, float]]) -> str:
-    """Rows = stages; columns = each skill's held-out exact match (greedy) with its 95% interval, the share of tool
-    episodes that called the tool, the multiple-choice accuracy and each domain's bits per byte (lower is better)."""
+    """Rows = stages; columns = each skill's held-out share (greedy) with its 95% interval, the multiple-choice
+    accuracy and each domain's bits per byte (lower is better)."""
     domains = sorted({k.split("/")[0].removeprefix("glm46_ppl_") for s in scores.values() for k in s if "_ppl_" in k})
-    header = ["stage", *(f"{skill} (95% CI)" for skill in SKILLS), "tool calls", "arith. MC acc"]
-    header += [f"{d} bpb" for d in domains]
+    header = ["stage", *(f"{skill} (95% CI)" for skill in SKILLS), "arith. MC acc", *(f"{d} bpb" for d in domains)]
 
     def number(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
@@ -132,11 +135,11 @@ def skill_table(scores: dict[str, dict[str, float]]) -> str:
     rows = []
     for stage, score in scores.items():
         row = [stage]
-        for task in SKILLS.values():
-            accuracy, n = score.get(f"{task}/exact_match"), int(score.get(f"{task}/n", 0))
+        for task, metric in SKILLS.values():
+            accuracy, n = score.get(f"{task}/{metric}"), int(score.get(f"{task}/n", 0))
             low, high = interval(accuracy or 0.0, n)
             row.append("-" if accuracy is None else f"{accuracy:.3f} [{low:.3f}, {high:.3f}] n={n}")
-        row += [number(score.get("glm46_tool_arithmetic/tool_calls")), number(score.get("glm46_arithmetic_mc/acc"))]
+        row.append(number(score.get("glm46_arithmetic_mc/acc")))
         rows.append(row + [number(score.get(f"glm46_ppl_{d}/bits_per_byte")) for d in domains])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [" | ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [header, *rows]]
@@ -155,16 +158,16 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
         return
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
     skills = {}
-    for skill, task in SKILLS.items():
-        evaluated = [(name, outcomes(where, task)) for name, where in stages if name in scores]
+    for skill, (task, metric) in SKILLS.items():
+        evaluated = [(name, outcomes(where, task, metric)) for name, where in stages if name in scores]
         for (first, before), (second, after) in zip(evaluated, evaluated[1:]):
             if before and after:
                 change, low, high = paired_change(before, after)
                 log.info(f"{skill} {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
-        measured = {name: score for name, score in scores.items() if f"{task}/exact_match" in score}
+        measured = {name: score for name, score in scores.items() if f"{task}/{metric}" in score}
         if measured:
             skills[skill] = {
-                name: (score[f"{task}/exact_match"], interval(score[f"{task}/exact_match"], int(score[f"{task}/n"])))
+                name: (score[f"{task}/{metric}"], interval(score[f"{task}/{metric}"], int(score[f"{task}/n"])))
                 for name, score in measured.items()
             }
     log.info(f"wrote {plot_curriculum(stages, skills, run_dir / 'curriculum.png')}")

@@ -131,7 +131,7 @@ def plot_curriculum(
         ax_acc.errorbar([i + shift for i in range(len(names))], values, yerr=errors, marker="o", capsize=4, label=skill)
         ax_acc.set_xticks(range(len(names)), names, rotation=30)
         top = max([top, *(accuracy[n][1][1] for n in names)])
-    ax_acc.set(ylabel="held-out exact match (greedy)", title="skills per stage (95% interval)")
+    ax_acc.set(ylabel="share of held-out prompts (greedy)", title="skills per stage (95% interval)")
     ax_acc.set_ylim(0, top * 1.1)
     ax_acc.legend(loc="upper left", fontsize=8)
     fig.tight_layout()

@@ -42,11 +42,10 @@ def _chunk_logprobs(
     """Target log-probs [n] and entropies [n] (no grad: logging only) of one chunk; hidden [n, H], targets [n]."""
     logits = F.linear(hidden, weight).float() / temperature  # [n, V]
     logprobs = logits.log_softmax(dim=-1)
-    ignored = targets == IGNORE_INDEX
-    target = logprobs.gather(-1, targets.masked_fill(ignored, 0).unsqueeze(-1)).squeeze(-1)
+    target = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(dim=-1)
-    return target.masked_fill(ignored, 0.0), entropy.masked_fill(ignored, 0.0)
+    return target, entropy
 
 
 def token_logprobs(
@@ -62,15 +61,17 @@ def token_logprobs(
 
     hidden [B, T, H] (the final normed hidden states), weight [V, H] (lm_head), targets [B, T]. The logits are divided
     by the sampling temperature, as TRL and slime do, so the log-probs match those of the rollout; log_softmax runs in
-    fp32 on logits of hidden's dtype, as in glm46.modules.loss. Chunks of chunk_size tokens are
-    checkpointed, so one chunk's [tokens, V] logits exist at a time, in the backward pass too.
+    fp32 on logits of hidden's dtype, as in glm46.modules.loss. Only the targets' positions go through lm_head (a
+    prompt's positions have none: in RL most of a row). Chunks of chunk_size of them are checkpointed, so one chunk's
+    [tokens, V] logits exist at a time, in the backward pass too.
     """
     if temperature <= 0 or chunk_size < 1:
         raise ValueError(f"need temperature > 0 and chunk_size >= 1, got {temperature} and {chunk_size}")
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} differ in [B, T]")
-    flat_hidden = hidden.reshape(-1, hidden.shape[-1])  # [B*T, H]
-    flat_targets = targets.reshape(-1)  # [B*T]
+    kept = (targets.reshape(-1) != IGNORE_INDEX).nonzero().squeeze(1)  # [n] the targets' positions in [B*T]
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])[kept]  # [n, H]: only these go through lm_head
+    flat_targets = targets.reshape(-1)[kept]  # [n]
     if flat_hidden.shape[0] <= chunk_size:  # one chunk: recomputing its logits would save nothing
         logprobs, entropy = _chunk_logprobs(flat_hidden, weight, flat_targets, temperature)
     else:
@@ -79,6 +80,9 @@ def token_logprobs(
             for h, y in zip(flat_hidden.split(chunk_size), flat_targets.split(chunk_size))
         ]
         logprobs, entropy = (torch.cat(parts) for parts in zip(*chunks))
+    logprobs, entropy = (
+        targets.new_zeros(targets.shape, dtype=v.dtype).view(-1).index_put((kept,), v) for v in (logprobs, entropy)
+    )
     if return_entropy:
         return logprobs.view(targets.shape), entropy.view(targets.shape)
     return logprobs.view(targets.shape)

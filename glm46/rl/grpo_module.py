@@ -377,10 +377,13 @@ class GRPOLitModule(GLM46LitModule):
 
     # -- update
     def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies; the rows
-        run in two forwards of similar lengths, each cut after its last target (width_groups)."""
+        """Log-probs [N, T] of the targets under the policy at the sampling temperature, and the entropies. Rows of
+        multi-turn episodes (max_turns > 1), whose lengths differ most, run in two forwards of similar lengths, each
+        cut after its last target (width_groups); single-turn rows in one (a second forward costs the toy more than
+        the padding it saves)."""
         weight, chunk, width = self.model.lm_head.weight, self.model.loss_chunk_size, targets.shape[1]
-        groups, parts = width_groups(targets), []
+        groups = width_groups(targets) if self.grpo.max_turns > 1 else [(torch.arange(len(targets)), width)]
+        parts = []
         for rows, length in groups:
             ids = input_ids[rows, :length]
             hidden = self.model.hidden_states(ids, torch.arange(length, device=ids.device).expand_as(ids))
