@@ -225,6 +225,10 @@ TABLE = [
      VALIDATE,
      [r"eval\.domain_val_fraction\.rl=0\.02 differs from data\.val_fraction=0\.1: the evaluation after training would "
       r"read prompts RL trained on"]),
+    ("rl-evaluated-on-other-prompts-it-trains-on", RL, ["eval.after_train=true", "+phase.mixture.sft=0.25",
+     "eval.val_fraction=0.2"], VALIDATE,
+     [r"eval\.domain_val_fraction\.sft=0\.2 is more than data\.val_fraction=0\.1: the evaluation after training "
+      r"would read sft prompts RL trained on"]),
     ("rl-with-accumulation", RL, ["trainer.accumulate_grad_batches=2"], VALIDATE,
      [r"trainer\.accumulate_grad_batches=2: an RL step is one rollout batch"]),
     ("rl-updates-split-a-group", RL, ["phase.grpo.updates_per_rollout=3"], VALIDATE,

@@ -140,12 +140,20 @@ def check_rl(cfg: DictConfig) -> None:
         )
     if not kinds["data"] or cfg.task != "train":
         return
-    evaluated = cfg.eval.get("domain_val_fraction", {}).get("rl", cfg.eval.val_fraction)
+    shares = cfg.eval.get("domain_val_fraction") or {}
+    evaluated = shares.get("rl", cfg.eval.val_fraction)
     if cfg.eval.after_train and evaluated != cfg.data.val_fraction:
         raise ConfigError(
             f"eval.domain_val_fraction.rl={evaluated} differs from data.val_fraction={cfg.data.val_fraction}: the "
             f"evaluation after training would read prompts RL trained on (or leave held-out ones out); set both alike"
         )
+    for domain, weight in (cfg.data.mixture or {}).items():  # the other domains RL trains on: within its held-out
+        evaluated = shares.get(domain, cfg.eval.val_fraction)
+        if cfg.eval.after_train and weight and evaluated > cfg.data.val_fraction:
+            raise ConfigError(
+                f"eval.domain_val_fraction.{domain}={evaluated} is more than data.val_fraction={cfg.data.val_fraction}"
+                f": the evaluation after training would read {domain} prompts RL trained on"
+            )
     settings = grpo(cfg)
     layout = cfg.parallelism
     split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}
