@@ -93,7 +93,7 @@ def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
     n = max(n, 1)
     center = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
     half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return center - half, center + half
+    return max(center - half, 0.0), min(center + half, 1.0)  # clamped: at 0 or 1 rounding may step past them
 
 
 SKILLS = {  # name -> (its lm-eval task, the 0/1 metric of each prompt)
