@@ -285,14 +285,16 @@ def require_serving() -> Path:
 
 @pytest.fixture(scope="module")
 def trained(dataset, tokenizer, trained_chat_model):
-    """(model, its export, chat prompts of 5 lengths, our greedy completions cut after the first stop token)."""
+    """(model, its export, chat prompts of 6 lengths, our greedy completions cut after the first stop token)."""
     model, export = trained_chat_model
     rl = [json.loads(line)["text"] for line in (dataset / "documents" / "rl.jsonl").read_text().splitlines()]
-    prompts = [
-        tokenizer.encode(doc[: doc.rindex(ROLE_TOKENS["assistant"]) + len(ROLE_TOKENS["assistant"])]) for doc in rl[-4:]
-    ]
-    prompts.append(tokenizer.encode(render_chat(CONVERSATIONS[2], add_generation_prompt=True)))
-    prompts.append(tokenizer.encode("Once upon a time"))
+    others = [tokenizer.encode(render_chat(CONVERSATIONS[2], add_generation_prompt=True))]
+    others.append(tokenizer.encode("Once upon a time"))
+    lengths = {len(prompt): None for prompt in others}  # the last rl prompts of 4 more lengths: padded differently
+    for doc in reversed(rl):
+        prompt = tokenizer.encode(doc[: doc.rindex(ROLE_TOKENS["assistant"]) + len(ROLE_TOKENS["assistant"])])
+        lengths.setdefault(len(prompt), prompt)
+    prompts = [prompt for prompt in lengths.values() if prompt is not None][:4] + others
     completions = [greedy(model, prompt, tokenizer) for prompt in prompts]
     return model, export, prompts, completions
 

@@ -12,7 +12,7 @@ import torch
 
 from glm46.data.chat import ChatTokens, assistant_mask, format_chat, render_chat
 from glm46.data.documents import Ledger
-from glm46.data.embedded import conversation, generated
+from glm46.data.embedded import conversation, generated, offered_tools
 from glm46.data.shards import load_shard, write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.lit.sft_data import ConversationTargets, SFTDataModule
@@ -56,7 +56,7 @@ def tokenizer(dataset):
 
 
 def datamodule(path, **overrides):
-    settings = dict(seq_len=320, batch_size=4, mixture={"sft": 1.0}, seed=3)
+    settings = dict(seq_len=640, batch_size=4, mixture={"sft": 1.0}, seed=3)  # a tool chat is ~400 tokens here
     dm = SFTDataModule(str(path), **{**settings, **overrides})
     dm.setup()
     return dm
@@ -88,7 +88,7 @@ def test_generated_conversations_in_the_shards_are_format_chats_ids(dataset, tok
     for number in range(len(offsets) - 1):
         messages = conversation(rng)
         turns.add(len(messages))
-        ids, mask = format_chat(messages, tokenizer)
+        ids, mask = format_chat(messages, tokenizer, offered_tools(messages))
         start, end = offsets[number], offsets[number + 1]
         assert tokens[start:end].tolist() == ids
         assert targets.span(int(start), int(end - start)).tolist() == mask
@@ -104,7 +104,7 @@ def test_batches_label_only_assistant_tokens_and_restart_positions_per_conversat
     dm = datamodule(dataset)
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"input_ids", "labels", "position_ids", "loss_mask"}
-    assert all(t.shape == (4, 320) for t in batch.values())
+    assert all(t.shape == (4, 640) for t in batch.values())
     assert torch.equal(batch["labels"] == IGNORE_INDEX, batch["loss_mask"] == 0)
     gmask, assistant = tokenizer.token_id("[gMASK]"), tokenizer.token_id("<|assistant|>")
     for ids, labels, positions in zip(batch["input_ids"], batch["labels"], batch["position_ids"]):

@@ -177,10 +177,14 @@ def tool_conversation(rng: random.Random) -> list[dict]:
     ]
 
 
+def offered_tools(messages: list[dict]) -> list[dict] | None:
+    """The tools a generated chat lists: the calculator in one that calls it, else none."""
+    return [CALCULATOR.schema] if any(message.get("tool_calls") for message in messages) else None
+
+
 def render(messages: list[dict]) -> str:
-    """A generated chat in GLM's format; one that calls the calculator lists it."""
-    calls = any(message.get("tool_calls") for message in messages)
-    return render_chat(messages, tools=[CALCULATOR.schema] if calls else None)
+    """A generated chat in GLM's format."""
+    return render_chat(messages, tools=offered_tools(messages))
 
 
 def conversation(rng: random.Random) -> list[dict]:
