@@ -1,6 +1,7 @@
 """The embedded corpus: a function of the project and the Python (and base-files' fixed license texts), whatever else
 the machine has installed; its tool conversations call the calculator as GLM writes a call, for the right answer."""
 
+import os
 import re
 import shutil
 import sysconfig
@@ -21,14 +22,16 @@ def test_installing_a_package_leaves_the_embedded_corpus_as_it_is():
     """A package's copyright file (what `apt-get install` adds under /usr/share/doc) and a license text it might drop
     beside base-files' are read by nothing: the sources, the license documents and their texts stay the same."""
     stray = COMMON_LICENSES / "GLM46-Test-License"
-    if not COMMON_LICENSES.parent.is_dir() or ANOTHER_PACKAGE.exists() or stray.exists():
-        pytest.skip("needs a Debian-like /usr/share without this test's files")
+    writable = (
+        COMMON_LICENSES.is_dir() and os.access(COMMON_LICENSES, os.W_OK) and os.access(ANOTHER_PACKAGE.parent, os.W_OK)
+    )
+    if not writable or ANOTHER_PACKAGE.exists() or stray.exists():
+        pytest.skip("needs a Debian-like /usr/share it may write to (root), without this test's files")
     before = source_files(), [(d.id, d.text) for d in license_texts(Ledger())]
     try:
         ANOTHER_PACKAGE.mkdir(parents=True)
         (ANOTHER_PACKAGE / "copyright").write_text("Copyright: 2026 someone\nLicense: MIT\n" * 20)
-        if COMMON_LICENSES.is_dir():
-            stray.write_text("Permission is granted to do anything. " * 50)
+        stray.write_text("Permission is granted to do anything. " * 50)
         after = source_files(), [(d.id, d.text) for d in license_texts(Ledger())]
     finally:
         shutil.rmtree(ANOTHER_PACKAGE, ignore_errors=True)
