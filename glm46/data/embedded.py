@@ -311,7 +311,7 @@ def read_embedded(
     seed: int = 0,
     sft_conversations: int = 10000,
     rl_prompts: int = 40000,
-    tool_prompts: int = 4000,
+    tool_prompts: int = 8000,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
