@@ -23,6 +23,8 @@ from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.modules import cuda_kernels
 
+from .unsafe_pickles import unsafe_checkpoint, unsafe_dcp_folder
+
 REPO = Path(__file__).resolve().parents[1]
 
 TINY = ["experiment=tiny_bytes"]  # the tiny model on the standard library's bytes: no dataset needed
@@ -257,6 +259,15 @@ TABLE = [
      [r"phase\.rollout\.python=/nowhere/python does not exist: build the serving venv"]),
     ("rl-rollout-quantization", RL, ["phase/rollout=vllm", "phase.rollout.quantization=int4"], VALIDATE,
      [r"phase\.rollout\.quantization='int4': expected null or fp8"]),
+    # -- checkpoints whose pickle would run code (tests/unsafe_pickles.py): refused before anything unpickles them
+    ("init-from-a-checkpoint-that-runs-code", TINY, ["init_from={extra}/unsafe.ckpt"], VALIDATE,
+     [r"^init_from=\S+/unsafe\.ckpt: \S+/unsafe\.ckpt: refused: its pickle asks for posix\.system, which no glm46 "
+      r"checkpoint holds"]),
+    ("resume-from-a-checkpoint-that-runs-code", TINY, ["ckpt_path={extra}/unsafe.ckpt"], VALIDATE,
+     [r"^ckpt_path=\S+/unsafe\.ckpt: \S+/unsafe\.ckpt: refused: its pickle asks for posix\.system"]),
+    ("init-from-a-dcp-folder-whose-item-runs-code", TINY, ["init_from={extra}/unsafe_dcp"], VALIDATE,
+     [r"^init_from=\S+/unsafe_dcp: \S+/unsafe_dcp/__0_0\.distcp \(item evil\): refused: its pickle asks for "
+      r"posix\.system"]),
 ]
 # fmt: on
 
@@ -265,7 +276,8 @@ TOY_PRETRAIN1_DOMAINS = ["code", "docs", "license", "math", "reasoning"]
 
 @pytest.fixture
 def extra(tmp_path):
-    """Experiment files with a misplaced and an unknown key, in a search-path folder beside conf/."""
+    """Experiment files with a misplaced and an unknown key, in a search-path folder beside conf/; checkpoints whose
+    pickle writes a marker file if anything unpickles them without limits."""
     (tmp_path / "extra" / "experiment").mkdir(parents=True)
     header = "# @package _global_\ndefaults:\n  - tiny_bytes\n\n"
     (tmp_path / "extra" / "experiment" / "misplaced.yaml").write_text(
@@ -274,7 +286,10 @@ def extra(tmp_path):
     (tmp_path / "extra" / "experiment" / "unknown_top_level.yaml").write_text(
         header + "schedul:\n  switch_tokens: 100\n"
     )
-    return tmp_path / "extra"
+    unsafe_checkpoint(tmp_path / "extra" / "unsafe.ckpt", tmp_path / "marker")
+    unsafe_dcp_folder(tmp_path / "extra" / "unsafe_dcp", tmp_path / "marker")
+    yield tmp_path / "extra"
+    assert not (tmp_path / "marker").exists(), "a checkpoint's pickle ran"
 
 
 @pytest.fixture

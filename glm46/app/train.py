@@ -74,7 +74,7 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     hyperparameters = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # the composition, as run
     for logger in trainer.loggers:  # wandb's config, TensorBoard's hparams, hparams.yaml beside metrics.csv
         logger.log_hyperparams(hyperparameters)
-    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
+    trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)  # glm46.checkpoint.safe_load
     interrupted = [c.interrupted_at for c in trainer.callbacks if isinstance(c, Preemption) and c.interrupted_at]
     if interrupted:
         log.info(f"interrupted at step {interrupted[0]}: resume with hydra.run.dir={output_dir} ckpt_path=last")

@@ -10,6 +10,7 @@ and resuming under another layout.
 | safetensors_writer.py | a .safetensors file written tensor by tensor |
 | weights.py | `load_weights`: a model's weights from an HF directory or a checkpoint (`init_from`) |
 | atomic.py | checkpoint files and folders written under a temporary name; `ckpt_path=last` |
+| safe_load.py | every checkpoint unpickled with only the types glm46's own checkpoints hold |
 | reshard.py | resuming under another layout or world size |
 | engine_limits.py | what vLLM or SGLang refuses in an export, said before it is launched |
 """

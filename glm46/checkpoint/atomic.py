@@ -21,6 +21,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from glm46.checkpoint.reshard import checkpoint_format, consolidate
+from glm46.checkpoint.safe_load import UnsafeCheckpointError, check_safe, load
 from glm46.checkpoint.write_errors import write_failed
 
 log = logging.getLogger(__name__)
@@ -66,28 +67,34 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         shutil.rmtree(replaced, ignore_errors=True)
 
     def load_checkpoint(self, path, map_location: Any | None = None, weights_only: bool | None = None) -> dict:
+        """Whatever `weights_only` Lightning asks for, only the allowlist's types (glm46.checkpoint.safe_load)."""
         if checkpoint_format(Path(path)) == "dcp":
+            check_safe(path)
             return consolidate(Path(path))
         try:
-            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
-        except FileNotFoundError:
+            return load(path, map_location=map_location)
+        except (FileNotFoundError, UnsafeCheckpointError):
             raise
         except Exception as error:  # a truncated zip, a bad pickle, bytes that are not a checkpoint
             raise _unreadable(path, error) from error
 
 
 def check_readable(path: Path) -> None:
-    """Raise CorruptCheckpointError naming `path` unless it is a complete checkpoint. Files are opened with
-    mmap, which reads the archive's directory and the pickled structure, not the tensors' bytes."""
+    """Raise CorruptCheckpointError naming `path` unless it is a complete checkpoint, UnsafeCheckpointError if a pickle
+    in it asks for more than a checkpoint holds. Files are opened with mmap, which reads the archive's directory and
+    the pickled structure, not the tensors' bytes."""
     if path.is_dir():
         if not any((path / marker).exists() for marker in FOLDER_MARKERS):
             raise CorruptCheckpointError(
                 f"{path}: a checkpoint folder without its completion marker "
                 f"({' or '.join(FOLDER_MARKERS)}): its save did not finish"
             )
+        check_safe(path)
         return
     try:
-        checkpoint = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        checkpoint = load(path, map_location="cpu", mmap=True)
+    except UnsafeCheckpointError:
+        raise
     except Exception as error:
         raise _unreadable(path, error) from error
     if not isinstance(checkpoint, dict) or "global_step" not in checkpoint:

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 
 import lightning as L
-import torch
 from omegaconf import DictConfig
 
+from glm46.checkpoint.safe_load import load
 from glm46.errors import ConfigError
 from glm46.parallel.data_parallel import data_parallel_size
 
@@ -53,7 +53,7 @@ def written_by(path: Path) -> dict | None:
     source = checkpoint_format(path)
     if source == "deepspeed":
         return None
-    metadata = torch.load(path / META if source == "dcp" else path, map_location="cpu", mmap=True, weights_only=False)
+    metadata = load(path / META if source == "dcp" else path, map_location="cpu", mmap=True)
     return metadata.get("layout")
 
 

@@ -14,24 +14,26 @@ import torch.distributed as dist
 from glm46.parallel.boxes import local_box, local_tensor
 
 from .hf_read import load_hf
+from .safe_load import check_safe, load
 
 
 def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Fill `model` (a GLM46ForCausalLM, whole or sharded) with the weights at `path` (see the module docstring).
     Only the weights: optimizer, schedules and data position start afresh."""
     path = Path(path)
+    if path.is_dir() and not (path / ".metadata").is_file() and not _is_deepspeed_folder(path):
+        load_hf(path, model=model)  # safetensors: no pickle
+        return
+    check_safe(path)  # before DCP or DeepSpeed unpickles anything of it
     if (path / ".metadata").is_file():
         _load_dcp(model, path)
-        return
-    if path.is_dir() and not _is_deepspeed_folder(path):
-        load_hf(path, model=model)
         return
     if path.is_dir():
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
         state = get_fp32_state_dict_from_zero_checkpoint(path)  # whole, in one process
     else:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["state_dict"]
+        state = load(path, map_location="cpu", mmap=True)["state_dict"]
     state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
     own = model.state_dict(keep_vars=True)
     if not model.is_whole():  # a pipeline stage's part: only its weights

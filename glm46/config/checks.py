@@ -25,7 +25,7 @@ from .layout_checks import (
     check_engine,
     check_memory,
 )
-from .training_checks import check_budget, check_recipe, check_training
+from .training_checks import check_budget, check_checkpoints, check_recipe, check_training
 from .values import check_values, model_config, refuse_missing, resolve
 
 
@@ -62,6 +62,7 @@ CHECKS = (
     ("recipe x schedule x phase", ALL, lambda cfg, config: check_recipe(cfg)),
     ("every interpolation training reads", TRAIN, lambda cfg, config: resolve(cfg, RESOLVED_BEFORE_TRAINING)),
     ("optimizer x precision, components, RL", TRAIN, lambda cfg, config: check_training(cfg)),
+    ("checkpoints read (init_from, ckpt_path)", TRAIN, lambda cfg, config: check_checkpoints(cfg)),
     ("memory per GPU x cluster", TRAIN, check_memory),
     ("context parallelism x accelerator", TRAIN, check_context_parallel_kernel),
 )

@@ -1,5 +1,5 @@
 """What a training run relates beyond the layout: its phase budget, the recipe's clock, the optimizer against the
-precision, each component's own arguments, and RL's rollouts."""
+precision, each component's own arguments, RL's rollouts, and the checkpoints it starts from."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.checkpoint.engine_limits import serving_problems
+from glm46.checkpoint.safe_load import UnsafeCheckpointError, check_safe
 from glm46.config.resolvers import phase_steps, recipe_start
 from glm46.errors import ConfigError
 from glm46.logs import rank_zero_logger
@@ -118,6 +119,19 @@ def check_training(cfg: DictConfig) -> None:
             except Exception as error:
                 raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
     check_rl(cfg)
+
+
+def check_checkpoints(cfg: DictConfig) -> None:
+    """`init_from` and an explicit `ckpt_path`: a pickle in them that asks for more than glm46's checkpoints hold is
+    refused here, before anything is queued or read (glm46.checkpoint.safe_load). Paths that do not exist yet (a
+    curriculum's later stages) are checked when they are read."""
+    for key in ("init_from", "ckpt_path"):
+        value = cfg.get(key)
+        if value and value != "last" and Path(value).exists():
+            try:
+                check_safe(value)
+            except UnsafeCheckpointError as error:
+                raise UnsafeCheckpointError(f"{key}={value}: {error}") from None
 
 
 def grpo(cfg: DictConfig) -> DictConfig | None:
