@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# A one-node Slurm on this machine, for tests and CI: munged, a private MariaDB, slurmdbd,
-# slurmctld and slurmd, all started directly (no systemd), all state under one folder.
+# A Slurm cluster on this machine, for tests and CI: munged, a private MariaDB, slurmdbd,
+# slurmctld and one slurmd per node, all started directly (no systemd), all state under one folder.
 #
-#   bash scripts/local_slurm.sh start    # install the Debian packages if missing, configure, start, wait
-#   bash scripts/local_slurm.sh status   # print the state; exit 0 when up, 3 when not
-#   bash scripts/local_slurm.sh stop     # cancel jobs, stop every daemon by its PID file, wait for exit
+#   bash scripts/local_slurm.sh start [--nodes N]  # install the Debian packages if missing, configure, start, wait
+#   bash scripts/local_slurm.sh status             # print the state; exit 0 when up, 3 when not
+#   bash scripts/local_slurm.sh kill-node NAME     # a node loses power: SIGKILL every process of its namespace
+#   bash scripts/local_slurm.sh stop               # cancel jobs, stop every daemon by its PID file, remove the network
+#
+# One node (the default): node `localhost` at 127.0.0.1. N nodes (2-4): nodes glm46n1..glm46nN, each a host of its
+# own as container-based Slurm test clusters make them: a network namespace (its own address on a bridge that links
+# those namespaces and the controller only: no route to any other address) and a UTS namespace (its own hostname),
+# running its slurmd, whose jobs inherit both. The controller, slurmdbd, MariaDB and munged run on the machine
+# itself (the bridge's address); munge's socket and the run directories are on the one file system, as a cluster's
+# shared storage. `start` after `kill-node` brings the node back (Slurm returns it to service on registration).
 #
 # State folder: $GLM46_SLURM_DIR (default /tmp/glm46-slurm). It survives `stop`, so job ids keep
 # counting up across restarts; `rm -rf` it after `stop` for a fresh cluster (job ids restart at 1).
@@ -12,6 +20,7 @@
 # on the /etc/slurm/slurm.conf link this script makes when that file does not exist.
 # Needs root (apt-get, and slurmd runs jobs as their submitting user). Debian 12, Slurm 22.05.
 set -euo pipefail
+trap 'echo "[local_slurm] error: line $LINENO: $BASH_COMMAND exited $?" >&2' ERR
 
 DIR=${GLM46_SLURM_DIR:-/tmp/glm46-slurm}
 DIR=${DIR%/}
@@ -22,6 +31,7 @@ SLURMCTLD_PORT=${GLM46_SLURMCTLD_PORT:-6817}
 SLURMD_PORT=${GLM46_SLURMD_PORT:-6818}
 SLURMDBD_PORT=${GLM46_SLURMDBD_PORT:-6819}
 DB_PORT=${GLM46_SLURM_DB_PORT:-3307}   # not 3306: leave room for a system MariaDB
+SLURMD_TIMEOUT=20   # seconds before the controller declares a silent node DOWN (Slurm's default: 300)
 PACKAGES=(slurmctld slurmd slurm-client munge slurmdbd mariadb-server)
 SYSTEM_CONF=/etc/slurm/slurm.conf
 
@@ -33,6 +43,79 @@ export SLURM_CONF=$ETC/slurm.conf   # every slurm command below (and slurmdbd, f
 log() { printf '[local_slurm] %s\n' "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
+# --- nodes and their network -------------------------------------------------------------------
+
+# The node count is the one the cluster was started with (kept in $ETC/nodes), so that status, kill-node
+# and stop know the layout. Namespace, link and bridge names carry a tag of the state folder: CI's cluster
+# and a developer's can run side by side.
+NODES_FILE=$ETC/nodes
+TAG=$(printf '%s' "$DIR" | cksum | cut -c1-4)
+BRIDGE=g46b$TAG
+saved_nodes() { [[ -s $NODES_FILE ]] && cat "$NODES_FILE" || echo 1; }
+node_names() { local i; for ((i = 1; i <= $1; i++)); do echo "glm46n$i"; done; }
+netns_of() { echo "glm46-$TAG-$1"; }
+veth_of() { echo "g46${TAG}h${1#glm46n}"; }
+subnet() { cat "$ETC/subnet"; }   # 10.46.X: the first free one, chosen at the first multi-node start
+node_addr() { echo "$(subnet).1${1#glm46n}"; }
+gateway() { echo "$(subnet).1"; }
+
+choose_subnet() {
+    [[ -s $ETC/subnet ]] && return 0
+    local x used
+    used=$(ip -4 -o addr show | awk '{print $4}')
+    for ((x = 46; x < 250; x++)); do
+        grep -q "^10\.46\.$x\." <<<"$used" || { echo "10.46.$x" >"$ETC/subnet"; return 0; }
+    done
+    die "no free 10.46.X.0/24 subnet for the nodes' bridge"
+}
+
+# The bridge (the controller's side, at the gateway address) and one namespace per node, linked to it by a veth
+# pair; $ETC/hosts names every node (each slurmd sees it as its /etc/hosts).
+make_network() {
+    local nodes=$1 name ns veth hosts
+    choose_subnet
+    if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+        ip link add "$BRIDGE" type bridge
+        ip addr add "$(gateway)/24" dev "$BRIDGE"
+    fi
+    ip link set "$BRIDGE" up
+    hosts="127.0.0.1 localhost"$'\n'"$(gateway) $(hostname -s)"$'\n'
+    for name in $(node_names "$nodes"); do hosts+="$(node_addr "$name") $name"$'\n'; done
+    for name in $(node_names "$nodes"); do
+        ns=$(netns_of "$name") veth=$(veth_of "$name")
+        if ! ip netns list | grep -qw "$ns"; then
+            ip netns add "$ns"
+            ip link add "$veth" type veth peer name eth0 netns "$ns"
+            ip link set "$veth" master "$BRIDGE" up
+            ip -n "$ns" addr add "$(node_addr "$name")/24" dev eth0
+            ip -n "$ns" link set eth0 up
+            ip -n "$ns" link set lo up
+        fi
+    done
+    printf '%s' "$hosts" >"$ETC/hosts"
+}
+
+remove_network() {
+    local name ns
+    for name in $(node_names 4); do
+        ns=$(netns_of "$name")
+        if ip link show "$(veth_of "$name")" >/dev/null 2>&1; then ip link del "$(veth_of "$name")"; fi  # and its peer
+        if ip netns list | grep -qw "$ns"; then ip netns del "$ns"; fi
+    done
+    if ip link show "$BRIDGE" >/dev/null 2>&1; then ip link del "$BRIDGE"; fi
+}
+
+# Every process of a node's namespace (its slurmd, slurmstepds and job tasks), SIGKILLed at once.
+kill_node() {
+    local name=$1 ns pids
+    ns=$(netns_of "$name")
+    ip netns list | grep -qw "$ns" || die "no node $name in this cluster ($DIR: $(saved_nodes) node(s))"
+    pids=$(ip netns pids "$ns")
+    # shellcheck disable=SC2086
+    [[ -z $pids ]] || kill -KILL $pids 2>/dev/null || true
+    log "killed node $name: $(wc -w <<<"$pids") process(es) of namespace $ns"
+}
+
 # --- processes ---------------------------------------------------------------------------------
 
 # pid_alive PIDFILE NAME: the PID file names a live (not zombie) process called NAME. Killed daemons
@@ -40,8 +123,7 @@ die() { log "error: $*"; exit 1; }
 # the name check guards against a recycled PID.
 pid_alive() {
     local pid state
-    [[ -s $1 ]] || return 1
-    pid=$(<"$1")
+    pid=$(cat "$1" 2>/dev/null) || return 1   # not $(<"$1"): a file removed meanwhile would end the script
     [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/stat ]] || return 1
     [[ $(cat "/proc/$pid/comm" 2>/dev/null) == "$2" ]] || return 1
     state=$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
@@ -64,7 +146,8 @@ wait_for() {
 stop_daemon() {
     local pidfile=$1 name=$2 pid
     if ! pid_alive "$pidfile" "$name"; then rm -f "$pidfile"; return 0; fi
-    pid=$(<"$pidfile")
+    pid=$(cat "$pidfile" 2>/dev/null || true)   # gone meanwhile: the daemon ended (or re-executed itself)
+    [[ -n $pid ]] || return 0
     kill -TERM "$pid" 2>/dev/null || true
     if ! wait_for 30 "$name (pid $pid) to exit" pid_gone "$pidfile" "$name"; then
         log "$name did not stop on SIGTERM; sending SIGKILL"
@@ -106,7 +189,7 @@ install_packages() {
 # Files written once and kept (the munge key, the database password); the rest is rewritten on
 # every start so that an edit to this script takes effect.
 write_configs() {
-    mkdir -p "$ETC" "$RUN" "$LOG" "$DIR/state/slurmctld" "$DIR/spool/slurmd" "$MUNGE_DIR"
+    mkdir -p "$ETC" "$RUN" "$LOG" "$DIR/state/slurmctld" "$DIR/spool" "$MUNGE_DIR"
     chmod 755 "$DIR" "$RUN" "$LOG"
 
     # munge: a random key only munged (running as `munge`) can read; its own socket, so a system
@@ -132,10 +215,25 @@ write_configs() {
     mem=$((mem * 95 / 100))
     topo=$(sed -e 's/^NodeName=[^ ]* //' -e 's/ RealMemory=[0-9]*//' <<<"$topo")
 
+    local nodes controller accounting_host node_lines partition_nodes name slurmd_files
+    nodes=$(saved_nodes)
+    if ((nodes == 1)); then
+        controller=localhost accounting_host=localhost partition_nodes=localhost
+        node_lines="NodeName=localhost NodeAddr=127.0.0.1 $topo RealMemory=$mem State=UNKNOWN"
+        slurmd_files="SlurmdPidFile=$RUN/slurmd.pid"$'\n'"SlurmdSpoolDir=$DIR/spool/slurmd"$'\n'"SlurmdLogFile=$LOG/slurmd.log"
+    else  # the controller at the bridge's address, under the machine's name (slurmctld checks it is its host)
+        controller="$(hostname -s)($(gateway))" accounting_host=$(gateway) partition_nodes="glm46n[1-$nodes]"
+        mem=$((mem / nodes))
+        node_lines=$(for name in $(node_names "$nodes"); do
+            echo "NodeName=$name NodeAddr=$(node_addr "$name") $topo RealMemory=$mem State=UNKNOWN"
+        done)
+        slurmd_files="SlurmdPidFile=$RUN/slurmd-%n.pid"$'\n'"SlurmdSpoolDir=$DIR/spool/slurmd-%n"$'\n'"SlurmdLogFile=$LOG/slurmd-%n.log"
+    fi
+
     cat >"$ETC/slurm.conf" <<EOF
-# Written by scripts/local_slurm.sh: a one-node cluster for tests. Edits here are overwritten.
+# Written by scripts/local_slurm.sh: a $nodes-node cluster for tests. Edits here are overwritten.
 ClusterName=$CLUSTER
-SlurmctldHost=localhost
+SlurmctldHost=$controller
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$SLURMCTLD_PORT
@@ -145,11 +243,9 @@ CredType=cred/munge
 # cred_expire=10: a requeued job is held cred_expire+1 s before it may start again (121 s by default).
 AuthInfo=socket=$RUN/munge/munge.socket.2,cred_expire=10
 StateSaveLocation=$DIR/state/slurmctld
-SlurmdSpoolDir=$DIR/spool/slurmd
 SlurmctldPidFile=$RUN/slurmctld.pid
-SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
-SlurmdLogFile=$LOG/slurmd.log
+$slurmd_files
 # No cgroups in a sandbox/container: track processes by parent id, no task binding.
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -161,19 +257,21 @@ DefMemPerCPU=$((mem / cpus))
 # Schedule every second (tests wait on it) and bring the node back after a restart.
 SchedulerParameters=sched_interval=1,bf_interval=1
 ReturnToService=2
+SlurmdTimeout=$SLURMD_TIMEOUT
 KillWait=5
 InactiveLimit=0
 MinJobAge=300
 # Accounting through slurmdbd: sacct must answer, or submitit cannot tell a dead job from a running one.
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=localhost
+AccountingStorageHost=$accounting_host
 AccountingStoragePort=$SLURMDBD_PORT
 # Connections to slurmdbd take their munge socket from here, not from AuthInfo.
 AccountingStoragePass=$RUN/munge/munge.socket.2
 JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/none
-NodeName=localhost NodeAddr=127.0.0.1 $topo RealMemory=$mem State=UNKNOWN
-PartitionName=$PARTITION Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+$node_lines
+# LLN: each job goes to the least loaded nodes, so that one-node jobs and array tasks spread over the cluster.
+PartitionName=$PARTITION Nodes=$partition_nodes Default=YES MaxTime=INFINITE State=UP LLN=YES
 EOF
 
     (umask 077 && cat >"$ETC/slurmdbd.conf" <<EOF
@@ -271,31 +369,58 @@ start_slurmctld() {
     wait_for 30 slurmctld scontrol ping || { show_log "$LOG/slurmctld.log"; die "slurmctld is not answering"; }
 }
 
+slurmd_pidfile() { [[ $(saved_nodes) == 1 ]] && echo "$RUN/slurmd.pid" || echo "$RUN/slurmd-$1.pid"; }
+slurmd_log() { [[ $(saved_nodes) == 1 ]] && echo "$LOG/slurmd.log" || echo "$LOG/slurmd-$1.log"; }
+cluster_nodes() { [[ $(saved_nodes) == 1 ]] && echo localhost || node_names "$(saved_nodes)"; }
+
+# A node's slurmd: on the machine (one node), or in the node's network namespace with a UTS namespace (its hostname)
+# and a mount namespace in which $ETC/hosts is /etc/hosts (the rest of the file system is the machine's). Not
+# `ip netns exec`, which remounts /sys without the cgroup file system that slurmd needs.
 start_slurmd() {
-    pid_alive "$RUN/slurmd.pid" slurmd && return 0
-    slurmd -N localhost </dev/null >/dev/null 2>&1 || { show_log "$LOG/slurmd.log"; die "slurmd failed to start"; }
+    local name=$1
+    pid_alive "$(slurmd_pidfile "$name")" slurmd && return 0
+    mkdir -p "$DIR/spool/slurmd$([[ $name == localhost ]] || echo "-$name")"
+    if [[ $name == localhost ]]; then
+        slurmd -N localhost </dev/null >/dev/null 2>&1
+    else
+        nsenter --net="/run/netns/$(netns_of "$name")" unshare --uts --mount --propagation slave -- \
+            sh -c 'mount --bind "$2" /etc/hosts && hostname "$1" && exec slurmd -N "$1"' sh "$name" "$ETC/hosts" \
+            </dev/null >/dev/null 2>&1
+    fi || { show_log "$(slurmd_log "$name")"; die "slurmd of $name failed to start"; }
 }
 
-node_usable() { [[ $(sinfo -h -n localhost -o %T 2>/dev/null) =~ ^(idle|mixed|allocated|completing) ]]; }
+node_usable() {
+    local states
+    states=$(sinfo -h -N -o %T 2>/dev/null) || return 1
+    [[ $(grep -cE '^(idle|mixed|allocated|completing)' <<<"$states") == "$(cluster_nodes | wc -l)" ]]
+}
 no_running_jobs() { [[ -z $(squeue -h -t R,CG -o %A 2>/dev/null) ]]; }
 sacct_answers() { sacct -n -X -o JobID -S now >/dev/null 2>&1; }
 
 all_daemons_alive() {
+    local name
     pid_alive "$RUN/munge/munged.pid" munged && pid_alive "$RUN/mysqld.pid" mariadbd &&
-        pid_alive "$RUN/slurmdbd.pid" slurmdbd && pid_alive "$RUN/slurmctld.pid" slurmctld &&
-        pid_alive "$RUN/slurmd.pid" slurmd
+        pid_alive "$RUN/slurmdbd.pid" slurmdbd && pid_alive "$RUN/slurmctld.pid" slurmctld || return 1
+    for name in $(cluster_nodes); do pid_alive "$(slurmd_pidfile "$name")" slurmd || return 1; done
 }
 
 # --- commands ----------------------------------------------------------------------------------
 
 cmd_start() {
-    [[ $(id -u) == 0 ]] || die "run as root (apt-get, and slurmd must run jobs as their user)"
+    local nodes=${1:-} name
+    [[ $(id -u) == 0 ]] || die "run as root (apt-get, ip netns, and slurmd must run jobs as their user)"
+    [[ -z $nodes || $nodes =~ ^[1-4]$ ]] || die "--nodes $nodes: from 1 to 4"
+    if [[ -n $nodes && $nodes != "$(saved_nodes)" ]] && pid_alive "$RUN/slurmctld.pid" slurmctld; then
+        die "the cluster in $DIR runs $(saved_nodes) node(s); stop it first to start it with $nodes"
+    fi
     if all_daemons_alive && node_usable && sacct_answers; then
-        log "already up ($DIR)"
+        log "already up ($DIR, $(saved_nodes) node(s))"
         return 0
     fi
-    mkdir -p "$DIR"
+    mkdir -p "$ETC"
+    [[ -z $nodes ]] || echo "$nodes" >"$NODES_FILE"
     install_packages
+    (($(saved_nodes) == 1)) || make_network "$(saved_nodes)"
     write_configs
     link_system_conf
     start_munged
@@ -303,11 +428,14 @@ cmd_start() {
     start_slurmdbd
     register_cluster
     start_slurmctld
-    start_slurmd
-    # A node left DOWN by an unclean stop is returned by ReturnToService=2 once slurmd registers.
-    wait_for 60 "node localhost to be idle" node_usable || { show_log "$LOG/slurmd.log"; show_log "$LOG/slurmctld.log"; die "node not idle: $(sinfo -h -N -o '%T %E' 2>&1)"; }
+    for name in $(cluster_nodes); do start_slurmd "$name"; done
+    # A node left DOWN by an unclean stop or a kill is returned by ReturnToService=2 once its slurmd registers.
+    wait_for 60 "every node to be idle" node_usable || {
+        for name in $(cluster_nodes); do show_log "$(slurmd_log "$name")"; done
+        show_log "$LOG/slurmctld.log"; die "nodes not idle: $(sinfo -h -N -o '%N %T %E' 2>&1)"
+    }
     wait_for 30 sacct sacct_answers || die "sacct is not answering"
-    log "up: partition $PARTITION on localhost ($DIR); SLURM_CONF=$SLURM_CONF"
+    log "up: partition $PARTITION on $(cluster_nodes | paste -sd, -) ($DIR); SLURM_CONF=$SLURM_CONF"
 }
 
 cmd_stop() {
@@ -321,30 +449,35 @@ cmd_stop() {
             wait_for 15 "jobs to end" no_running_jobs || true
         fi
     fi
-    stop_daemon "$RUN/slurmd.pid" slurmd
+    local name
+    for name in $(cluster_nodes); do stop_daemon "$(slurmd_pidfile "$name")" slurmd; done
     stop_daemon "$RUN/slurmctld.pid" slurmctld
     stop_daemon "$RUN/slurmdbd.pid" slurmdbd
     stop_daemon "$RUN/mysqld.pid" mariadbd
     stop_daemon "$RUN/munge/munged.pid" munged
     unlink_system_conf
+    remove_network   # after the slurmds: a namespace goes when its last process does
     log "stopped ($DIR kept; remove it for a fresh cluster)"
 }
 
+# A daemon's name in `status`: its PID file's (slurmd-<node> for a node's slurmd).
+label() { local file=${1%%:*}; file=${file##*/}; echo "${file%.pid}"; }
+
 cmd_status() {
     local up=0 entry pidfile name
-    for entry in munge/munged.pid:munged mysqld.pid:mariadbd slurmdbd.pid:slurmdbd \
-        slurmctld.pid:slurmctld slurmd.pid:slurmd; do
+    for entry in munge/munged.pid:munged mysqld.pid:mariadbd slurmdbd.pid:slurmdbd slurmctld.pid:slurmctld \
+        $(for name in $(cluster_nodes); do echo "$(basename "$(slurmd_pidfile "$name")"):slurmd"; done); do
         pidfile=$RUN/${entry%%:*} name=${entry##*:}
         if pid_alive "$pidfile" "$name"; then
-            printf '%-10s running (pid %s)\n' "$name" "$(<"$pidfile")"
+            printf '%-16s running (pid %s)\n' "$(label "$entry")" "$(<"$pidfile")"
         else
-            printf '%-10s stopped\n' "$name"
+            printf '%-16s stopped\n' "$(label "$entry")"
             up=3
         fi
     done
     if ((up == 0)); then
         sinfo -N -o '%N %P %T %c %m' || up=3
-        node_usable || { echo "node localhost cannot run jobs"; up=3; }
+        node_usable || { echo "a node cannot run jobs"; up=3; }
         sacct_answers || { echo "sacct: not answering"; up=3; }
     fi
     echo "state folder: $DIR   SLURM_CONF=$SLURM_CONF"
@@ -352,8 +485,12 @@ cmd_status() {
 }
 
 case ${1:-} in
-    start) cmd_start ;;
+    start)
+        if [[ ${2:-} == --nodes ]]; then cmd_start "${3:-}"; elif [[ -z ${2:-} ]]; then cmd_start; else
+            die "usage: $0 start [--nodes N]"; fi ;;
     stop) cmd_stop ;;
     status) cmd_status ;;
-    *) echo "usage: $0 {start|stop|status}   (state folder: \$GLM46_SLURM_DIR, default /tmp/glm46-slurm)" >&2; exit 2 ;;
+    kill-node) [[ -n ${2:-} ]] || die "usage: $0 kill-node NAME"; kill_node "$2" ;;
+    *) echo "usage: $0 {start [--nodes N]|stop|status|kill-node NAME}   (state folder: \$GLM46_SLURM_DIR," \
+        "default /tmp/glm46-slurm)" >&2; exit 2 ;;
 esac

@@ -78,11 +78,11 @@ def unavailable_reason() -> str | None:
         info = _run("sinfo", "-h", "-p", PARTITION, "-o", "%a %T")
         if info.returncode != 0:
             return f"the Slurm controller is not answering ({info.stderr.strip()}); {START_HINT}"
-        states = info.stdout.split()
-        if len(states) < 2 or states[0] != "up":
+        groups = [line.split() for line in info.stdout.splitlines()]  # one line per node state
+        if not groups or any(len(g) < 2 or g[0] != "up" for g in groups):
             return f"partition {PARTITION!r} is missing or down (sinfo: {info.stdout.strip()!r}); {START_HINT}"
-        if not states[1].startswith(("idle", "mixed", "alloc", "complet")):
-            return f"the node of partition {PARTITION!r} cannot run jobs (state {states[1]})"
+        if usable_nodes() == 0:
+            return f"no node of partition {PARTITION!r} can run jobs (states {[g[1] for g in groups]})"
         acct = _run("sacct", "-n", "-X", "-o", "JobID", "-S", "now")
         if acct.returncode != 0:
             # Without accounting, submitit cannot see a job die and waits for ever.
@@ -92,9 +92,21 @@ def unavailable_reason() -> str | None:
     return None
 
 
-def require_slurm() -> SlurmCluster:
-    """Skip the calling test when the local Slurm is not up; fail instead under GLM46_REQUIRE_SLURM=1."""
+def usable_nodes() -> int:
+    """The partition's nodes that can run jobs now (a node killed by a test is down until it is started again)."""
+    states = _run("sinfo", "-h", "-N", "-p", PARTITION, "-o", "%T").stdout.split()
+    return sum(state.startswith(("idle", "mixed", "alloc", "complet")) for state in states)
+
+
+def require_slurm(nodes: int = 1) -> SlurmCluster:
+    """Skip the calling test when the local Slurm is not up, or has fewer than `nodes` nodes; fail instead under
+    GLM46_REQUIRE_SLURM=1."""
     reason = unavailable_reason()
+    if reason is None and nodes > 1 and usable_nodes() < nodes:
+        reason = (
+            f"this test needs {nodes} Slurm nodes and the local cluster has {usable_nodes()} that can run jobs; "
+            f"start it with `bash scripts/local_slurm.sh start --nodes {nodes}`"
+        )
     if reason is not None:
         if os.environ.get("GLM46_REQUIRE_SLURM") == "1":
             pytest.fail(f"GLM46_REQUIRE_SLURM=1 but {reason}", pytrace=False)

@@ -24,7 +24,7 @@ from glm46.data.staged.stages import run_task
 from glm46.data.staged.work import WORK, StagedPlan, make_plan
 from glm46.errors import ConfigError
 
-from .slurm import require_slurm
+from .slurm import require_slurm, usable_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
 DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
@@ -336,3 +336,9 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
         [sys.executable, "-m", "glm46.data.staged", str(tmp_path / "out")], capture_output=True, text=True, check=True
     )
     assert re.search(r"merge +2/2", progress.stdout) and re.search(r"finish +1/1", progress.stdout), progress.stdout
+    if usable_nodes() >= 2:  # the multi-node cluster (CI's): the arrays' tasks ran on several hosts
+        accounted = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-S", "now-1hour", "-o", "NodeList,WorkDir"], capture_output=True, text=True
+        ).stdout.splitlines()
+        hosts = {line.split("|")[0] for line in accounted if line.endswith(f"|{tmp_path}")}
+        assert len(hosts) >= 2, accounted

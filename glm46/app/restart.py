@@ -2,12 +2,18 @@
 
     status=$?; python -m glm46.app.restart --status $status --run-dir DIR ...; exit $status
 
-(hydra_plugins/glm46_launcher, when cluster.max_restarts > 0). A step that failed (a rank died, a node was lost, an
-NCCL error, a hang the watchdog ended) requeues its job, which resumes in the same run directory from its newest
-checkpoint (`ckpt_path=last`), at most `cluster.max_restarts` times, and at most
-`cluster.restarts_without_progress` times in a row without a new checkpoint: a failure that repeats at the same step
-(a bad configuration, a data error) stops instead of looping. Every failure, its cause (the last error lines of
-the job's logs) and the decision are appended to `<run dir>/restarts.json`.
+(hydra_plugins/glm46_launcher, when cluster.max_restarts > 0). A step that failed (a rank died, an NCCL error, a hang
+the watchdog ended) requeues its job, which resumes in the same run directory from its newest checkpoint
+(`ckpt_path=last`), at most `cluster.max_restarts` times, and at most `cluster.restarts_without_progress` times in a
+row without a new checkpoint: a failure that repeats at the same step (a bad configuration, a data error) stops
+instead of looping. Every failure, its cause (the last error lines of the job's logs) and the decision are appended
+to `<run dir>/restarts.json`.
+
+A lost node is Slurm's to handle: once the node stops answering (SlurmdTimeout) the controller ends the whole
+job (NODE_FAIL; the batch script may have been on that node) and requeues it onto healthy nodes, the lost one
+being DOWN. So the batch script also starts with `python -m glm46.app.restart --at-start ...`, which records each
+earlier attempt of the job that ended NODE_FAIL (from sacct), naming the nodes of its allocation that are down now,
+under the same limits: past them, the job ends there.
 """
 
 from __future__ import annotations
@@ -71,6 +77,79 @@ def decide(history: list[dict], step: int, max_restarts: int, without_progress: 
     return True, "restarted"
 
 
+def lost_nodes(nodelist: str) -> list[str]:
+    """The nodes of `nodelist` (Slurm's compressed form) that Slurm now holds down, failed or not responding."""
+    if not nodelist:
+        return []
+    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
+    lost = []
+    for name in names.stdout.split():
+        state = subprocess.run(["sinfo", "-h", "-N", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout
+        if any(word in state.lower() for word in ("down", "fail", "drain", "*")):
+            lost.append(name)
+    return lost
+
+
+def node_failures(job: str) -> list[dict]:
+    """The job's earlier attempts that ended NODE_FAIL, from sacct (--duplicates lists every attempt of a requeued
+    job, in order): [{attempt, end, nodelist}], oldest first."""
+    out = subprocess.run(
+        ["sacct", "-j", job, "--duplicates", "-X", "-n", "-P", "-o", "State,NodeList,End"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    records = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+    return [
+        {"attempt": attempt, "end": end, "nodelist": nodes}
+        for attempt, (state, nodes, end) in enumerate(records)
+        if state.startswith("NODE_FAIL")
+    ]
+
+
+def record_node_failures(run_dir: Path, max_restarts: int, without_progress: int) -> bool:
+    """At the start of an attempt: append to restarts.json every NODE_FAIL attempt of this job that its own batch
+    script did not record (it ran on the lost node, or Slurm ended it first), with the nodes lost; False when the
+    limits say the job should not go on."""
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if attempt() == 0 or not job:
+        return True
+    record = run_dir / RECORD
+    history = json.loads(record.read_text()) if record.is_file() else []
+    seen = {(entry["job_id"], entry.get("attempt")) for entry in history}
+    restart = True
+    for failure in node_failures(job):
+        if (job, failure["attempt"]) in seen:
+            continue
+        step = newest_step(run_dir)
+        restart, decision = decide(history, step, max_restarts, without_progress)
+        lost = lost_nodes(failure["nodelist"])
+        history.append(
+            {
+                "failure": len(history) + 1,
+                "time": failure["end"],
+                "job_id": job,
+                "attempt": failure["attempt"],
+                "exit_status": None,
+                "checkpoint_step": step,
+                "cause": f"NODE_FAIL: node(s) {', '.join(lost) or '?'} of {failure['nodelist']} lost; Slurm ended "
+                f"the job and requeued it",
+                "lost_nodes": lost,
+                "decision": decision if not restart else "restarted (requeued by Slurm, away from the lost nodes)",
+            }
+        )
+        print(f"{REPORT} failure {len(history)} at checkpoint step {step}: {history[-1]['cause']}; {decision}")
+    if history:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps(history, indent=2))
+    return restart
+
+
+def attempt() -> int:
+    """Which run of the job this is: 0, then one more at each requeue (Slurm's restart count)."""
+    return int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+
+
 def job_logs() -> list[Path]:
     """The job's log files (its batch output and each task's), newest first, from what Slurm says of the job."""
     job = os.environ.get("SLURM_JOB_ID", "")
@@ -92,31 +171,41 @@ def requeue_id() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m glm46.app.restart", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--status", type=int, required=True, help="the exit status of the job's step (srun)")
+    when = parser.add_mutually_exclusive_group(required=True)
+    when.add_argument("--status", type=int, help="after the job's step: its exit status (srun)")
+    when.add_argument("--at-start", action="store_true", help="before the job's step: record lost nodes")
     parser.add_argument("--run-dir", type=Path, required=True)
     parser.add_argument("--max-restarts", type=int, required=True)
     parser.add_argument("--without-progress", type=int, required=True)
     args = parser.parse_args(argv)
+    if args.at_start:
+        return 0 if record_node_failures(args.run_dir, args.max_restarts, args.without_progress) else 1
     if args.status == 0:
         return 0
     record = args.run_dir / RECORD
     history = json.loads(record.read_text()) if record.is_file() else []
     step = newest_step(args.run_dir)
     restart, decision = decide(history, step, args.max_restarts, args.without_progress)
+    lost = lost_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))  # a requeue goes elsewhere: they are down
+    cause = failure_cause(job_logs(), args.status)
     entry = {
         "failure": len(history) + 1,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "job_id": os.environ.get("SLURM_JOB_ID"),
+        "attempt": attempt(),
         "exit_status": args.status,
         "checkpoint_step": step,
-        "cause": failure_cause(job_logs(), args.status),
+        "cause": f"node(s) {', '.join(lost)} lost; {cause}" if lost else cause,
+        "lost_nodes": lost,
         "decision": decision,
     }
     args.run_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(history + [entry], indent=2))
     print(f"{REPORT} failure {entry['failure']} at checkpoint step {step}: {entry['cause']}; {decision}")
     if restart:
-        subprocess.run(["scontrol", "requeue", requeue_id()], check=True)
+        requeue = subprocess.run(["scontrol", "requeue", requeue_id()], capture_output=True, text=True, check=False)
+        if requeue.returncode != 0:  # Slurm may be requeueing it already (a node it lost: NODE_FAIL)
+            print(f"{REPORT} scontrol requeue {requeue_id()}: {requeue.stderr.strip()}")
     return 0
 
 

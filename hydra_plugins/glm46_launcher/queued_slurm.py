@@ -63,7 +63,8 @@ class QueuedSlurmLauncher(SlurmLauncher):
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if configs[0].cluster.max_restarts > 0:
-            executor.update_parameters(slurm_teardown=restart_lines(configs[0].cluster, sweep_dir))
+            setup, teardown = restart_lines(configs[0].cluster, sweep_dir)
+            executor.update_parameters(slurm_setup=[*(self.params.get("setup") or []), *setup], slurm_teardown=teardown)
         arguments = [
             (
                 list(overrides),
@@ -181,17 +182,20 @@ class QueuedSlurmLauncher(SlurmLauncher):
         )
 
 
-def restart_lines(cluster, sweep_dir: Path) -> list[str]:
-    """The batch script's last lines: a failed step requeues its job within the cluster's limits (glm46.app.restart);
-    the run directory is the job's, <sweep dir>/<job id> or <sweep dir>/<array job>/<task> (conf/launch/slurm.yaml)."""
+def restart_lines(cluster, sweep_dir: Path) -> tuple[list[str], list[str]]:
+    """The batch script's first and last lines (glm46.app.restart): first, the record of an earlier attempt that Slurm
+    ended for a lost node; last, a failed step requeues its job; both within the cluster's limits. The run directory
+    is the job's, <sweep dir>/<job id> or <sweep dir>/<array job>/<task> (conf/launch/slurm.yaml)."""
     run_dir = f'{shlex.quote(str(sweep_dir))}/"${{SLURM_ARRAY_JOB_ID:+$SLURM_ARRAY_JOB_ID/$SLURM_ARRAY_TASK_ID}}"'
-    return [
-        "status=$?",
-        f'run_dir={run_dir}; [ -n "$SLURM_ARRAY_JOB_ID" ] || run_dir={shlex.quote(str(sweep_dir))}/"$SLURM_JOB_ID"',
-        f'{shlex.quote(sys.executable)} -m glm46.app.restart --status "$status" --run-dir "$run_dir" '
-        f"--max-restarts {cluster.max_restarts} --without-progress {cluster.restarts_without_progress}",
-        'exit "$status"',
-    ]
+    where = f'run_dir={run_dir}; [ -n "$SLURM_ARRAY_JOB_ID" ] || run_dir={shlex.quote(str(sweep_dir))}/"$SLURM_JOB_ID"'
+    restart = f"{shlex.quote(sys.executable)} -m glm46.app.restart"
+    limits = (
+        f'--run-dir "$run_dir" --max-restarts {cluster.max_restarts} '
+        f"--without-progress {cluster.restarts_without_progress}"
+    )
+    setup = [where, f"{restart} --at-start {limits} || exit 1"]
+    teardown = ["status=$?", where, f'{restart} --status "$status" {limits}', 'exit "$status"']
+    return setup, teardown
 
 
 def record_sweep(jobs: Sequence, job_overrides: Sequence[Sequence[str]], sweep_dir: Path) -> Path | None:

@@ -24,6 +24,7 @@ from glm46.lit.callbacks import (
     Preemption,
     Progress,
     PrometheusExporter,
+    RankPlacement,
     Throughput,
 )
 from glm46.lit.csv_logger import AppendingCSVLogger
@@ -120,6 +121,7 @@ CALLBACKS = {
     "preemption": target_schema(Preemption, path="glm46.lit.callbacks.Preemption"),
     "prometheus": target_schema(PrometheusExporter, path="glm46.lit.callbacks.PrometheusExporter"),
     "watchdog": target_schema(HangWatchdog, path="glm46.lit.callbacks.HangWatchdog"),
+    "placement": target_schema(RankPlacement, path="glm46.lit.callbacks.RankPlacement"),
     "batch_size_warmup": target_schema(
         BatchSizeWarmup, path="glm46.lit.callbacks.BatchSizeWarmup", nested={"tokens_per_step": LinearRampSchema}
     ),
