@@ -50,7 +50,9 @@ def main(spec: dict) -> None:
         empty_init=cfg.parallelism.engine == "mesh",
         init_from=spec["init_from"],
         tokenizer_path=str(Path(spec["dataset"]) / "tokenizer.json"),
-        grpo=GRPOSettings(samples_per_prompt=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0),
+        grpo=GRPOSettings(
+            samples_per_prompt=SAMPLES, max_new_tokens=NEW_TOKENS, temperature=1.0, max_turns=spec.get("max_turns", 1)
+        ),
         rollout=RolloutSettings(engine=spec.get("engine", "local")),
         reward=starts_with_a_digit,
         gradient_clip_val=1.0,
@@ -72,15 +74,17 @@ def main(spec: dict) -> None:
             self.grad_norms.append(float(total_grad_norm(pl_module.parameters())))
 
     record = Record()
-    rewards = module.rewards
 
-    def recorded_rewards(*args):
-        values = rewards(*args)
-        if module.training:
-            record.rewards.append(sorted(values.tolist()))
-        return values
+    def recorded(rollout):  # single turns or episodes: the rewards of a training step's completions
+        def rollout_and_record(batch):
+            result, rewards = rollout(batch)
+            if module.training:
+                record.rewards.append(sorted(rewards.tolist()))
+            return result, rewards
 
-    module.rewards = recorded_rewards
+        return rollout_and_record
+
+    module.single_turns, module.episodes = recorded(module.single_turns), recorded(module.episodes)
     data = PromptDataModule(
         spec["dataset"], seq_len=128, batch_size=PROMPTS // devices, mixture={"rl": 1.0}, seed=1, val_windows=8
     )
@@ -153,10 +157,12 @@ def assert_same_weights(run_: dict, reference: dict) -> None:
 
 @pytest.mark.slow
 @pytest.mark.distributed
-@pytest.mark.parametrize("layout", ["ddp", "fsdp2", "ep"])
-def test_grpo_on_two_processes_equals_one_process(tmp_path, setting, one_process, layout):
-    run_ = run(tmp_path, layout, 2, **setting)
-    reference = one_process
+@pytest.mark.parametrize(("layout", "max_turns"), [("ddp", 1), ("fsdp2", 1), ("ep", 2)])
+def test_grpo_on_two_processes_equals_one_process(tmp_path, setting, one_process, layout, max_turns):
+    """EP with multi-turn episodes (max_turns=2), against one process playing them too: the episode loop steps its
+    turns together on every rank (`agree`), and multi-turn rows take two forwards of similar width on each."""
+    run_ = run(tmp_path, layout, 2, max_turns=max_turns, **setting)
+    reference = one_process if max_turns == 1 else run(tmp_path, "single", 1, "-turns", max_turns=max_turns, **setting)
     # the same prompts: one process's batches are the union of the two ranks' (global sample g on rank g % 2)
     assert sorted(reference["indices"][0]) == sorted(run_["indices"][0] + run_["indices"][1]) == list(range(12))
     assert set(run_["indices"][0]).isdisjoint(run_["indices"][1])
