@@ -131,6 +131,25 @@ def sacct_states(job_id: str | int, records: int = 1, timeout: float = 60) -> di
         time.sleep(0.5)
 
 
+def completed(job: str, timeout: float) -> bool:
+    """Whether the job ends COMPLETED within `timeout` s. A job Slurm requeues (NODE_FAIL, then PENDING again) is
+    waited for; one that ends otherwise (FAILED, CANCELLED, ...) and stays so for 30 s is not coming back."""
+    deadline, ended = time.monotonic() + timeout, None
+    while time.monotonic() < deadline:
+        out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True)
+        state = (out.stdout.split() or ["?"])[-1]
+        if state == "COMPLETED":
+            return True
+        if state in TERMINAL_STATES:
+            ended = ended or time.monotonic()
+            if time.monotonic() - ended > 30:
+                return False
+        else:
+            ended = None
+        time.sleep(1)
+    return False
+
+
 def wait_for_job(job, timeout: float = 90):
     """Wait for a submitit job (or array job) to finish, cancelling it and failing the test after
     ``timeout`` seconds: ``job.result()`` alone would wait for ever on a job that never ends."""

@@ -9,7 +9,6 @@ restarts.json naming the lost node."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -20,8 +19,8 @@ import torch
 from safetensors.torch import load_file
 
 from .helpers import SHORT_RUN, random_model, run_py
-from .slurm import TERMINAL_STATES, require_slurm
-from .test_local_slurm import job_log, submit_run
+from .slurm import completed, require_slurm
+from .test_local_slurm import SleepInsideAStep, job_log, submit_run
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.distributed]
@@ -92,19 +91,6 @@ def test_fsdp2_over_two_nodes_of_two_ranks_trains_as_one_process(tmp_path, initi
         torch.testing.assert_close(ours[name], tensor, atol=1e-4, rtol=0, msg=name)
 
 
-class WaitForTheKill(L.Callback):
-    """Global rank `rank` writes its host to `marker` as it starts the step after `step` optimizer steps, then waits
-    for the test to kill its node (once per run: the requeued run finds the marker)."""
-
-    def __init__(self, rank: int, step: int, marker: str):
-        self.rank, self.step, self.marker = rank, step, Path(marker)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_rank == self.rank and trainer.global_step == self.step and not self.marker.exists():
-            self.marker.write_text(os.uname().nodename)
-            time.sleep(600)
-
-
 class FirstStepAfterResume(L.Callback):
     """Rank 0 writes the time as it starts its first step of a resumed run (training again)."""
 
@@ -117,36 +103,17 @@ class FirstStepAfterResume(L.Callback):
         self.done = True
 
 
-def completed(job: str, timeout: float) -> bool:
-    """Whether the job ends COMPLETED within `timeout` s. A job Slurm requeues (NODE_FAIL, then PENDING again) is
-    waited for; one that ends otherwise (FAILED, CANCELLED, ...) and stays so for 30 s is not coming back."""
-    deadline, ended = time.monotonic() + timeout, None
-    while time.monotonic() < deadline:
-        out = subprocess.run(["sacct", "-j", job, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True)
-        state = (out.stdout.split() or ["?"])[-1]
-        if state == "COMPLETED":
-            return True
-        if state in TERMINAL_STATES:
-            ended = ended or time.monotonic()
-            if time.monotonic() - ended > 30:
-                return False
-        else:
-            ended = None
-        time.sleep(1)
-    return False
-
-
 def local_slurm(*args: str) -> None:
     subprocess.run(["bash", str(REPO / "scripts" / "local_slurm.sh"), *args], check=True, timeout=300)
 
 
 def test_a_lost_node_is_survived_on_the_healthy_nodes_to_the_uninterrupted_weights(tmp_path, initial, one_process):
-    """2 nodes of 3, DDP, a checkpoint every step. Rank 1 waits inside step 4 while the test kills its node: its
+    """2 nodes of 3, DDP, a checkpoint every step. Rank 1 sleeps inside step 4 while the test kills its node: its
     slurmd and every process of its namespace. Rank 0's collective fails at once; Slurm declares the node down after
     SlurmdTimeout (20 s on the local cluster, 300 s by default), ends the job (NODE_FAIL) and requeues it onto the
     two healthy nodes; it resumes from step 3's checkpoint and ends as the uninterrupted run does."""
     require_slurm(nodes=3)
-    killed, resumed = tmp_path / "killed-host", tmp_path / "resumed"
+    asleep, resumed = tmp_path / "asleep", tmp_path / "resumed"
     job = submit_run(
         tmp_path,
         *SHORT_RUN,
@@ -157,25 +124,25 @@ def test_a_lost_node_is_survived_on_the_healthy_nodes_to_the_uninterrupted_weigh
         "cluster.devices=1",
         f"data.batch_size={GLOBAL_BATCH // 2}",
         "callbacks.model_checkpoint.every_n_train_steps=1",
-        f"+callbacks.wait._target_={__name__}.WaitForTheKill",
+        f"+callbacks.wait._target_={SleepInsideAStep.__module__}.SleepInsideAStep",  # until the test kills its node
         "+callbacks.wait.rank=1",
         "+callbacks.wait.step=3",
-        f"+callbacks.wait.marker={killed}",
+        f"+callbacks.wait.marker={asleep}",
         f"+callbacks.resumed._target_={__name__}.FirstStepAfterResume",
         f"+callbacks.resumed.marker={resumed}",
     )
     deadline = time.monotonic() + 300
-    while not killed.exists():
+    while not asleep.exists():
         assert time.monotonic() < deadline, job_log(tmp_path, job)[-3000:]
         time.sleep(0.2)
-    host = killed.read_text()
+    run_dir = tmp_path / "train" / job
+    (host,) = [r["host"] for r in placements(run_dir) if r["rank"] == 1]  # rank 1's node, written before its steps
     try:
         local_slurm("kill-node", host)
         killed_at = time.time()
         assert completed(job, timeout=600), job_log(tmp_path, job)[-3000:]
     finally:
         local_slurm("start")  # the node comes back for the other tests
-    run_dir = tmp_path / "train" / job
     restarts = json.loads((run_dir / "restarts.json").read_text())
     assert [(r["lost_nodes"], r["checkpoint_step"]) for r in restarts] == [([host], 3)], restarts
     assert restarts[0]["decision"].startswith("restarted"), restarts

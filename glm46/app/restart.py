@@ -77,17 +77,23 @@ def decide(history: list[dict], step: int, max_restarts: int, without_progress: 
     return True, "restarted"
 
 
+def read_history(run_dir: Path) -> list[dict]:
+    record = run_dir / RECORD
+    return json.loads(record.read_text()) if record.is_file() else []
+
+
+def write_history(run_dir: Path, history: list[dict]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / RECORD).write_text(json.dumps(history, indent=2))
+
+
 def lost_nodes(nodelist: str) -> list[str]:
     """The nodes of `nodelist` (Slurm's compressed form) that Slurm now holds down, failed or not responding."""
     if not nodelist:
         return []
-    names = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=False)
-    lost = []
-    for name in names.stdout.split():
-        state = subprocess.run(["sinfo", "-h", "-N", "-n", name, "-o", "%T"], capture_output=True, text=True).stdout
-        if any(word in state.lower() for word in ("down", "fail", "drain", "*")):
-            lost.append(name)
-    return lost
+    shown = subprocess.run(["sinfo", "-h", "-N", "-n", nodelist, "-o", "%N %T"], capture_output=True, text=True)
+    states = dict(line.split() for line in shown.stdout.splitlines() if len(line.split()) == 2)  # one call, any size
+    return sorted(n for n, s in states.items() if any(word in s.lower() for word in ("down", "fail", "drain", "*")))
 
 
 def node_failures(job: str) -> list[dict]:
@@ -114,8 +120,7 @@ def record_node_failures(run_dir: Path, max_restarts: int, without_progress: int
     job = os.environ.get("SLURM_JOB_ID", "")
     if attempt() == 0 or not job:
         return True
-    record = run_dir / RECORD
-    history = json.loads(record.read_text()) if record.is_file() else []
+    history = read_history(run_dir)
     seen = {(entry["job_id"], entry.get("attempt")) for entry in history}
     restart = True
     for failure in node_failures(job):
@@ -140,8 +145,7 @@ def record_node_failures(run_dir: Path, max_restarts: int, without_progress: int
         )
         print(f"{REPORT} failure {len(history)} at checkpoint step {step}: {history[-1]['cause']}; {decision}")
     if history:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(history, indent=2))
+        write_history(run_dir, history)
     return restart
 
 
@@ -182,8 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if record_node_failures(args.run_dir, args.max_restarts, args.without_progress) else 1
     if args.status == 0:
         return 0
-    record = args.run_dir / RECORD
-    history = json.loads(record.read_text()) if record.is_file() else []
+    history = read_history(args.run_dir)
     step = newest_step(args.run_dir)
     restart, decision = decide(history, step, args.max_restarts, args.without_progress)
     lost = lost_nodes(os.environ.get("SLURM_JOB_NODELIST", ""))  # a requeue goes elsewhere: they are down
@@ -199,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "lost_nodes": lost,
         "decision": decision,
     }
-    args.run_dir.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(history + [entry], indent=2))
+    write_history(args.run_dir, history + [entry])
     print(f"{REPORT} failure {entry['failure']} at checkpoint step {step}: {entry['cause']}; {decision}")
     if restart:
         requeue = subprocess.run(["scontrol", "requeue", requeue_id()], capture_output=True, text=True, check=False)

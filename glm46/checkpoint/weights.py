@@ -24,7 +24,8 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     if path.is_dir() and not (path / ".metadata").is_file() and not _is_deepspeed_folder(path):
         load_hf(path, model=model)  # safetensors: no pickle
         return
-    check_safe(path)  # before DCP or DeepSpeed unpickles anything of it
+    if path.is_dir():  # before DCP or DeepSpeed unpickles anything of it (a file's `load` is its own check)
+        check_safe(path)
     if (path / ".metadata").is_file():
         _load_dcp(model, path)
         return
