@@ -98,6 +98,8 @@ TABLE = [
      [r"Value 'http' of type 'str' could not be converted to Integer", r"full_key: monitoring\.prometheus_port"]),
     ("prepare-tasks-zero", [], ["task=prepare", "source=embedded", "prepare.tasks=0"], VALIDATE,
      [r"^prepare\.tasks=0: the number of tasks of each stage is at least 1$"]),
+    ("prepare-digits-zero", [], ["task=prepare", "source=embedded", "prepare.tokenizer.max_digits=0"], VALIDATE,
+     [r"^prepare\.tokenizer\.max_digits=0: a token holds at least one digit$"]),
     ("prepare-glob-matching-nothing", [], ["task=prepare", "source=jsonl", "source.paths=['/nonexistent/*.jsonl']",
                                            "source.output_dir={dataset}/out", "prepare.tasks=2"], VALIDATE,
      [r"^source\.paths: /nonexistent/\*\.jsonl matches nothing$"]),

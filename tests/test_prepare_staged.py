@@ -100,7 +100,7 @@ def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokeni
         "tasks": tasks,
         "dedup": DEDUP,
         "quality": vars(QualityRules()),
-        "tokenizer": {"path": tokenizer, "vocab_size": VOCAB},
+        "tokenizer": {"path": tokenizer, "vocab_size": VOCAB, "max_digits": 3},
     }
     return source_node, settings, prepare_fingerprint(source_node, settings)
 
@@ -186,7 +186,7 @@ def test_the_embedded_corpus_split_into_slices_equals_one_process(tmp_path):
         "tasks": 3,
         "dedup": DEDUP,
         "quality": vars(QualityRules()),
-        "tokenizer": {"path": None, "vocab_size": VOCAB},
+        "tokenizer": {"path": None, "vocab_size": VOCAB, "max_digits": 3},
     }
     plan = make_plan(source, settings, prepare_fingerprint(source, settings))
     plan.save()

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer, pre_tokenizers
 
 from glm46.data.documents import Ledger
 from glm46.data.embedded import generated, stdlib_code
@@ -59,6 +60,35 @@ def test_saved_tokenizer_json_loads_identically(tokenizer, corpus, tmp_path):
     assert [loaded.encode(t) for t in corpus] == [tokenizer.encode(t) for t in corpus]
     with pytest.raises(KeyError, match="<nope>"):
         loaded.token_id("<nope>")
+
+
+@pytest.mark.parametrize("max_digits", [1, 2])
+def test_numbers_split_into_at_most_max_digits(corpus, max_digits, tmp_path):
+    """The digit rule travels in tokenizer.json: tiktoken, built from the saved file, splits numbers as it was
+    trained to (GLM's default: runs of up to 3)."""
+    numbers = "What is 4821 * 37? 1234567 and 90."
+    trained = GLMTokenizer(train_tokenizer(corpus + [numbers] * 50, vocab_size=600, max_digits=max_digits))
+    trained.save(tmp_path / "tokenizer.json")
+    loaded = GLMTokenizer.from_file(tmp_path / "tokenizer.json")
+    pieces = [loaded.decode([i]) for i in loaded.encode(numbers)]
+    digits = [p.strip() for p in pieces if p.strip().isdigit()]
+    assert "".join(digits) == "4821371234567" + "90" and max(map(len, digits)) <= max_digits
+    runs = [piece for piece, _ in loaded.tokenizer.pre_tokenizer.pre_tokenize_str("1234567")]
+    assert runs == {1: list("1234567"), 2: ["12", "34", "56", "7"]}[max_digits]
+    assert all(p.strip().isdigit() or not any(c.isdigit() for c in p) for p in pieces), "digits share no token"
+    assert [loaded.encode(t) for t in corpus] == [e.ids for e in loaded.tokenizer.encode_batch(corpus)]
+
+
+def test_glm_splits_numbers_into_runs_of_three(tokenizer):
+    """GLM-4's pre-tokenizer cuts numbers into runs of up to 3 digits, which BPE merges no further."""
+    assert [piece for piece, _ in tokenizer.tokenizer.pre_tokenizer.pre_tokenize_str("1234567")] == ["123", "456", "7"]
+
+
+def test_a_tokenizer_without_a_regex_split_is_refused(tokenizer):
+    other = GLMTokenizer(Tokenizer.from_str(tokenizer.tokenizer.to_str()))
+    other.tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    with pytest.raises(ValueError, match=r"pre-tokenizer \(Whitespace\) has no regex Split"):
+        other.encode("x")
 
 
 def test_encode_documents_equals_one_by_one_with_eos(tokenizer, corpus):

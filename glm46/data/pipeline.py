@@ -50,6 +50,7 @@ def prepare_dataset(
     quality: QualityRules | None = None,
     tokenizer_path: str | None = None,
     vocab_size: int = 8192,
+    max_digits: int = 3,
     num_workers: int = 2,
 ) -> dict:
     """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
@@ -57,7 +58,8 @@ def prepare_dataset(
 
     reader: one of READERS (embedded, jsonl, chat, text, parquet); dedup: the stages' switches and MinHash settings
     (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
-    read), else a byte-level BPE of `vocab_size` is trained on the kept documents; num_workers: threads for
+    read), else a byte-level BPE of `vocab_size` whose tokens hold at most `max_digits` digits is trained on the kept
+    documents; num_workers: threads for
     MinHash and tokenization."""
     source = {
         "reader": reader,
@@ -70,7 +72,7 @@ def prepare_dataset(
         "tasks": 1,
         "dedup": DEDUP_DEFAULTS | (dedup or {}),
         "quality": vars(quality or QualityRules()),
-        "tokenizer": {"path": tokenizer_path, "vocab_size": vocab_size},
+        "tokenizer": {"path": tokenizer_path, "vocab_size": vocab_size, "max_digits": max_digits},
         "num_workers": num_workers,
     }
     return run_preparation(source, settings)

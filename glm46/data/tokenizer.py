@@ -1,12 +1,14 @@
 """GLM-style byte-level BPE: trained with `tokenizers`, encoded fast with `tiktoken` over the same merges.
 
 Pre-tokenisation splits text with the GPT-4/GLM-4 regex, then maps bytes to the byte-level alphabet,
-so `tiktoken.Encoding(pat_str=PATTERN, mergeable_ranks=...)` built from the trained vocabulary
-produces identical ids (tested) at several times the speed.
+so `tiktoken.Encoding(pat_str=<that regex>, mergeable_ranks=...)` built from the trained vocabulary
+produces identical ids (tested) at several times the speed. The regex is read back from each tokenizer.json,
+so a tokenizer trained with single-digit numbers (`max_digits=1`) or loaded from the Hub encodes as it was made.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from functools import cached_property
 from pathlib import Path
@@ -15,11 +17,20 @@ import numpy as np
 import tiktoken
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-# The cl100k / GLM-4 pre-tokenisation pattern.
-PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+
+def split_pattern(max_digits: int = 3) -> str:
+    """The cl100k / GLM-4 pre-tokenisation regex, whose numbers are runs of up to 3 digits (`\\p{N}{1,3}`).
+    max_digits=1 splits numbers into single digits, as LLaMA's and Qwen2's tokenizers do: each digit is then one
+    of ten frequent tokens, which a small model learns to copy and compute with far sooner than a thousand rare
+    three-digit tokens (Singh & Strouse, "Tokenization counts", arXiv:2402.14903)."""
+    if max_digits < 1:
+        raise ValueError(f"prepare.tokenizer.max_digits={max_digits}: a token holds at least one digit")
+    digits = r"\p{N}" if max_digits == 1 else rf"\p{{N}}{{1,{max_digits}}}"
+    return (
+        rf"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|{digits}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*"
+        r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+    )
+
 
 # GLM-4.5/4.6 special tokens (the `added_tokens` of zai-org/GLM-4.6's tokenizer.json on the Hub), in their id order.
 SPECIAL_TOKENS = [
@@ -58,19 +69,22 @@ SPECIAL_TOKENS = [
 ]
 
 
-def _byte_level_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+def _byte_level_pre_tokenizer(pattern: str) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(PATTERN), behavior="isolated"),
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS) -> Tokenizer:
-    """Train a byte-level BPE of `vocab_size` tokens (special tokens included, placed after the merges)."""
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int, special_tokens: list[str] = SPECIAL_TOKENS, max_digits: int = 3
+) -> Tokenizer:
+    """Train a byte-level BPE of `vocab_size` tokens (special tokens included, placed after the merges) whose
+    tokens hold at most `max_digits` digits (`split_pattern`)."""
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = _byte_level_pre_tokenizer()
+    tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(split_pattern(max_digits))
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - len(special_tokens),
@@ -133,7 +147,8 @@ class GLMTokenizer:
             bytes(byte_of[c] for c in token): i
             for token, i in self.tokenizer.get_vocab(with_added_tokens=False).items()
         }
-        return tiktoken.Encoding("glm46", pat_str=PATTERN, mergeable_ranks=ranks, special_tokens=special)
+        pattern = _pattern_of(self.tokenizer)
+        return tiktoken.Encoding("glm46", pat_str=pattern, mergeable_ranks=ranks, special_tokens=special)
 
     def encode(self, text: str) -> list[int]:
         """Special-token strings in the text become their ids, as `tokenizers` encodes them."""
@@ -149,6 +164,18 @@ class GLMTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _pattern_of(tokenizer: Tokenizer) -> str:
+    """The regex of the tokenizer's Split pre-tokenizer (ours, and GLM's on the Hub: Split, then ByteLevel)."""
+    pre = json.loads(tokenizer.to_str()).get("pre_tokenizer") or {}
+    for step in pre.get("pretokenizers", [pre]):
+        if step.get("type") == "Split" and "Regex" in step.get("pattern", {}):
+            return step["pattern"]["Regex"]
+    raise ValueError(
+        f"the tokenizer's pre-tokenizer ({pre.get('type')}) has no regex Split, which the fast encoder needs: "
+        "use a byte-level BPE whose tokenizer.json splits with a regex, as GLM's does"
+    )
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -131,6 +132,7 @@ class VLLMRolloutEngine:
         """Start vLLM on the HF directory `model` in `dtype` (settings.dtype unless it is auto), logging to log_file;
         its context is the model's max_position_embeddings."""
         from glm46.serve.offline import serving_python
+        from glm46.serve.venv import VLLM_IPC_VARIABLE, ipc_folder
 
         python = settings.python or serving_python()
         if python is None:
@@ -140,9 +142,10 @@ class VLLMRolloutEngine:
             )
         self.settings, self.log_file = settings, Path(log_file)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        port, authkey = free_port(), secrets.token_bytes(16)
+        port, authkey, self.ipc_folder = free_port(), secrets.token_bytes(16), ipc_folder()
         env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # vLLM's own packages only
         env |= {
+            VLLM_IPC_VARIABLE: self.ipc_folder,
             "GLM46_ROLLOUT_AUTHKEY": authkey.hex(),
             "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
             "HF_HUB_OFFLINE": "1",
@@ -195,6 +198,7 @@ class VLLMRolloutEngine:
         except ProcessLookupError:
             pass  # every process of the group has exited
         self.process.wait()
+        shutil.rmtree(self.ipc_folder, ignore_errors=True)
 
     def _fail(self, what: str):
         self.kill()

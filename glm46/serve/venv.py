@@ -13,6 +13,14 @@ import tempfile
 from pathlib import Path
 
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "glm46"
+# vLLM opens its ZMQ sockets at ipc://$VLLM_RPC_BASE_PATH/<uuid> (default: the temporary folder). An engine that is
+# killed rather than shut down leaves them behind, so each engine glm46 starts gets a folder of its own, removed after.
+VLLM_IPC_VARIABLE = "VLLM_RPC_BASE_PATH"
+
+
+def ipc_folder() -> str:
+    """A new folder for an engine's IPC sockets (VLLM_IPC_VARIABLE); the caller removes it."""
+    return tempfile.mkdtemp(prefix="glm46-ipc-")
 
 
 def venv_python(variable: str, default_venv: Path, build_script: str) -> Path | None:

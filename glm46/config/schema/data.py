@@ -81,6 +81,7 @@ class RLPhase(Phase):
 class TokenizerSettings:
     path: Optional[str] = None  # an existing tokenizer.json to use as is; None: train one
     vocab_size: int = MISSING
+    max_digits: int = 3  # of a number in one token: 3 as GLM-4's pre-tokenizer, 1 splits numbers into digits
 
 
 @dataclass

@@ -276,7 +276,7 @@ def tokenizer(plan: StagedPlan, index: int, folder: Path) -> dict:
             read["bytes"] += len(text.encode())
             yield text
 
-    GLMTokenizer(train_tokenizer(texts(), plan.vocab_size)).save(folder / "tokenizer.json")
+    GLMTokenizer(train_tokenizer(texts(), plan.vocab_size, max_digits=plan.max_digits)).save(folder / "tokenizer.json")
     return read
 
 

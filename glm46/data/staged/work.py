@@ -37,6 +37,7 @@ class StagedPlan:
     quality: dict
     tokenizer_path: str | None
     vocab_size: int
+    max_digits: int
     fingerprint: str
     threads: int = 1  # per task
     stages: list[str] = field(default_factory=list)
@@ -118,6 +119,7 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         quality={k: v for k, v in settings["quality"].items() if k != "_target_"},  # QualityRules' fields
         tokenizer_path=settings["tokenizer"]["path"],
         vocab_size=int(settings["tokenizer"]["vocab_size"]),
+        max_digits=int(settings["tokenizer"]["max_digits"]),
         fingerprint=fingerprint,
         threads=threads,
         stages=stage_names(settings["dedup"]),
