@@ -489,7 +489,7 @@ case ${1:-} in
         if [[ ${2:-} == --nodes ]]; then cmd_start "${3:-}"; elif [[ -z ${2:-} ]]; then cmd_start; else
             die "usage: $0 start [--nodes N]"; fi ;;
     stop) cmd_stop ;;
-    status) cmd_status ;;
+    status) cmd_status || exit $? ;;  # 3: not running, which is an answer, not an error
     kill-node) [[ -n ${2:-} ]] || die "usage: $0 kill-node NAME"; kill_node "$2" ;;
     *) echo "usage: $0 {start [--nodes N]|stop|status|kill-node NAME}   (state folder: \$GLM46_SLURM_DIR," \
         "default /tmp/glm46-slurm)" >&2; exit 2 ;;
