@@ -231,3 +231,16 @@ def test_run_directories_are_keyed_by_slurm_job_id(monkeypatch):
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(name)
     assert job_id().endswith(f"_{os.getpid()}")
+
+
+def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config):
+    """experiment=toy_recipe_tools: the drill is the first stage and the first phase of the clock (near the peak LR;
+    a dictionary merged onto toy_recipe's would list it last), single digits, a corpus of its own; the default run
+    skips the stage (null)."""
+    default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
+    assert list(default.stages)[0] == "copy" and default.stages["copy"] is None
+    assert list(tools.stages) == ["copy", "pretrain1", "pretrain2", "midtrain", "sft"] and tools.stages["copy"]
+    copy_stage = compose_config("experiment=toy_recipe_tools", *tools.stages["copy"])
+    assert list(copy_stage.recipe.phases)[0] == "toy_copy" and copy_stage.schedule.start_tokens == 0
+    assert tools.prepare.tokenizer.max_digits == 1 and default.prepare.tokenizer.max_digits == 3
+    assert tools.source.output_dir != default.source.output_dir and tools.source.options.copy_drills > 0

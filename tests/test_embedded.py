@@ -68,3 +68,15 @@ def test_a_tenth_of_the_sft_conversations_use_the_tool():
     documents = list(generated(Ledger(), 0, 0, seed=0, sft_conversations=2000))
     with_tools = sum("<tool_call>calculator" in d.text for d in documents)
     assert 150 < with_tools < 250
+
+
+def test_copy_drills_repeat_their_numbers_and_only_when_asked_for():
+    """experiment=toy_recipe_tools's drill; the default corpus (copy_drills=0) has none, so it is as it was."""
+    documents = list(generated(Ledger(), 0, 0, seed=0, copy_drills=200))
+    assert len(documents) == 200 and {d.domain for d in documents} == {"copy"}
+    for document in documents:
+        first, again = re.fullmatch(r"Numbers: ([\d ]+)\nAgain: ([\d ]+)", document.text).groups()
+        numbers = first.split()
+        assert first == again and 3 <= len(numbers) <= 8 and all(2 <= len(n) <= 5 for n in numbers)
+    assert len({d.text for d in documents}) == 200
+    assert not any(d.domain == "copy" for d in generated(Ledger(), 10, 10, seed=0, sft_conversations=10))

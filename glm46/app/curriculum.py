@@ -174,8 +174,9 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
 
 
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
-    """Train cfg's earlier `stages` in order, then cfg itself, each from the previous one's last checkpoint."""
-    stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items()}
+    """Train cfg's earlier `stages` in order (a stage set to null is skipped), then cfg itself, each from the previous
+    one's last checkpoint."""
+    stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items() if overrides is not None}
     if not stages:
         return train(cfg, config)
     run_dir = Path(HydraConfig.get().runtime.output_dir)

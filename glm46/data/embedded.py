@@ -13,7 +13,10 @@
   line is the integer that glm46.rl.rewards.verify checks; half of the sft conversations ask the same way;
 - tool: `What is A * B?` (A of 4 digits, B of 2) in chats that offer the `calculator` tool (glm46.data.tools),
   answered with a calculator call, its result and `Answer: N`: agentic RL's prompts and the held-out tool skill;
-  a tenth of the sft conversations are such chats.
+  a tenth of the sft conversations are such chats;
+- copy (only when asked for, `copy_drills`): lists of random numbers, then the same list again. A small model
+  learns to copy from its context (an induction head) after a few hundred steps of these, far sooner than from
+  natural text; the tool skill needs it (experiment=toy_recipe_tools, docs/default-run.md).
 Everything is deterministic given the seed; each generated domain draws from its own random stream.
 """
 
@@ -219,6 +222,14 @@ def conversation(rng: random.Random) -> list[dict]:
     return messages
 
 
+def copy_drill(rng: random.Random) -> str:
+    """3-8 random numbers of 2-5 digits, then the same numbers again."""
+    numbers = " ".join(
+        str(rng.randint(10 ** (n - 1), 10**n - 1)) for n in rng.choices(range(2, 6), k=rng.randint(3, 8))
+    )
+    return f"Numbers: {numbers}\nAgain: {numbers}"
+
+
 def expression_problem(rng: random.Random) -> tuple[str, str, int]:
     """One operation on one-digit numbers, e.g. 7 * 8: (expression, worked step, integer answer). A table of 192
     facts, small enough for the toy model to learn within the default run, so that SFT and then RL visibly raise
@@ -268,6 +279,7 @@ def generated(
     sft_conversations: int = 0,
     rl_prompts: int = 0,
     tool_prompts: int = 0,
+    copy_drills: int = 0,
 ) -> Iterator[Document]:
     rng = random.Random(seed)
     for i in range(math_problems):
@@ -290,6 +302,9 @@ def generated(
                 id=f"reasoning-{i}",
             )
         )
+    rng = random.Random(f"{seed}:copy")
+    for i in range(copy_drills):
+        yield ledger.admit(Document(text=copy_drill(rng), domain="copy", source=f"generated:copy:{i}", id=f"copy-{i}"))
     chats = (
         ("sft", sft_conversations, conversation),
         ("rl", rl_prompts, rl_prompt),
@@ -312,9 +327,12 @@ def read_embedded(
     sft_conversations: int = 10000,
     rl_prompts: int = 40000,
     tool_prompts: int = 8000,
+    copy_drills: int = 0,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)
     yield from license_texts(ledger)
-    yield from generated(ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts, tool_prompts)
+    yield from generated(
+        ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts, tool_prompts, copy_drills
+    )

@@ -33,6 +33,7 @@ class EmbeddedOptions:
     sft_conversations: int = MISSING
     rl_prompts: int = MISSING
     tool_prompts: int = MISSING
+    copy_drills: int = 0
     seed: int = MISSING  # of the generators; the run's `seed` is another (model init, data order)
 
 

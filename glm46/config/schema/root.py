@@ -125,7 +125,7 @@ class RunConfig:
     global_batch_tokens: int = MISSING  # tokens per optimizer step over all ranks (conf/config.yaml)
     dryrun: DryRun = field(default_factory=DryRun)
     monitoring: Monitoring = field(default_factory=Monitoring)
-    stages: Optional[Dict[str, List[str]]] = field(default_factory=dict)  # earlier stages: name -> overrides
+    stages: Optional[Dict[str, Optional[List[str]]]] = field(default_factory=dict)  # name -> overrides; null: skipped
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
     module: Any = MISSING  # the LightningModule (conf/module: causal_lm, grpo)
