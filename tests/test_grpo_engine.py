@@ -57,10 +57,10 @@ def test_the_engines_logprobs_equal_the_trainers_before_an_update(dataset, tmp_p
         turns = EngineTurns(grpo, seeds=[7, 8, 9], temperature=1.0)
         environments = [ToolEnvironment()] * 3
         played = run_episodes([prompt] * 3, [{"answer": 7}] * 3, turns, grpo.tokenizer, verify, environments, 2, 12)
-        sockets = list(Path(engine.ipc_folder).iterdir())  # vLLM's ZMQ sockets, in the engine's own folder
+        sockets = list(Path(engine.ipc.name).iterdir())  # vLLM's ZMQ sockets, in the engine's own folder
     finally:
         engine.close()
-    assert sockets and not Path(engine.ipc_folder).exists(), "the engine's sockets go with it, never left in /tmp"
+    assert sockets and not Path(engine.ipc.name).exists(), "the engine's sockets go with it, never left in /tmp"
     input_ids, targets, mask, episode_logprobs = episode_rows(played, grpo.pad_id)
     with torch.no_grad():
         ours = grpo.logprobs(input_ids, targets)[0]

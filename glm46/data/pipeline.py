@@ -59,8 +59,7 @@ def prepare_dataset(
     reader: one of READERS (embedded, jsonl, chat, text, parquet); dedup: the stages' switches and MinHash settings
     (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
     read), else a byte-level BPE of `vocab_size` whose tokens hold at most `max_digits` digits is trained on the kept
-    documents; num_workers: threads for
-    MinHash and tokenization."""
+    documents; num_workers: threads for MinHash and tokenization."""
     source = {
         "reader": reader,
         "paths": list(paths),

@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -142,10 +141,10 @@ class VLLMRolloutEngine:
             )
         self.settings, self.log_file = settings, Path(log_file)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        port, authkey, self.ipc_folder = free_port(), secrets.token_bytes(16), ipc_folder()
+        port, authkey, self.ipc = free_port(), secrets.token_bytes(16), ipc_folder()
         env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}  # vLLM's own packages only
         env |= {
-            VLLM_IPC_VARIABLE: self.ipc_folder,
+            VLLM_IPC_VARIABLE: self.ipc.name,
             "GLM46_ROLLOUT_AUTHKEY": authkey.hex(),
             "VLLM_CPU_KVCACHE_SPACE": str(settings.kv_cache_gib),
             "HF_HUB_OFFLINE": "1",
@@ -198,7 +197,7 @@ class VLLMRolloutEngine:
         except ProcessLookupError:
             pass  # every process of the group has exited
         self.process.wait()
-        shutil.rmtree(self.ipc_folder, ignore_errors=True)
+        self.ipc.cleanup()
 
     def _fail(self, what: str):
         self.kill()

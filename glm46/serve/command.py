@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -73,18 +72,16 @@ def format_command(command: list[str], env: dict[str, str]) -> str:
 def launch(command: list[str], env: dict[str, str]) -> int:
     """Run the engine in the foreground until it exits; its exit status. A SIGTERM to this process (a scheduler,
     `kill`) is passed on, so the engine never outlives its launcher; Ctrl-C reaches both from the terminal."""
-    folder = ipc_folder()
-    try:
-        engine = subprocess.Popen(command, env=os.environ | {VLLM_IPC_VARIABLE: folder} | dict(env))
-    except FileNotFoundError:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise FileNotFoundError(
-            f"{command[0]}: not found; install the engine (vLLM on a CPU: bash scripts/serving_venv.sh, then "
-            f"serve.python=<the python it prints>)"
-        ) from None
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: engine.send_signal(signum))
-    try:
-        return engine.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        shutil.rmtree(folder, ignore_errors=True)
+    with ipc_folder() as folder:
+        try:
+            engine = subprocess.Popen(command, env=os.environ | {VLLM_IPC_VARIABLE: folder} | dict(env))
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"{command[0]}: not found; install the engine (vLLM on a CPU: bash scripts/serving_venv.sh, then "
+                f"serve.python=<the python it prints>)"
+            ) from None
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: engine.send_signal(signum))
+        try:
+            return engine.wait()
+        finally:
+            signal.signal(signal.SIGTERM, previous)

@@ -6,7 +6,6 @@ path; `serving_python()` is None when neither exists.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 from .venv import CACHE, VLLM_IPC_VARIABLE, ipc_folder, run_script, venv_python
@@ -46,8 +45,5 @@ def vllm_generate(
         "ignore_eos": ignore_eos,
     }
     env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
-    folder = ipc_folder()
-    try:
+    with ipc_folder() as folder:
         return run_script(python, SCRIPT, request, f"vLLM on {model}", timeout_s, env | {VLLM_IPC_VARIABLE: folder})
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)

@@ -18,9 +18,10 @@ CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "glm46"
 VLLM_IPC_VARIABLE = "VLLM_RPC_BASE_PATH"
 
 
-def ipc_folder() -> str:
-    """A new folder for an engine's IPC sockets (VLLM_IPC_VARIABLE); the caller removes it."""
-    return tempfile.mkdtemp(prefix="glm46-ipc-")
+def ipc_folder() -> tempfile.TemporaryDirectory:
+    """A new folder for an engine's IPC sockets (VLLM_IPC_VARIABLE), removed with what it holds on `cleanup` (or at
+    the end of a `with` block)."""
+    return tempfile.TemporaryDirectory(prefix="glm46-ipc-", ignore_cleanup_errors=True)
 
 
 def venv_python(variable: str, default_venv: Path, build_script: str) -> Path | None:
