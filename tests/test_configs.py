@@ -244,3 +244,16 @@ def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config)
     assert list(copy_stage.recipe.phases)[0] == "toy_copy" and copy_stage.schedule.start_tokens == 0
     assert tools.prepare.tokenizer.max_digits == 1 and default.prepare.tokenizer.max_digits == 3
     assert tools.source.output_dir != default.source.output_dir and tools.source.options.copy_drills > 0
+
+
+def test_the_tools_recipe_plays_calculator_episodes_in_rl_after_an_sft_that_leaves_room(compose_config):
+    """experiment=toy_recipe_tools's last stage: GRPO on arithmetic and two-turn calculator episodes (whose prompts
+    fit), each turn bounded; its SFT sees fewer tool chats than the default corpus's tenth."""
+    default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
+    assert dict(tools.phase.mixture) == {"rl": 0.75, "tool": 0.25} and dict(default.phase.mixture) == {"rl": 1.0}
+    assert tools.phase.grpo.max_turns == 2 and default.phase.grpo.max_turns == 1
+    assert tools.phase.grpo.max_turn_tokens <= tools.eval.max_gen_toks < tools.phase.grpo.max_new_tokens
+    assert tools.data.seq_len == tools.phase.max_prompt_len > default.phase.max_prompt_len
+    assert 0 < tools.source.options.sft_tool_share < default.source.options.sft_tool_share == 0.1
+    sft = compose_config("experiment=toy_recipe_tools", *tools.stages["sft"])
+    assert sft.phase.name == "toy_sft" and dict(sft.phase.mixture) == {"sft": 1.0}

@@ -64,10 +64,13 @@ def test_tool_prompts_call_the_calculator_for_the_answer():
         assert extract_answer(answer_turn) == a * b
 
 
-def test_a_tenth_of_the_sft_conversations_use_the_tool():
-    documents = list(generated(Ledger(), 0, 0, seed=0, sft_conversations=2000))
+@pytest.mark.parametrize(("share", "low", "high"), [(None, 150, 250), (0.03, 35, 90), (0.0, 0, 0)])
+def test_sft_tool_share_sets_how_many_sft_conversations_use_the_tool(share, low, high):
+    """A tenth by default (source.options.sft_tool_share); experiment=toy_recipe_tools sets fewer."""
+    options = {} if share is None else {"sft_tool_share": share}
+    documents = list(generated(Ledger(), 0, 0, seed=0, sft_conversations=2000, **options))
     with_tools = sum("<tool_call>calculator" in d.text for d in documents)
-    assert 150 < with_tools < 250
+    assert low <= with_tools <= high and len(documents) == 2000
 
 
 def test_copy_drills_repeat_their_numbers_and_only_when_asked_for():

@@ -8,10 +8,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.rl.grpo_loss import token_logprobs, width_groups
 from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
+from glm46.rl.turns import ModelTurns
 
 from .helpers import tiny_config
 from .test_sft import make_chat_dataset
@@ -170,6 +172,21 @@ def test_multi_turn_episodes_of_prompts_without_tools_are_the_single_turn_rollou
     fit(module(dataset, max_new_tokens=6, max_turns=2), dataset, tmp_path, max_steps=2)
     logged = rewards_logged(tmp_path, "rl/turns")
     assert logged and all(1 <= turns <= 2 for turns in logged)
+
+
+def test_max_turn_tokens_bounds_each_turn_of_an_episode(dataset):
+    """phase.grpo.max_turn_tokens: a turn that reaches it without a stop token ends its episode, out of tokens, while
+    max_new_tokens stays the episode's bound; 0 is refused when the settings are built."""
+    model = module(dataset, max_new_tokens=8, max_turns=2, max_turn_tokens=2, temperature=1.0)
+    datamodule = prompts(dataset, batch_size=3)
+    datamodule.setup()
+    batch = next(iter(datamodule.train_dataloader()))
+    turns = ModelTurns(model.model, model.stop_ids, model.pad_id, model.device, 1.0, model.generators(batch, 8))
+    played = model.play(batch, 8, turns)
+    assert all(len(e.tokens) <= 2 for e in played)
+    assert {e.ended for e in played if len(e.tokens) == 2 and e.tokens[-1] not in model.stop_ids} == {"out_of_tokens"}
+    with pytest.raises(ConfigError, match=r"^phase\.grpo\.max_turn_tokens=0 must be >= 1 \(or null\)$"):
+        GRPOSettings(max_turn_tokens=0)
 
 
 def test_rows_of_different_lengths_score_as_one_full_width_forward(dataset):

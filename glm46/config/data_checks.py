@@ -59,7 +59,8 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
 
 
 def check_prepare(cfg: DictConfig) -> None:
-    """prepare.tasks and prepare.tokenizer.max_digits: at least 1; over several tasks, the staged plan must be
+    """prepare.tasks and prepare.tokenizer.max_digits: at least 1; the embedded corpus's sft_tool_share: a share;
+    over several tasks, the staged plan must be
     possible (glm46.data.staged.work: the input exists, holds no fewer files than tasks, and the output directory
     holds no other preparation)."""
     if cfg.prepare.tasks < 1:
@@ -68,5 +69,8 @@ def check_prepare(cfg: DictConfig) -> None:
         raise ConfigError(
             f"prepare.tokenizer.max_digits={cfg.prepare.tokenizer.max_digits}: a token holds at least one digit"
         )
+    share = (cfg.source.get("options") or {}).get("sft_tool_share")
+    if share is not None and not 0 <= share <= 1:
+        raise ConfigError(f"source.options.sft_tool_share={share}: a share of the sft conversations, from 0 to 1")
     if cfg.prepare.tasks > 1:
         plan_for(*(OmegaConf.to_container(node, resolve=True) for node in (cfg.source, cfg.prepare)))

@@ -13,7 +13,7 @@
   line is the integer that glm46.rl.rewards.verify checks; half of the sft conversations ask the same way;
 - tool: `What is A * B?` (A of 4 digits, B of 2) in chats that offer the `calculator` tool (glm46.data.tools),
   answered with a calculator call, its result and `Answer: N`: agentic RL's prompts and the held-out tool skill;
-  a tenth of the sft conversations are such chats;
+  `sft_tool_share` of the sft conversations are such chats (a tenth by default);
 - copy (only when asked for, `copy_drills`): lists of random numbers, then the same list again. A small model
   learns to copy from its context (an induction head) after a few hundred steps of these, far sooner than from
   natural text; the tool skill needs it (experiment=toy_recipe_tools, docs/default-run.md).
@@ -27,6 +27,7 @@ import random
 import sysconfig
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 from .chat import render_chat
@@ -158,7 +159,6 @@ FOLLOW_UPS = [
 
 
 CALCULATOR = Calculator()
-TOOL_SHARE = 0.1  # of the sft conversations: each is about 4 times as long as the others (its tools block)
 
 
 def tool_problem(rng: random.Random) -> tuple[str, int]:
@@ -190,13 +190,14 @@ def render(messages: list[dict]) -> str:
     return render_chat(messages, tools=offered_tools(messages))
 
 
-def conversation(rng: random.Random) -> list[dict]:
-    """An SFT conversation: a tool conversation (a tenth), else an expression in the RL prompts' format (half: SFT
+def conversation(rng: random.Random, tool_share: float = 0.1) -> list[dict]:
+    """An SFT conversation: a tool conversation (`tool_share` of them: each is about 4 times as long as the others,
+    its tools block), else an expression in the RL prompts' format (half: SFT
     teaches the format and facts that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or
     word problem, answered with its steps (inside <think> for word problems, GLM's thinking mode, empty after
     `/nothink`) and a final `Answer:` line; a third of the latter continue with a follow-up question on the previous
     answer."""
-    if rng.random() < TOOL_SHARE:
+    if rng.random() < tool_share:
         return tool_conversation(rng)
     if rng.random() < 1 / 2:
         return rl_prompt(rng)
@@ -280,6 +281,7 @@ def generated(
     rl_prompts: int = 0,
     tool_prompts: int = 0,
     copy_drills: int = 0,
+    sft_tool_share: float = 0.1,
 ) -> Iterator[Document]:
     rng = random.Random(seed)
     for i in range(math_problems):
@@ -306,7 +308,7 @@ def generated(
     for i in range(copy_drills):
         yield ledger.admit(Document(text=copy_drill(rng), domain="copy", source=f"generated:copy:{i}", id=f"copy-{i}"))
     chats = (
-        ("sft", sft_conversations, conversation),
+        ("sft", sft_conversations, partial(conversation, tool_share=sft_tool_share)),
         ("rl", rl_prompts, rl_prompt),
         ("tool", tool_prompts, tool_conversation),
     )
@@ -328,11 +330,20 @@ def read_embedded(
     rl_prompts: int = 40000,
     tool_prompts: int = 8000,
     copy_drills: int = 0,
+    sft_tool_share: float = 0.1,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)
     yield from license_texts(ledger)
     yield from generated(
-        ledger, math_problems, reasoning_problems, seed, sft_conversations, rl_prompts, tool_prompts, copy_drills
+        ledger,
+        math_problems,
+        reasoning_problems,
+        seed,
+        sft_conversations,
+        rl_prompts,
+        tool_prompts,
+        copy_drills,
+        sft_tool_share,
     )

@@ -95,6 +95,7 @@ class GRPOSettings:
     temperature: float = 1.0
     updates_per_rollout: int = 1  # optimizer updates per rollout batch, each on its share of the groups
     max_turns: int = 1  # > 1: multi-turn episodes, in which prompts that list tools call them (glm46.rl.episodes)
+    max_turn_tokens: int | None = None  # each turn's bound in multi-turn episodes; None: max_new_tokens
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # None: eps_clip
     scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
@@ -119,6 +120,8 @@ class GRPOSettings:
             raise ConfigError(f"phase.grpo.updates_per_rollout={self.updates_per_rollout} must be >= 1")
         if self.max_turns < 1:
             raise ConfigError(f"phase.grpo.max_turns={self.max_turns} must be >= 1")
+        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
+            raise ConfigError(f"phase.grpo.max_turn_tokens={self.max_turn_tokens} must be >= 1 (or null)")
 
 
 class GRPOLitModule(GLM46LitModule):
@@ -321,7 +324,7 @@ class GRPOLitModule(GLM46LitModule):
         environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
         return run_episodes(
             self.prompts(batch, samples), records, turns, self.tokenizer, self.reward, environments,
-            self.grpo.max_turns, self.grpo.max_new_tokens, agree=self.agree,
+            self.grpo.max_turns, self.grpo.max_new_tokens, agree=self.agree, turn_tokens=self.grpo.max_turn_tokens,
         )  # fmt: skip
 
     def episodes(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:

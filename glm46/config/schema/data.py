@@ -34,6 +34,7 @@ class EmbeddedOptions:
     rl_prompts: int = MISSING
     tool_prompts: int = MISSING
     copy_drills: int = 0
+    sft_tool_share: float = 0.1
     seed: int = MISSING  # of the generators; the run's `seed` is another (model init, data order)
 
 
