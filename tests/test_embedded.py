@@ -71,6 +71,8 @@ def test_sft_tool_share_sets_how_many_sft_conversations_use_the_tool(share, low,
     documents = list(generated(Ledger(), 0, 0, seed=0, sft_conversations=2000, **options))
     with_tools = sum("<tool_call>calculator" in d.text for d in documents)
     assert low <= with_tools <= high and len(documents) == 2000
+    with pytest.raises(ValueError, match=r"^source\.options\.sft_tool_share=1\.5: a share"):
+        next(generated(Ledger(), 0, 0, seed=0, sft_tool_share=1.5))
 
 
 def test_copy_drills_repeat_their_numbers_and_only_when_asked_for():

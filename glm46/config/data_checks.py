@@ -60,9 +60,8 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
 
 def check_prepare(cfg: DictConfig) -> None:
     """prepare.tasks and prepare.tokenizer.max_digits: at least 1; the embedded corpus's sft_tool_share: a share;
-    over several tasks, the staged plan must be
-    possible (glm46.data.staged.work: the input exists, holds no fewer files than tasks, and the output directory
-    holds no other preparation)."""
+    over several tasks, the staged plan must be possible (glm46.data.staged.work: the input exists, holds no fewer
+    files than tasks, and the output directory holds no other preparation)."""
     if cfg.prepare.tasks < 1:
         raise ConfigError(f"prepare.tasks={cfg.prepare.tasks}: the number of tasks of each stage is at least 1")
     if cfg.prepare.tokenizer.max_digits < 1:

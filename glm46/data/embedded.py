@@ -159,6 +159,7 @@ FOLLOW_UPS = [
 
 
 CALCULATOR = Calculator()
+SFT_TOOL_SHARE = 0.1  # of the sft conversations by default: each is about 4 times as long as the others (tools)
 
 
 def tool_problem(rng: random.Random) -> tuple[str, int]:
@@ -190,9 +191,9 @@ def render(messages: list[dict]) -> str:
     return render_chat(messages, tools=offered_tools(messages))
 
 
-def conversation(rng: random.Random, tool_share: float = 0.1) -> list[dict]:
-    """An SFT conversation: a tool conversation (`tool_share` of them: each is about 4 times as long as the others,
-    its tools block), else an expression in the RL prompts' format (half: SFT
+def conversation(rng: random.Random, tool_share: float = SFT_TOOL_SHARE) -> list[dict]:
+    """An SFT conversation: a tool conversation (`tool_share` of them), else an expression in the RL prompts' format
+    (half: SFT
     teaches the format and facts that RL then sharpens, as GLM's SFT precedes its reasoning RL), or an arithmetic or
     word problem, answered with its steps (inside <think> for word problems, GLM's thinking mode, empty after
     `/nothink`) and a final `Answer:` line; a third of the latter continue with a follow-up question on the previous
@@ -281,8 +282,12 @@ def generated(
     rl_prompts: int = 0,
     tool_prompts: int = 0,
     copy_drills: int = 0,
-    sft_tool_share: float = 0.1,
+    sft_tool_share: float = SFT_TOOL_SHARE,
 ) -> Iterator[Document]:
+    if not 0 <= sft_tool_share <= 1:  # also refused at composition (task=prepare); a training run prepares here
+        raise ValueError(
+            f"source.options.sft_tool_share={sft_tool_share}: a share of the sft conversations, from 0 to 1"
+        )
     rng = random.Random(seed)
     for i in range(math_problems):
         question, steps, answer = arithmetic_problem(rng)
@@ -330,7 +335,7 @@ def read_embedded(
     rl_prompts: int = 40000,
     tool_prompts: int = 8000,
     copy_drills: int = 0,
-    sft_tool_share: float = 0.1,
+    sft_tool_share: float = SFT_TOOL_SHARE,
 ) -> Iterator[Document]:
     """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
     yield from stdlib_code(ledger)
