@@ -59,8 +59,21 @@ def sample_next_token(
         cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
         drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p  # keep the smallest prefix reaching top_p
         logits = logits.scatter(1, sorted_idx, sorted_logits.masked_fill(drop, float("-inf")))
-    probs = logits.softmax(dim=-1)
+    return inverse_cdf_sample(logits.softmax(dim=-1), generator)
+
+
+def inverse_cdf_sample(
+    probs: torch.Tensor, generator: torch.Generator | Sequence[torch.Generator] | None = None
+) -> torch.Tensor:
+    """probs [B, V] -> one token id per row [B], drawn with one uniform number per row: the first token whose
+    cumulative probability exceeds it. torch.multinomial draws one exponential per vocabulary entry instead: 19 ms
+    for 64 rows of 8192 tokens on 2 CPU cores, longer than the toy model's decode step itself (18 ms), against 3 ms
+    here. Tokens of probability 0 (cut by top-k/top-p) are never drawn."""
     if isinstance(generator, Sequence):
-        rows = [torch.multinomial(p[None], num_samples=1, generator=g) for p, g in zip(probs, generator, strict=True)]
-        return torch.cat(rows).squeeze(-1)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
+        uniform = torch.cat([torch.rand(1, generator=g, device=probs.device) for g in generator])
+    else:
+        uniform = torch.rand(probs.shape[0], generator=generator, device=probs.device)
+    cdf = probs.double().cumsum(dim=-1)  # [B, V]; in float64 so that 150K small probabilities add up exactly enough
+    token = torch.searchsorted(cdf, (uniform.double() * cdf[:, -1])[:, None], right=True).squeeze(-1)
+    last_possible = (probs > 0).cumsum(dim=-1).argmax(dim=-1)  # where rounding would step past the last such token
+    return torch.minimum(token, last_possible)
