@@ -22,7 +22,7 @@ from glm46.app.tasks import run_task
 from glm46.checkpoint.hub_config import config_to_hf
 from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.config.checks import model_config
-from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, render_chat
+from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, format_chat, parse_tool_calls, render_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.hf import load_hf, save_hf
@@ -32,6 +32,7 @@ from glm46.serve.offline import serving_python, vllm_generate
 from .helpers import random_model, require_venv, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
+TOOL_PARSER_PLUGIN = ROOT / "glm46" / "serve" / "vllm_tool_parser.py"
 # The keys of GLM-4.x's Hub config.json (zai-org/GLM-4.7 refs/pr/49, the GLM-4.5/4.6 architecture).
 HUB_CONFIG_KEYS = {
     "architectures", "attention_bias", "attention_dropout", "pad_token_id", "eos_token_id", "head_dim", "hidden_act",
@@ -183,11 +184,13 @@ def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_co
     assert command == [
         "vllm", "serve", str(export), "--host", "127.0.0.1", "--port", "8000", "--tensor-parallel-size", "2",
         "--dtype", "auto", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}',
-        "--tool-call-parser", "glm45", "--enable-auto-tool-choice", "--reasoning-parser", "glm45",
+        "--tool-parser-plugin", str(TOOL_PARSER_PLUGIN), "--tool-call-parser", "glm46", "--enable-auto-tool-choice",
+        "--reasoning-parser", "glm45",
     ]  # fmt: skip
     assert printed.startswith(f"vllm serve {export} ") and printed.endswith(
-        """--speculative-config '{"method":"mtp","num_speculative_tokens":1}' --tool-call-parser glm45 """
-        "--enable-auto-tool-choice --reasoning-parser glm45"
+        """--speculative-config '{"method":"mtp","num_speculative_tokens":1}' """
+        f"--tool-parser-plugin {TOOL_PARSER_PLUGIN} --tool-call-parser glm46 --enable-auto-tool-choice "
+        "--reasoning-parser glm45"
     )
     command, printed = serve(
         compose_config,
@@ -202,7 +205,9 @@ def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_co
     )
     assert command[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(export)]
     assert "--max-model-len" in command and "--speculative-config" not in command
-    assert not {"--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser"} & set(command)
+    assert not {"--tool-parser-plugin", "--tool-call-parser", "--enable-auto-tool-choice", "--reasoning-parser"} & set(
+        command
+    )
     assert printed.startswith("VLLM_CPU_KVCACHE_SPACE=2 /venv/bin/python -m vllm.entrypoints.openai.api_server")
 
 
@@ -232,7 +237,10 @@ def test_the_355b_exports_production_launch_on_8_gpus(compose_config, capsys, tm
     assert command[:3] == ["vllm", "serve", str(tmp_path)]
     assert command[command.index("--tensor-parallel-size") + 1] == "8"
     assert command[command.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
-    assert command[-5:] == ["--tool-call-parser", "glm45", "--enable-auto-tool-choice", "--reasoning-parser", "glm45"]
+    assert command[-7:] == [
+        "--tool-parser-plugin", str(TOOL_PARSER_PLUGIN), "--tool-call-parser", "glm46", "--enable-auto-tool-choice",
+        "--reasoning-parser", "glm45",
+    ]  # fmt: skip
     with pytest.raises(ConfigError, match="serve.tensor_parallel_size=7 must divide num_attention_heads=96"):
         serve(compose_config, capsys, model, "serve.tensor_parallel_size=7")
     command, _ = serve(compose_config, capsys, model, "serve.tensor_parallel_size=16")  # 8 KV heads, each on 2 ranks
@@ -385,6 +393,7 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         "serve.mtp=true",
         f"serve.port={port}",
         "serve.max_model_len=1024",
+        "serve.dtype=float32",  # as ours: vLLM's auto runs an fp32 export in bf16, which flips near-tied argmaxes
         "+serve.env.VLLM_CPU_KVCACHE_SPACE=1",
         f"hydra.run.dir={tmp_path}",
     ]
@@ -417,17 +426,29 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         assert choice["token_ids"] == ours
         assert "<think>" not in (choice["message"]["content"] or "")  # the reasoning parser took the think block
         # tools with tool_choice auto (GLM's tool-call parser), then a conversation holding an assistant's call (in
-        # OpenAI's form: arguments as a JSON string) and its result: both answered, rendered as GLM-4.6 renders them
-        tools = [CALCULATOR]
+        # OpenAI's form: arguments as a JSON string) and its result: both answered, rendered as GLM-4.6 renders them,
+        # and decoded as the model decodes them alone: the parser (serve.tool_call_parser=glm46) lays no grammar of
+        # another call layout over them (vLLM's own glm45 forces GLM-4.7's, and this model's call goes astray)
+        tools, stops = [CALCULATOR], stop_ids(tokenizer)
         for messages in ([{"role": "user", "content": "What is 1234 * 56?"}], TOOL_TURNS):
             body = {"model": str(export), "messages": messages, "tools": tools, "tool_choice": "auto"}
-            reply = post(
-                f"http://127.0.0.1:{port}/v1/chat/completions", body | {"max_tokens": 8, "return_token_ids": True}
-            )
-            assert reply["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls")
-            assert reply["prompt_token_ids"] == tokenizer.encode(
-                render_chat(messages, tools, add_generation_prompt=True)
-            )
+            body |= {"max_tokens": 32, "temperature": 0, "return_token_ids": True}
+            reply = post(f"http://127.0.0.1:{port}/v1/chat/completions", body)
+            prompt = tokenizer.encode(render_chat(messages, tools, add_generation_prompt=True))
+            ours = greedy(model, prompt, tokenizer, max_new_tokens=32)
+            assert reply["prompt_token_ids"] == prompt
+            choice = reply["choices"][0]
+            assert choice["token_ids"] == ours, tokenizer.decode(choice["token_ids"])
+            calls = [
+                {"name": call["function"]["name"], "arguments": json.loads(call["function"]["arguments"])}
+                for call in choice["message"].get("tool_calls") or []
+            ]
+            try:
+                expected = parse_tool_calls(tokenizer.decode(ours), tools)
+            except ValueError:  # an unclosed call: the reply's content, as vLLM's parser leaves it
+                expected = []
+            assert calls == expected
+            assert choice["finish_reason"] == ("tool_calls" if calls else "stop" if ours[-1] in stops else "length")
         server.terminate()  # task=serve passes SIGTERM on: vLLM's server and engine stop with it
         server.wait(timeout=120)
         deadline = time.monotonic() + 30  # vLLM's engine core and workers shut down after its server

@@ -21,6 +21,10 @@ from omegaconf import DictConfig
 
 from .venv import VLLM_IPC_VARIABLE, ipc_folder
 
+# GLM-4.5/4.6's tool calls: on vLLM, its `glm45` parser without GLM-4.7's call grammar
+# (glm46/serve/vllm_tool_parser.py); on SGLang, its `glm45` parser
+GLM46_TOOL_PARSER = "glm46"
+
 
 def engine_command(settings: DictConfig, weights: Path) -> list[str]:
     """The engine's command line for the HF directory `weights` (serve.* settings)."""
@@ -42,6 +46,8 @@ def _vllm(s: DictConfig, weights: Path) -> list[str]:
     if s.mtp:
         spec = {"method": "mtp", "num_speculative_tokens": s.speculative_steps}
         command += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]
+    if s.tool_call_parser == GLM46_TOOL_PARSER:  # registered by a plugin file run inside vLLM
+        command += ["--tool-parser-plugin", str(Path(__file__).with_name("vllm_tool_parser.py"))]
     if s.tool_call_parser:
         command += ["--tool-call-parser", s.tool_call_parser, "--enable-auto-tool-choice"]
     command += ["--reasoning-parser", s.reasoning_parser] if s.reasoning_parser else []
@@ -59,7 +65,8 @@ def _sglang(s: DictConfig, weights: Path) -> list[str]:
     if s.mtp:
         command += ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", str(s.speculative_steps)]
         command += ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", str(s.speculative_steps + 1)]
-    command += ["--tool-call-parser", s.tool_call_parser] if s.tool_call_parser else []
+    parser = "glm45" if s.tool_call_parser == GLM46_TOOL_PARSER else s.tool_call_parser  # SGLang's GLM-4.5/4.6 one
+    command += ["--tool-call-parser", parser] if parser else []
     command += ["--reasoning-parser", s.reasoning_parser] if s.reasoning_parser else []
     return command
 
