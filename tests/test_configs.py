@@ -242,6 +242,7 @@ def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config)
     assert list(tools.stages) == ["copy", "pretrain1", "pretrain2", "midtrain", "sft"] and tools.stages["copy"]
     copy_stage = compose_config("experiment=toy_recipe_tools", *tools.stages["copy"])
     assert list(copy_stage.recipe.phases)[0] == "toy_copy" and copy_stage.schedule.start_tokens == 0
+    assert not copy_stage.eval.after_train and tools.eval.after_train  # the drill's skills are all 0
     assert tools.prepare.tokenizer.max_digits == 1 and default.prepare.tokenizer.max_digits == 3
     assert tools.source.output_dir != default.source.output_dir and tools.source.options.copy_drills > 0
 
