@@ -15,7 +15,7 @@ no grammar, `glm46` is `glm45` unchanged.
 
 try:
     from vllm.tool_parsers import ToolParserManager
-except ImportError:  # vLLM before 0.12 kept the tool parsers under its OpenAI server
+except ImportError:  # older vLLM releases kept the tool parsers under its OpenAI server
     from vllm.entrypoints.openai.tool_parsers import ToolParserManager
 
 GLM45 = ToolParserManager.get_tool_parser("glm45")
