@@ -1,23 +1,25 @@
 """GGUF export for llama.cpp (`task=export export.format=gguf`): the file's names, metadata, vocabulary and weights
 as llama.cpp's glm4moe loader reads them; and (marker `llama_cpp`, in the venv of scripts/llama_cpp_venv.sh) a real
-llama.cpp tokenizing as we do, rendering our chat template, continuing prompts greedily as `generate` does, and
-scoring held-out text within each type's rounding of ours."""
+llama.cpp tokenizing as we do, rendering our chat template, and continuing prompts and scoring held-out text as our
+model does with the weights each file holds."""
 
 import json
 import math
+import shutil
 
 import gguf
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from torch.nn.functional import cross_entropy
 
-from glm46.checkpoint.gguf_export import GGUF_TYPES, export_gguf
+from glm46.checkpoint.gguf_export import GGUF_TYPES, export_gguf, plan_tensors
 from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.data.chat import CHAT_TEMPLATE, STOP_TOKENS, render_chat
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.hf import save_hf
+from glm46.hf import load_hf, save_hf
+from glm46.modules.model import GLM46ForCausalLM
 from glm46.planning.export_size import export_bytes
 from glm46.serve.llama_cpp import BUILD_SCRIPT, llama_cpp_evaluate, llama_cpp_python
 
@@ -182,24 +184,49 @@ def perplexity(nll: list[float], counts: list[int]) -> float:
     return math.exp(sum(nll) / sum(counts))
 
 
+def model_of_the_file(path, export, folder) -> GLM46ForCausalLM:
+    """Our model with the weights the GGUF file at `path` holds, dequantized to float32 (gguf's numpy codecs): what
+    llama.cpp computes, up to its rounding of activations. A Hub directory beside `export` carries them."""
+    hub = load_file(export / SINGLE_FILE)
+    config = json.loads((export / "config.json").read_text())
+    planned = plan_tensors({key: tuple(t.shape) for key, t in hub.items()}, config, gguf.GGMLQuantizationType.F16)
+    sources = {tensor.name: tensor.sources for tensor in planned}
+    weights = {}
+    for tensor in gguf.GGUFReader(path).tensors:
+        values = torch.from_numpy(np.asarray(gguf.quants.dequantize(tensor.data, tensor.tensor_type), np.float32))
+        keys = sources[tensor.name]
+        for key, part in zip(keys, values if len(keys) > 1 else [values]):  # a stack of experts, or one tensor
+            weights[key] = part.reshape(hub[key].shape).clone()
+    assert weights.keys() == hub.keys()
+    folder.mkdir()
+    shutil.copy(export / "config.json", folder / "config.json")
+    save_file(weights, folder / SINGLE_FILE)
+    return load_hf(folder).eval()
+
+
+def scores(model: GLM46ForCausalLM, scored: list[list[int]]) -> tuple[torch.Tensor, float]:
+    """(the most likely next token at each scored position, the perplexity of the scored tokens)."""
+    with torch.no_grad():
+        logits = [model(torch.tensor([ids[:-1]])).logits[0] for ids in scored]
+    nll = [float(cross_entropy(x, torch.tensor(ids[1:]), reduction="sum")) for x, ids in zip(logits, scored)]
+    return torch.cat([x.argmax(-1) for x in logits]), perplexity(nll, [len(ids) - 1 for ids in scored])
+
+
 @pytest.mark.llama_cpp
 @pytest.mark.slow
 def test_llama_cpp_reads_each_gguf_type_as_our_model(chat_dataset, tokenizer, trained_chat_model, tmp_path):
+    """Each file against our model with the file's own weights: rounding a weight to f16 or 8 bits can flip a near
+    tie of the router, and then a token's experts and its logits differ from float32 by a nat, whoever computes
+    them. What is llama.cpp's own is its reading of the file and its rounding of activations (f16, or 8-bit blocks
+    for the quantized types); the weights' rounding is measured on our side, as the perplexity it costs."""
     python = require_venv(llama_cpp_python(), "llama.cpp", BUILD_SCRIPT, "GLM46_REQUIRE_LLAMA_CPP")
     model, export = trained_chat_model
     held_out = rl_documents(chat_dataset)[-12:]
     chats = [render_chat(messages, add_generation_prompt=True) for messages in CONVERSATIONS]
     texts = chats + held_out[:3] + ["Plain text: 12345 + 678 = ?\n\n  indented\ttab, and ümlauts."]
     prompts = [tokenizer.encode(text) for text in chats + ["Once upon a time"]]
-    ours = [greedy(model, prompt, tokenizer) for prompt in prompts]
     scored = [tokenizer.encode(text)[:256] for text in held_out]
-    with torch.no_grad():
-        logits = [model(torch.tensor([ids[:-1]])).logits[0] for ids in scored]
-    our_argmax = torch.cat([x.argmax(-1) for x in logits])
-    top2 = torch.cat([x.topk(2, dim=-1).values for x in logits])
-    margin = top2[:, 0] - top2[:, 1]  # how far our choice of each next token is from the runner-up
-    nll = [float(cross_entropy(x, torch.tensor(ids[1:]), reduction="sum")) for x, ids in zip(logits, scored)]
-    our_perplexity = perplexity(nll, [len(ids) - 1 for ids in scored])
+    _, float32_perplexity = scores(model, scored)
     stops = [tokenizer.token_id(token) for token in STOP_TOKENS]
 
     measured = {}
@@ -210,6 +237,8 @@ def test_llama_cpp_reads_each_gguf_type_as_our_model(chat_dataset, tokenizer, tr
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         path = tmp_path / gguf_type / f"model-{gguf_type}.gguf"
+        ours = model_of_the_file(path, export, tmp_path / f"{gguf_type}-hub")
+        our_argmax, our_perplexity = scores(ours, scored)
         theirs = llama_cpp_evaluate(
             python, path, texts=texts, prompts=prompts, max_new_tokens=24, stop_ids=stops, scored=scored,
             conversations=CONVERSATIONS,
@@ -221,22 +250,26 @@ def test_llama_cpp_reads_each_gguf_type_as_our_model(chat_dataset, tokenizer, tr
         assert theirs["chats"] == chats
         differs = our_argmax != torch.tensor([token for row in theirs["argmax"] for token in row])
         measured[gguf_type] = {
+            "rounding_costs": our_perplexity / float32_perplexity,
             "perplexity_ratio": perplexity(theirs["nll"], theirs["counts"]) / our_perplexity,
             "next_token_differs": float(differs.float().mean()),
-            "largest_margin_differing": float(margin[differs].max()) if differs.any() else 0.0,
-            "greedy_equal": sum(a == b for a, b in zip(theirs["completions"], ours)),
+            "greedy_equal": sum(a == greedy(ours, p, tokenizer) for a, p in zip(theirs["completions"], prompts)),
         }
-    print(f"llama.cpp against ours on {len(our_argmax)} held-out positions (fp32 perplexity {our_perplexity:.3f}):")
+    print(f"llama.cpp against ours on {len(our_argmax)} held-out positions (fp32 perplexity {float32_perplexity:.3f}):")
     for gguf_type, figures in measured.items():
         print(f"  {gguf_type}: {figures}")
-    # f16: greedy continuations token for token, every next-token choice, perplexity within f16's rounding
-    assert measured["f16"]["greedy_equal"] == len(prompts) and measured["f16"]["next_token_differs"] == 0
-    assert abs(measured["f16"]["perplexity_ratio"] - 1) < 2e-3
-    # q8_0, q4_k_m: a choice differs only where ours was close (0.5 nats for q8_0 measured; q4_k_m: most of
-    # this tiny model's matrices are too narrow for 4-bit K-quants, llama.cpp stores them in 5-bit Q5_0)
-    assert measured["q8_0"]["next_token_differs"] < 0.02 and measured["q8_0"]["largest_margin_differing"] < 1.0
-    # q8_0 costs at most 0.5% perplexity; on ~1,500 positions its rounding may also lower it by chance (0.64% on the
-    # model trained on GLM-4.6's chat format), which is no defect: that side is bounded at 1%
-    assert 0.99 < measured["q8_0"]["perplexity_ratio"] < 1 + 5e-3
-    assert measured["q4_k_m"]["next_token_differs"] < 0.1 and measured["q4_k_m"]["largest_margin_differing"] < 3.0
-    assert abs(measured["q4_k_m"]["perplexity_ratio"] - 1) < 0.1
+    # f16: greedy continuations token for token, next-token choices but for a near tie (measured: none of 627),
+    # perplexity within f16's rounding of activations
+    f16 = measured["f16"]
+    assert f16["greedy_equal"] == len(prompts) and f16["next_token_differs"] < 0.005
+    assert abs(f16["perplexity_ratio"] - 1) < 2e-3 and abs(f16["rounding_costs"] - 1) < 2e-3
+    # q8_0, q4_k_m: llama.cpp rounds activations to 8 bits in blocks, so a near tie of the router or of the next
+    # token flips more often (measured 0.8% and 0.2% of choices; against float32 weights 1.9% and 2.4%)
+    for gguf_type in ("q8_0", "q4_k_m"):
+        assert measured[gguf_type]["next_token_differs"] < 0.02, gguf_type
+        assert abs(measured[gguf_type]["perplexity_ratio"] - 1) < 5e-3, gguf_type
+    # the weights' rounding: q8_0 costs at most 0.5% perplexity; on ~600 positions it may also lower it by chance
+    # (0.64% on the model trained on GLM-4.6's chat format), which is no defect: that side is bounded at 1%.
+    # q4_k_m: most of this tiny model's matrices are too narrow for 4-bit K-quants (llama.cpp stores them in Q5_0)
+    assert 0.99 < measured["q8_0"]["rounding_costs"] < 1 + 5e-3
+    assert abs(measured["q4_k_m"]["rounding_costs"] - 1) < 0.1
