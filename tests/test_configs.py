@@ -235,8 +235,8 @@ def test_run_directories_are_keyed_by_slurm_job_id(monkeypatch):
 
 def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config):
     """experiment=toy_recipe_tools: the drill is the first stage and the first phase of the clock (near the peak LR;
-    a dictionary merged onto toy_recipe's would list it last), single digits, a corpus of its own; the default run
-    skips the stage (null)."""
+    a dictionary merged onto toy_recipe's would list it last), single digits, a corpus of its own
+    (source=embedded_tools, whose digit rule goes with it); the default run skips the stage (null)."""
     default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
     assert list(default.stages)[0] == "copy" and default.stages["copy"] is None
     assert list(tools.stages) == ["copy", "pretrain1", "pretrain2", "midtrain", "sft"] and tools.stages["copy"]
@@ -244,6 +244,10 @@ def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config)
     assert list(copy_stage.recipe.phases)[0] == "toy_copy" and copy_stage.schedule.start_tokens == 0
     assert not copy_stage.eval.after_train and tools.eval.after_train  # the drill's skills are all 0
     assert tools.prepare.tokenizer.max_digits == 1 and default.prepare.tokenizer.max_digits == 3
+    # the digit rule is the tools corpus's: a user's corpus prepared under this experiment keeps GLM's three digits
+    own = compose_config("experiment=toy_recipe_tools", "task=prepare", "source=jsonl", "source.paths=[a.jsonl]",
+                         "source.output_dir=out")  # fmt: skip
+    assert own.prepare.tokenizer.max_digits == 3 and own.source.options is None
     assert tools.source.output_dir != default.source.output_dir and tools.source.options.copy_drills > 0
 
 

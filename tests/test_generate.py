@@ -190,6 +190,58 @@ def test_a_row_with_its_own_generator_samples_the_same_in_any_batch(model):
     assert not torch.equal(together, model.generate(x, 10, 1.3, generator=generators(21, 22, 23)))
 
 
+def test_rows_of_one_prompt_are_prefilled_once_and_continue_as_each_alone(model, monkeypatch):
+    """GRPO's samples of a prompt: the batch's distinct (padded) prompts go through the prefill once, and every row
+    then samples, with its own generator, what it samples alone."""
+    x = torch.randint(0, 96, (2, 6), generator=torch.Generator().manual_seed(4))
+    short = torch.cat([torch.full((1, 2), 1), x[1:, :4]], dim=1)  # a shorter prompt, left-padded
+    rows = torch.cat([x[:1], short, x[:1], x[1:], short, x[:1]])  # 3 distinct prompts in 6 rows
+    mask = torch.ones_like(rows)
+    mask[[1, 4], :2] = 0
+    prefilled = []
+    forward = type(model.model).forward
+    monkeypatch.setattr(
+        type(model.model),
+        "forward",
+        lambda self, ids, *a, **k: prefilled.append(ids.shape) or forward(self, ids, *a, **k),
+    )
+    together = model.generate(
+        rows, 8, 1.3, generator=[torch.Generator().manual_seed(s) for s in range(6)], attention_mask=mask
+    )
+    assert prefilled[0] == (3, 6) and prefilled[1] == (6, 1)
+    for i in range(6):
+        prompt = rows[i : i + 1, 2:] if i in (1, 4) else rows[i : i + 1]
+        alone = model.generate(prompt, 8, 1.3, generator=[torch.Generator().manual_seed(i)])
+        assert torch.equal(together[i, -8:], alone[0, -8:]), i
+    assert not torch.equal(together[0], together[2])  # one prompt, two generators: two samples
+
+
+def test_rows_that_ended_leave_the_batch_and_every_row_writes_what_it_writes_alone(model, monkeypatch):
+    """Once the rows that ended are half the batch they leave it (its forwards shrink); each row, sampled with its
+    own generator, still writes what it writes alone, an ended one its EOS to the end."""
+    x = torch.randint(0, 96, (6, 5), generator=torch.Generator().manual_seed(5))
+
+    def generators(rows):
+        return [torch.Generator().manual_seed(100 + i) for i in rows]
+
+    free = model.generate(x, 12, 1.3, generator=generators(range(6)))[:, 5:]
+    eos = sorted({int(free[i, 1]) for i in range(4)} - {int(t) for t in free[4:, :3].flatten()})
+    assert len(eos) >= 2, "rows 0-3 (some of them) end at their second token, rows 4 and 5 later"
+    batches = []
+    forward = type(model.model).forward
+    monkeypatch.setattr(
+        type(model.model), "forward", lambda self, ids, *a, **k: batches.append(len(ids)) or forward(self, ids, *a, **k)
+    )
+    together = model.generate(x, 12, 1.3, eos_token_id=eos, generator=generators(range(6)))
+    assert batches[0] == 6 and min(batches) < 6
+    for i in range(6):
+        alone = model.generate(x[i : i + 1], 12, 1.3, eos_token_id=eos, generator=generators([i]))[0]
+        ended = next((k for k, t in enumerate(alone[5:].tolist()) if t in eos), None)
+        assert torch.equal(together[i, : len(alone)], alone), i
+        if ended is not None:  # padded with its EOS to the batch's end
+            assert (together[i, 5 + ended :] == alone[5 + ended]).all(), i
+
+
 def test_generation_runs_until_every_rank_has_finished(model):
     """all_finished says whether every rank's rows have ended: until then this batch keeps stepping (padding with
     its EOS), as ranks whose forwards are collective must."""

@@ -10,6 +10,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
+from glm46.rl import grpo_module
 from glm46.rl.grpo_loss import token_logprobs, width_groups
 from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
@@ -139,6 +140,34 @@ def test_a_resumed_run_equals_an_uninterrupted_one(dataset, tmp_path, updates_pe
         assert torch.equal(a, b), name
     # the resumed run's rollouts are the uninterrupted run's (sampling is seeded by each prompt's global index)
     assert rewards_logged(tmp_path / "resumed")[-1] == rewards_logged(tmp_path / "straight")[-1]
+
+
+def test_later_updates_of_a_rollout_compare_against_the_policy_that_sampled(dataset, tmp_path, monkeypatch):
+    """updates_per_rollout=2: the second update's old log-probs are the sampling policy's, taken before the first
+    update moved it; the first update's are its own (ratio 1), so no forward is spent on them."""
+    model = module(dataset, updates_per_rollout=2)
+    before, losses = {}, []
+    take_old_logprobs, policy_loss = model.old_logprobs, grpo_module.policy_loss
+
+    def old_logprobs(parts):
+        with torch.no_grad():
+            before["logprobs"] = [model.logprobs(part.input_ids, part.targets)[0] for part in parts]
+        before["masks"] = [part.mask.bool() for part in parts]
+        take_old_logprobs(parts)
+
+    def recording_policy_loss(logprobs, old, *args, **kwargs):
+        losses.append((logprobs.detach(), old))
+        return policy_loss(logprobs, old, *args, **kwargs)
+
+    monkeypatch.setattr(model, "old_logprobs", old_logprobs)
+    monkeypatch.setattr(grpo_module, "policy_loss", recording_policy_loss)
+    fit(model, dataset, tmp_path, max_steps=2)  # one rollout, two updates
+    (first, first_old), (second, second_old) = losses
+    (first_before, second_before), (first_mask, second_mask) = before["logprobs"], before["masks"]
+    assert torch.equal(first_old, first)
+    torch.testing.assert_close(first_old[first_mask], first_before[first_mask])
+    torch.testing.assert_close(second_old[second_mask], second_before[second_mask])
+    assert (second[second_mask] - second_before[second_mask]).abs().max() > 1e-4  # the first update moved it
 
 
 def test_the_data_position_counts_prompts_over_data_parallel_ranks(dataset):

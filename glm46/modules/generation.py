@@ -38,6 +38,64 @@ class KVCache:
     def advance(self, num_tokens: int) -> None:
         self.length += num_tokens
 
+    def select(self, rows: torch.Tensor) -> None:
+        """Keep the cache of `rows` [B'] (indices into the batch, repeats allowed): a prompt's cache copied to each
+        row that continues it."""
+        self.keys, self.values = self.keys[:, rows], self.values[:, rows]
+        if self.valid is not None:
+            self.valid = self.valid[rows]
+
+
+def distinct_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """input_ids [B, T] -> (the first row of each distinct prompt [U], each row's prompt among them [B]): the rows
+    that `generate` prefills, and where each row's cache and first logits come from."""
+    rows = input_ids if attention_mask is None else torch.cat([input_ids, attention_mask.to(input_ids.dtype)], dim=1)
+    _, prompt = torch.unique(rows, dim=0, return_inverse=True)  # [B]: sorted order, made first-seen order below
+    first = torch.full((int(prompt.max()) + 1,), len(rows), dtype=torch.long, device=rows.device)
+    first = first.scatter_reduce(0, prompt, torch.arange(len(rows), device=rows.device), "amin")  # [U]
+    order = torch.argsort(first)
+    return first[order], torch.argsort(order)[prompt]
+
+
+class DecodingRows:
+    """The rows a `generate` call is decoding, and what each wrote. A row that emits an EOS token writes it again at
+    every later step; once the rows that ended are half the batch or more they leave it, their cache with them, so
+    that a few long replies do not carry the whole batch through their last steps."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos: torch.Tensor, generator, like: torch.Tensor):
+        self.new = torch.empty(batch, max_new_tokens, dtype=like.dtype, device=like.device)  # [B, max_new_tokens]
+        self.rows = torch.arange(batch, device=like.device)  # [b] the batch rows still in the batch, in its order
+        self.ended = torch.zeros(batch, dtype=torch.bool, device=like.device)  # [b]
+        self.last: torch.Tensor | None = None  # [b] each row's latest token
+        self.eos, self.generator, self.steps = eos, generator, 0
+
+    def write(self, next_token: torch.Tensor) -> torch.Tensor:
+        """next_token [b], as sampled -> as written: an ended row's EOS again."""
+        if self.last is not None:
+            next_token = torch.where(self.ended, self.last, next_token)
+        self.ended |= torch.isin(next_token, self.eos)
+        self.new[self.rows, self.steps] = next_token
+        self.last, self.steps = next_token, self.steps + 1
+        return next_token
+
+    def drop_ended(self, cache: KVCache) -> torch.Tensor | None:
+        """Drop the ended rows when they are at least half the batch and not all of it -> the kept rows' indices in
+        the batch (None: none dropped). They write their EOS to the end."""
+        ended = int(self.ended.sum())
+        if ended * 2 < len(self.rows) or ended == len(self.rows):
+            return None
+        self.new[self.rows[self.ended], self.steps :] = self.last[self.ended, None]
+        keep = (~self.ended).nonzero().squeeze(1)
+        self.rows, self.ended, self.last = self.rows[keep], self.ended[keep], self.last[keep]
+        if isinstance(self.generator, Sequence):  # one per row: each stays with its row
+            self.generator = [self.generator[i] for i in keep.tolist()]
+        cache.select(keep)
+        return keep
+
+    def output(self) -> torch.Tensor:
+        """[B, steps]: every row's tokens, in the order of the batch given."""
+        return self.new[:, : self.steps]
+
 
 def sample_next_token(
     logits: torch.Tensor,

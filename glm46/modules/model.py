@@ -16,7 +16,7 @@ from .attention import Documents
 from .config import GLM46Config
 from .decoder import DecoderLayer
 from .experts import GroupedExperts
-from .generation import KVCache, sample_next_token
+from .generation import DecodingRows, KVCache, distinct_rows, sample_next_token
 from .layers import RMSNorm, RotaryEmbedding
 from .loss import IGNORE_INDEX, chunk_tokens, chunked_cross_entropy, shift_labels
 from .mtp import MTPLayer
@@ -279,34 +279,41 @@ class GLM46ForCausalLM(nn.Module):
         row continues exactly as its prompt alone would. Right padding or a row of padding only is a ValueError.
         Without a mask (or with one of all ones) every token is real and attention takes the unmasked causal path.
         temperature 0 is greedy; generator: one, or one per row (glm46.modules.generation.sample_next_token). A row
-        that emits an EOS token is padded with that token afterwards. MTP layers are not used. all_finished(this
+        that emits an EOS token is padded with that token afterwards (and leaves the batch with the others that ended
+        once they are half of it: DecodingRows). MTP layers are not used. all_finished(this
         batch's rows all finished) -> whether every rank's are: on a model sharded over ranks, every rank must run the
         same number of forwards (their collectives pair up), so generation stops when all ranks' rows have.
         """
         batch, prompt_len = input_ids.shape
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
+        # Rows that hold the same prompt (GRPO's samples of one prompt) are prefilled once and the cache copied to
+        # each, as vLLM's n > 1 sampling does: 8 samples a prompt cost an eighth of the prefill.
+        distinct, prompt_of_row = distinct_rows(input_ids, attention_mask)
         dtype = self.model.embed_tokens.weight.dtype
-        cache = KVCache(self.config, batch, prompt_len + max_new_tokens, dtype, input_ids.device)
+        cache = KVCache(self.config, len(distinct), prompt_len + max_new_tokens, dtype, input_ids.device)
         if attention_mask is None:
             positions = positions_after(cache, input_ids)
-        elif attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} != input_ids {tuple(input_ids.shape)}")
         else:
             positions = left_padded_positions(attention_mask)
             if not bool(attention_mask.all()):
-                cache.mark_padding(attention_mask)
+                cache.mark_padding(attention_mask[distinct])
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
-        finished = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
-        tokens, step_input = [input_ids], input_ids
-        for _ in range(max_new_tokens):
-            hidden, _ = self.model(step_input, positions, cache)
+        decoding = DecodingRows(batch, max_new_tokens, eos, generator, input_ids)
+        step_input, step_positions = input_ids[distinct], positions[distinct]
+        for step in range(max_new_tokens):
+            hidden, _ = self.model(step_input, step_positions, cache)
             logits = self.lm_head(hidden[:, -1])
-            next_token = sample_next_token(logits, temperature, top_k, top_p, generator)
-            next_token = torch.where(finished, tokens[-1][:, -1], next_token)
-            finished |= torch.isin(next_token, eos)
-            step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [B, 1] each
-            tokens.append(step_input)
-            done = bool(finished.all())
+            if step == 0:  # the distinct prompts' -> every row's
+                logits = logits[prompt_of_row]
+                cache.select(prompt_of_row)
+            next_token = decoding.write(sample_next_token(logits, temperature, top_k, top_p, decoding.generator))
+            done = bool(decoding.ended.all())
             if done if all_finished is None else all_finished(done):
                 break
-        return torch.cat(tokens, dim=1)
+            if (keep := decoding.drop_ended(cache)) is not None:
+                next_token, positions = next_token[keep], positions[keep]
+            step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [b, 1] each
+            step_positions = positions
+        return torch.cat([input_ids, decoding.output()], dim=1)

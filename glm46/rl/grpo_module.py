@@ -70,7 +70,7 @@ class Rollout:
     targets: torch.Tensor  # [N, T] the next token at completion positions, IGNORE_INDEX elsewhere
     mask: torch.Tensor  # [N, T] 1 where targets holds a completion token
     advantages: torch.Tensor  # [N]
-    old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (several updates per rollout)
+    old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (the updates after the first)
     engine_logprobs: torch.Tensor | None = None  # [N, T] the inference engine's, of the tokens it sampled
 
     def split(self, parts: int) -> list[Rollout]:
@@ -373,10 +373,14 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
-        if self.grpo.updates_per_rollout > 1:  # later updates compare against the policy that sampled
-            with torch.no_grad():
-                rollout.old_logprobs = self.logprobs(rollout.input_ids, rollout.targets)[0]
         return rollout
+
+    def old_logprobs(self, parts: list[Rollout]) -> None:
+        """The sampling policy's log-probs of the parts after the first, taken before the first update moves it. The
+        first update's are its own log-probs, detached: the policy has not moved yet (a forward saved)."""
+        with torch.no_grad():
+            for part in parts[1:]:
+                part.old_logprobs = self.logprobs(part.input_ids, part.targets)[0]
 
     # -- update
     def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -448,7 +452,9 @@ class GRPOLitModule(GLM46LitModule):
         except RolloutEngineError as error:
             raise self.checkpointed(error) from None
         started = time.perf_counter()
-        for part in rollout.split(self.grpo.updates_per_rollout):
+        parts = rollout.split(self.grpo.updates_per_rollout)
+        self.old_logprobs(parts)
+        for part in parts:
             stats = self.update(part)
             # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
             self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout

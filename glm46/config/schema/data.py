@@ -46,6 +46,10 @@ class SourceData:
     paths: List[str] = MISSING
     output_dir: str = MISSING
     default_domain: str = MISSING
+    # The digit rule a tokenizer trained on this corpus follows (prepare.tokenizer.max_digits takes it): GLM-4's 3;
+    # source=embedded_tools: 1, which its copy drill needs. A property of the corpus, so that `source=jsonl` under an
+    # experiment on the tools corpus keeps GLM's rule.
+    max_digits: int = 3
     options: Optional[EmbeddedOptions] = None
 
 
