@@ -146,23 +146,29 @@ def test_later_updates_of_a_rollout_compare_against_the_policy_that_sampled(data
     """updates_per_rollout=2: the second update's old log-probs are the sampling policy's, taken before the first
     update moved it; the first update's are its own (ratio 1), so no forward is spent on them."""
     model = module(dataset, updates_per_rollout=2)
-    before, losses = {}, []
-    take_old_logprobs, policy_loss = model.old_logprobs, grpo_module.policy_loss
+    before, losses, forwards = {}, [], []
+    take_old_logprobs, policy_loss, logprobs = model.old_logprobs, grpo_module.policy_loss, model.logprobs
 
     def old_logprobs(parts):
         with torch.no_grad():
-            before["logprobs"] = [model.logprobs(part.input_ids, part.targets)[0] for part in parts]
+            before["logprobs"] = [logprobs(part.input_ids, part.targets)[0] for part in parts]
         before["masks"] = [part.mask.bool() for part in parts]
         take_old_logprobs(parts)
+
+    def counted_logprobs(*args):
+        forwards.append(len(args[0]))
+        return logprobs(*args)
 
     def recording_policy_loss(logprobs, old, *args, **kwargs):
         losses.append((logprobs.detach(), old))
         return policy_loss(logprobs, old, *args, **kwargs)
 
     monkeypatch.setattr(model, "old_logprobs", old_logprobs)
+    monkeypatch.setattr(model, "logprobs", counted_logprobs)
     monkeypatch.setattr(grpo_module, "policy_loss", recording_policy_loss)
     fit(model, dataset, tmp_path, max_steps=2)  # one rollout, two updates
     (first, first_old), (second, second_old) = losses
+    assert len(forwards) == 3  # the second share's old log-probs, then each update's own
     (first_before, second_before), (first_mask, second_mask) = before["logprobs"], before["masks"]
     assert torch.equal(first_old, first)
     torch.testing.assert_close(first_old[first_mask], first_before[first_mask])

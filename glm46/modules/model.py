@@ -301,12 +301,13 @@ class GLM46ForCausalLM(nn.Module):
         eos_ids = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
         eos = torch.tensor(eos_ids, dtype=input_ids.dtype, device=input_ids.device)
         decoding = DecodingRows(batch, max_new_tokens, eos, generator, input_ids)
-        step_input, step_positions = input_ids[distinct], positions[distinct]
+        shared = len(distinct) < batch
+        step_input, positions = (input_ids[distinct], positions[distinct]) if shared else (input_ids, positions)
         for step in range(max_new_tokens):
-            hidden, _ = self.model(step_input, step_positions, cache)
+            hidden, _ = self.model(step_input, positions, cache)  # positions: of the cache's rows
             logits = self.lm_head(hidden[:, -1])
-            if step == 0:  # the distinct prompts' -> every row's
-                logits = logits[prompt_of_row]
+            if step == 0 and shared:  # the distinct prompts' -> every row's
+                logits, positions = logits[prompt_of_row], positions[prompt_of_row]
                 cache.select(prompt_of_row)
             next_token = decoding.write(sample_next_token(logits, temperature, top_k, top_p, decoding.generator))
             done = bool(decoding.ended.all())
@@ -315,5 +316,4 @@ class GLM46ForCausalLM(nn.Module):
             if (keep := decoding.drop_ended(cache)) is not None:
                 next_token, positions = next_token[keep], positions[keep]
             step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [b, 1] each
-            step_positions = positions
         return torch.cat([input_ids, decoding.output()], dim=1)

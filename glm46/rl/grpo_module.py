@@ -76,7 +76,7 @@ class Rollout:
     def split(self, parts: int) -> list[Rollout]:
         """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
         rows = self.input_ids.shape[0] // parts
-        fields = ("input_ids", "targets", "mask", "advantages", "old_logprobs", "engine_logprobs")
+        fields = ("input_ids", "targets", "mask", "advantages", "engine_logprobs")  # old_logprobs: set per part
         return [
             Rollout(
                 **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
