@@ -16,6 +16,8 @@ from glm46.data.shards import load_shard
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY = dict(
@@ -63,7 +65,7 @@ SHORT_RUN = [
 def run_py(*overrides: str, killed: bool = False, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python run.py <overrides>` from the repository root; it must exit 0, or die of SIGKILL when `killed`
     (tests.helpers.KillAtBatch, `kill_at`)."""
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", *overrides], cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
     expected = -signal.SIGKILL if killed else 0

@@ -19,7 +19,7 @@ from pathlib import Path
 from glm46.rl.engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
-PRELOAD = ["torch", "lightning", "glm46.lit", "glm46.parallel", "glm46.hf", "hydra", "tests.helpers"]
+PRELOAD = ["torch", "lightning", "glm46.lit", "glm46.parallel", "glm46.hf", "glm46.app.tasks", "hydra", "tests.helpers"]
 _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 

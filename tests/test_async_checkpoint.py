@@ -16,6 +16,7 @@ import torch
 from glm46.checkpoint.atomic import AtomicCheckpointIO
 from glm46.checkpoint.write_errors import CheckpointWriteError
 
+from . import forked
 from . import test_dead_rank as dead_rank
 from .helpers import launcher_env
 
@@ -25,7 +26,7 @@ ASYNC = ["parallelism.async_checkpoint=true"]
 
 
 def run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "run.py", *FSDP2, f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,
         env=launcher_env(),

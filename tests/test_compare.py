@@ -21,6 +21,7 @@ from glm46.reports.config_diff import diff_specs, format_text
 from glm46.reports.plots import read_metrics
 from glm46.reports.sweep_summary import Member, estimate, find_members, main, member_state, read_outcomes, summarize
 
+from . import forked
 from .slurm import require_slurm
 
 REPO = Path(__file__).resolve().parents[1]
@@ -229,7 +230,7 @@ def run_sweep(tmp_path: Path, *overrides: str, timeout: float = 600) -> subproce
     command = [sys.executable, str(REPO / "run.py"), "-m", *QUICK, f"paths.sweep_dir={tmp_path}", *overrides]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONWARNINGS", None)
-    return subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
+    return forked.run(command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=timeout)
 
 
 def check_two_by_two(members_dir: Path) -> None:

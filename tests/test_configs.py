@@ -2,7 +2,6 @@
 
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 from glm46.planning.counts import count_parameters, format_counts
 
+from . import forked
 from .helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -195,7 +195,7 @@ def test_air_counts_match_the_reference(compose_config):
 
 
 def test_run_py_estimate_prints_the_table(tmp_path):
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", "task=estimate", "model=glm46_355b", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
@@ -211,7 +211,7 @@ def test_run_py_estimate_prints_the_table(tmp_path):
 
 
 def test_run_py_refuses_a_misspelt_key_naming_it(tmp_path):
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", "model.num_experts_per_tokk=2", f"hydra.run.dir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
@@ -236,8 +236,10 @@ def test_run_directories_are_keyed_by_slurm_job_id(monkeypatch):
 def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config):
     """experiment=toy_recipe_tools: the drill is the first stage and the first phase of the clock (near the peak LR;
     a dictionary merged onto toy_recipe's would list it last), single digits, a corpus of its own
-    (source=embedded_tools, whose digit rule goes with it); the default run skips the stage (null)."""
+    (source=embedded_tools, whose digit rule goes with it); experiment=toy_recipe skips the stage (null). It is the
+    default run."""
     default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
+    assert compose_config() == tools
     assert list(default.stages)[0] == "copy" and default.stages["copy"] is None
     assert list(tools.stages) == ["copy", "pretrain1", "pretrain2", "midtrain", "sft"] and tools.stages["copy"]
     copy_stage = compose_config("experiment=toy_recipe_tools", *tools.stages["copy"])
@@ -255,7 +257,7 @@ def test_the_tools_recipe_plays_calculator_episodes_in_rl_after_an_sft_that_leav
     """experiment=toy_recipe_tools's last stage: GRPO on arithmetic and two-turn calculator episodes (whose prompts
     fit), each turn bounded; its SFT sees fewer tool chats than the default corpus's tenth."""
     default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
-    assert dict(tools.phase.mixture) == {"rl": 0.75, "tool": 0.25} and dict(default.phase.mixture) == {"rl": 1.0}
+    assert dict(tools.phase.mixture) == {"rl": 0.5, "tool": 0.5} and dict(default.phase.mixture) == {"rl": 1.0}
     assert tools.phase.grpo.max_turns == 2 and default.phase.grpo.max_turns == 1
     assert tools.phase.grpo.max_turn_tokens <= tools.eval.max_gen_toks < tools.phase.grpo.max_new_tokens
     assert tools.data.seq_len == tools.phase.max_prompt_len > default.phase.max_prompt_len

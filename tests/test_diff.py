@@ -10,6 +10,8 @@ import yaml
 from glm46.optim.schedules import LinearRamp, steps_for
 from glm46.reports.config_diff import SpecError, compose_from, diff_configs, main
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1 = "experiment=pretrain_phase1 cluster=h800_1024n"  # its step count reads the data-parallel ranks
 
@@ -37,7 +39,7 @@ def run_main(capsys, *argv):
 def run_dir(tmp_path_factory):
     """A real Hydra run directory, written by `python run.py task=estimate` (no training)."""
     path = tmp_path_factory.mktemp("run") / "estimate"
-    subprocess.run(
+    forked.run(
         [sys.executable, "run.py", "task=estimate", f"hydra.run.dir={path}"],
         cwd=ROOT,
         capture_output=True,

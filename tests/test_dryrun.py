@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 PHASE1_H800 = ["experiment=pretrain_phase1", "cluster=h800_1024n", "data.path=/nowhere/no-data-needed"]
 # The 128K phase on its layout (no stages, TP 8 + SP, EP 32), each row further split over 2 context-parallel ranks
@@ -141,7 +143,7 @@ def test_the_production_command_dry_runs_without_data_or_gpu_in_little_memory(tm
 
 
 def test_a_rank_outside_the_world_is_refused(tmp_path):
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(ROOT / "run.py"),

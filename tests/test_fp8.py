@@ -18,6 +18,7 @@ from glm46.checkpoint.hub_config import CheckpointError
 from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.hf import load_hf, save_hf
 
+from . import forked
 from .helpers import random_model, relative_error, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +146,7 @@ BLOCKS = dict(hidden_size=256, intermediate_size=384, moe_intermediate_size=128,
 
 
 def run_export(*overrides: str, cwd, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, str(ROOT / "run.py"), "task=export", *overrides, f"hydra.run.dir={cwd}/run"],
         capture_output=True, text=True, cwd=cwd, env=os.environ | (env or {}),
     )  # fmt: skip

@@ -21,6 +21,7 @@ from glm46.config.schema import register_configs
 from glm46.errors import ConfigError
 from glm46.optim.schedules import LinearRamp, steps_for
 
+from . import forked
 from .conftest import CONF_DIR
 from .slurm import require_slurm, sacct_states
 
@@ -104,7 +105,7 @@ def test_validation_refuses_jobs_that_cannot_run(overrides, message):
 
 def test_a_missing_mandatory_value_is_refused_before_sbatch(tmp_path):
     """`???` values (here data.path) are refused by the launcher's check, naming the key; nothing is queued."""
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "run.py"),
@@ -123,7 +124,7 @@ def test_a_missing_mandatory_value_is_refused_before_sbatch(tmp_path):
 
 def test_a_refused_job_is_never_submitted(tmp_path):
     """The launcher validates before it calls sbatch: with no Slurm answering, the refusal is all we see."""
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "run.py"),
@@ -145,7 +146,7 @@ def test_plan_of_the_355b_rl_job_on_fsdp2_x_ep(tmp_path):
     """experiment=rl lays the 355B model out on FSDP2 x EP 32 with activation checkpointing (RL's generate needs whole
     layers and sequences): it fits, and its phase is off the recipe's clock (no pre-training timeline composed with
     RL's keys, which failed before)."""
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, str(REPO / "run.py"), "task=plan", "experiment=rl", "cluster=h800_1024n", "data.path=/d",
          "init_from=/ckpt", f"paths.sweep_dir={tmp_path}"],
         capture_output=True, text=True, cwd=tmp_path,
@@ -164,7 +165,7 @@ def test_plan_of_the_355b_rl_job_on_fsdp2_x_ep(tmp_path):
 def test_plan_refuses_a_colocated_engine_whose_weights_exceed_its_share(tmp_path):
     """In bf16 the 355B weights need 83 GiB per GPU at TP 8, more than the engine's 48 GiB: the plan says what to
     change."""
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, str(REPO / "run.py"), "task=plan", "experiment=rl", "cluster=h800_1024n", "data.path=/d",
          "init_from=/ckpt", "phase.rollout.quantization=null", f"paths.sweep_dir={tmp_path}"],
         capture_output=True, text=True, cwd=tmp_path,
@@ -178,7 +179,7 @@ def test_plan_refuses_a_colocated_engine_whose_weights_exceed_its_share(tmp_path
 
 def test_plan_of_the_355b_phase1_job_matches_hand_arithmetic(tmp_path):
     """6 x 32.08B active x 15T tokens = 2.887e24 FLOPs: yottaFLOPs, not the seeds' "zettaFLOPs"."""
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "run.py"),

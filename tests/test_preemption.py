@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 RUN = [
     "experiment=tiny_bytes",
@@ -25,7 +27,7 @@ RUN = [
 
 
 def run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,
         capture_output=True,

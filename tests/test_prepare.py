@@ -20,6 +20,8 @@ from glm46.data.pipeline import prepare_dataset
 from glm46.data.quality import QualityRules, violation
 from glm46.data.sources import read_jsonl, read_parquet, read_text_folder
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 VOCAB = 300  # a byte-level BPE's smallest useful vocabulary: these tests count documents, not tokens
 DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
@@ -263,7 +265,7 @@ def test_missing_input_path_is_named(tmp_path):
 
 def test_run_py_prepare_command(planted, tmp_path):
     out = tmp_path / "dataset"
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             "run.py",

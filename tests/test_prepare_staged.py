@@ -24,6 +24,7 @@ from glm46.data.staged.stages import run_task
 from glm46.data.staged.work import WORK, StagedPlan, make_plan
 from glm46.errors import ConfigError
 
+from . import forked
 from .slurm import require_slurm, usable_nodes
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,7 +270,7 @@ def test_a_glob_of_input_files_is_read_as_its_matches(jsonl_corpus, tmp_path):
 
 
 def _run_py(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, str(ROOT / "run.py"), *overrides],
         capture_output=True,
         text=True,

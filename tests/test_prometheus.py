@@ -15,6 +15,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = [  # micro-batches of 2 x 32 tokens
     "experiment=tiny_bytes",
@@ -95,7 +97,7 @@ def test_a_port_in_use_ends_the_run_naming_the_key(tmp_path):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
+        result = forked.run(
             [
                 sys.executable,
                 str(ROOT / "run.py"),

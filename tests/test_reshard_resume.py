@@ -20,6 +20,7 @@ import lightning as L
 import pytest
 import torch
 
+from . import forked
 from .helpers import launcher_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,7 +68,7 @@ class RecordSteps(L.Callback):
 def run(run_dir: Path, record: Path, *overrides: str, init_from: Path, fails: bool = False):
     env = launcher_env()
     callback = [f"+callbacks.record._target_={__name__}.RecordSteps", f"+callbacks.record.path={record}"]
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", f"init_from={init_from}", *callback, *overrides],
         cwd=ROOT,
         env=env,

@@ -51,7 +51,10 @@ def test_batch_size_ramp_glm45():
 
 
 def test_a_run_off_the_recipes_clock_scales_its_positions_to_its_own_tokens(compose_config):
-    cfg = compose_config("trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128")
+    # experiment=toy_recipe: the toy clock without the default run's copy drill in front, so that the switch falls
+    # where GLM-4.5's does
+    small = ["experiment=toy_recipe", "trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128"]
+    cfg = compose_config(*small)
     run_tokens = 1000 * 4 * 128
     assert cfg.phase.name == "toy_rl" and cfg.phase.name not in cfg.recipe.phases  # RL: a clock of its own
     assert cfg.schedule.run_tokens == run_tokens and cfg.schedule.start_tokens == 0
@@ -64,7 +67,7 @@ def test_a_run_off_the_recipes_clock_scales_its_positions_to_its_own_tokens(comp
     assert instantiate(cfg.schedule.mtp_weight).boundaries == [0]
     assert instantiate(cfg.callbacks.expert_balancer.rate)(0) == 0.0
     # any other run off the clock (a quick run, a sweep) meets the switch where the recipe does, scaled
-    quick = compose_config("trainer.max_steps=1000", "data.batch_size=4", "data.seq_len=128", "recipe.post_training=[]")
+    quick = compose_config(*small, "recipe.post_training=[]")
     mtp = instantiate(quick.schedule.mtp_weight)
     assert mtp.boundaries == [round(cfg.recipe.switch_tokens * share)] and mtp.values == [0.3, 0.1]
     assert 0.64 < mtp.boundaries[0] / run_tokens < 0.66  # at GLM-4.5's 15T of 23.1T

@@ -395,6 +395,7 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
         "serve.max_model_len=1024",
         "serve.dtype=float32",  # as ours: vLLM's auto runs an fp32 export in bf16, which flips near-tied argmaxes
         "+serve.env.VLLM_CPU_KVCACHE_SPACE=1",
+        "serve.extra_args=[--enforce-eager]",  # no torch.compile warm-up: about 60 s of the start on 2 cores
         f"hydra.run.dir={tmp_path}",
     ]
     command = [sys.executable, str(ROOT / "run.py"), "task=serve", *overrides]

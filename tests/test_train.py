@@ -21,6 +21,8 @@ from glm46.data.chat import STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.hf import load_hf
 
+from . import forked
+
 ROOT = Path(__file__).resolve().parents[1]
 SHORT_RUN = [
     "experiment=tiny_bytes",
@@ -35,7 +37,7 @@ SHORT_RUN = [
 
 
 def run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={run_dir}", *overrides],
         cwd=ROOT,
         capture_output=True,
@@ -94,7 +96,7 @@ def test_a_pipelined_run_validates_and_logs_every_stages_expert_load(trained, tm
     step for step, the same number of routed tokens as the one-process run."""
     from .helpers import launcher_env
 
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={tmp_path}", "trainer.max_steps=20"]
         + ["parallelism=pp", "cluster.devices=2"],
         cwd=ROOT,
@@ -185,7 +187,7 @@ def test_train_on_a_prepared_dataset(tmp_path):
         "".join(json.dumps({"text": " ".join(rng.choice(words) for _ in range(80)) + "."}) + "\n" for _ in range(200))
     )
     dataset = tmp_path / "dataset"
-    prepared = subprocess.run(
+    prepared = forked.run(
         [
             sys.executable,
             "run.py",
@@ -202,7 +204,7 @@ def test_train_on_a_prepared_dataset(tmp_path):
         timeout=300,
     )
     assert prepared.returncode == 0, prepared.stderr[-2000:]
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             "run.py",
@@ -348,7 +350,8 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         "source.options.sft_conversations=1000",
         "source.options.rl_prompts=200",
         "source.options.tool_prompts=200",
-        "prepare.tokenizer.vocab_size=2048",
+        "source.options.copy_drills=200",
+        "prepare.tokenizer.vocab_size=4096",  # a tool prompt fits RL's 224 tokens (about 250 in 2,048 tokens)
         "data.batch_size=4",
         "phase.seq_len=128",
         "trainer.log_every_n_steps=1",
@@ -357,7 +360,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         "eval.ppl_documents=4",
         f"hydra.run.dir={run_dir}",
     ]
-    first = subprocess.run(
+    first = forked.run(
         [sys.executable, "run.py", *small, "trainer.max_steps=4"], cwd=ROOT, capture_output=True, text=True, timeout=900
     )
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-3000:]
@@ -368,7 +371,8 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         manifest["domains"]
     )
 
-    stages = {"pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2", "midtrain": "toy_midtrain", "sft": "toy_sft"}
+    stages = {"copy": "toy_copy", "pretrain1": "toy_pretrain1", "pretrain2": "toy_pretrain2"}
+    stages |= {"midtrain": "toy_midtrain", "sft": "toy_sft"}
     first_losses, previous = [], None
     for name, phase in stages.items():
         stage_dir = run_dir / "stages" / name
@@ -381,11 +385,12 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         assert stage_config["init_from"] == previous and stage_config["phase"]["name"] == phase
         previous = str(stage_dir / "hf")  # each stage starts from the previous one's final weights
         first_losses.append(column(metrics(stage_dir), "train/loss")[0])
-    # the LR: one warm-up (from 0) at the start of the toy recipe's clock, pretrain2 and midtrain further down its
-    # cosine at their places on it (not restarted from 0), SFT warming up again on a clock of its own
+    # the LR: one warm-up (from 0) at the start of the recipe's clock, in the copy drill; the pre-training phases and
+    # mid-training further down its cosine at their places on it (not restarted from 0); SFT warming up again on a
+    # clock of its own
     first_lr = {name: column(metrics(run_dir / "stages" / name), "optim/lr")[0] for name in stages}
-    assert first_lr["pretrain1"] == 0.0 and first_lr["sft"] == 0.0
-    assert first_lr["pretrain1"] < first_lr["midtrain"] < first_lr["pretrain2"] < 3e-3
+    assert first_lr["copy"] == 0.0 and first_lr["sft"] == 0.0
+    assert 0.0 < first_lr["midtrain"] < first_lr["pretrain2"] < first_lr["pretrain1"] < 3e-3
     chain = json.loads((run_dir / "curriculum.json").read_text())
     assert [entry["init_from"] for entry in chain] == [None] + [str(run_dir / "stages" / n / "hf") for n in stages]
     assert all(loss < first_losses[0] for loss in first_losses[1:]), f"each stage starts from the last: {first_losses}"
@@ -401,8 +406,9 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     tokenizer = GLMTokenizer.from_file(dataset / "tokenizer.json")
     stops = [tokenizer.token_id(token) for token in STOP_TOKENS]
     assert json.loads((run_dir / "hf" / "generation_config.json").read_text())["eos_token_id"] == stops
-    # every stage is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
-    for stage_dir in [*(run_dir / "stages" / name for name in stages), run_dir]:
+    # every stage but the drill is evaluated by lm-eval; the run ends with the table of skills and curriculum.png
+    assert not (run_dir / "stages" / "copy" / "eval").exists()
+    for stage_dir in [*(run_dir / "stages" / name for name in stages if name != "copy"), run_dir]:
         results = json.loads((stage_dir / "eval" / "results.json").read_text())
         assert {"glm46_arithmetic", "glm46_tool_arithmetic", "glm46_ppl_code"} <= set(results["results"])
         assert column(metrics(stage_dir), "eval/glm46_tool_arithmetic/tool_calls")
@@ -411,7 +417,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     for skill in ("arithmetic", "tool_arithmetic", "tool_calls"):  # each skill's paired change from stage to stage
         assert re.search(rf"{skill} sft -> toy_rl: [+-]\d\.\d{{3}} \(paired 95% CI \[[+-]\d\.\d{{3}}, ", printed)
 
-    again = subprocess.run(
+    again = forked.run(
         [sys.executable, "run.py", *small, "trainer.max_steps=6", "ckpt_path=last"],
         cwd=ROOT,
         capture_output=True,
@@ -420,7 +426,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
     )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     assert f"dataset: {dataset} (prepared" in again.stdout and "preparing" not in again.stdout
-    assert again.stdout.count("finished before, skipped") == 4
+    assert again.stdout.count("finished before, skipped") == 5
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
 
 

@@ -1,5 +1,5 @@
-"""`train` through a curriculum in one run: the default `python run.py` (experiment=toy_recipe) trains the toy
-GLM curriculum stage by stage, on the embedded corpus prepared first (glm46.app.preparation).
+"""`train` through a curriculum in one run: the default `python run.py` (experiment=toy_recipe_tools) trains the
+toy GLM curriculum stage by stage, on the embedded corpus prepared first (glm46.app.preparation).
 
 An experiment lists its earlier stages under `stages` (name -> command-line overrides, e.g.
 `[data=embedded_shards, phase=toy_pretrain1]`). Each is composed like `python run.py <its overrides>

@@ -200,8 +200,8 @@ def near_duplicates(
     for index in candidates.tolist():
         row = signatures[index]
         keys = [row[start:end].tobytes() for start, end in bands]
-        others = {other for bucket, key in zip(buckets, keys) for other in bucket.get(key, ())}
-        if any(np.count_nonzero(signatures[other] == row) / len(row) >= threshold for other in others):
+        others = sorted({other for bucket, key in zip(buckets, keys) for other in bucket.get(key, ())})
+        if others and (signatures[others] == row).mean(axis=1).max() >= threshold:
             dropped.add(index)
         else:
             for bucket, key in zip(buckets, keys):

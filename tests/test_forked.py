@@ -1,0 +1,42 @@
+"""tests/forked.py answers as subprocess.run does: the script's output, working directory, arguments, environment and
+exit status (a code, an uncaught exception, a signal), and a timeout."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from . import forked
+
+SCRIPT = """import os, signal, sys
+print(os.getcwd(), sys.argv[1:], os.environ["MARK"], sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+print("to stderr", file=sys.stderr)
+how = sys.argv[1]
+if how == "raise":
+    raise ValueError("bad input")
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+if how == "sleep":
+    import time
+    time.sleep(60)
+sys.exit(int(how) if how.isdigit() else how)
+"""
+
+
+@pytest.mark.parametrize("how", ["0", "3", "a message", "raise", "kill"])
+def test_a_forked_script_answers_as_a_subprocess(tmp_path, how):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    command, env = [sys.executable, str(script), how], os.environ | {"MARK": "x"}
+    ours = forked.run(command, cwd=tmp_path, env=env)
+    theirs = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert ours.returncode == theirs.returncode and ours.stdout == theirs.stdout
+    assert ours.stderr.splitlines()[0] == "to stderr" and ours.stderr.splitlines()[-1] == theirs.stderr.splitlines()[-1]
+
+
+def test_a_forked_script_past_its_timeout_is_killed(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        forked.run([sys.executable, str(script), "sleep"], cwd=tmp_path, env=os.environ | {"MARK": "x"}, timeout=5)
