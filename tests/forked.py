@@ -4,8 +4,8 @@ short run costs (Lightning alone about 8 CPU-seconds a process on the CI's machi
 
 The child is a real process (its own pid, exit status and signals) that runs the script as `python run.py` does:
 `__main__`, `sys.argv`, the working directory and the environment given, stdout and stderr captured to files, exit
-handlers run. `run` answers as `subprocess.run(..., capture_output=True, text=True)` does; a command that is not
-`python <script>.py ...` runs as a subprocess.
+handlers run. `run` answers as `subprocess.run(..., capture_output=True, text=True)` does; a command that is neither
+`python <script>.py ...` nor `python -m <module> ...` runs as a subprocess.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from .ranks import _context
+from .ranks import _context, start_child
 
 
 def _exit_status(code: object) -> int:
@@ -36,21 +36,16 @@ def _script(argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
-    for fd, path in ((1, out), (2, err)):
-        with open(path, "w") as file:
-            os.dup2(file.fileno(), fd)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
-    import torch
-    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
-
-    rank_zero_only.rank = _get_rank() or 0  # read from the environment when Lightning was imported, in the server
-    if "OMP_NUM_THREADS" in env:  # read by torch's thread pool when it was imported, in the server
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    sys.argv = list(argv)
-    sys.path.insert(0, os.path.dirname(argv[0]))  # as `python <script>` puts its folder first
+    start_child(out, err)
     try:
-        runpy.run_path(argv[0], run_name="__main__")
+        if argv[0] == "-m":  # `python -m module ...`: the working directory first on the path
+            sys.argv = list(argv[1:])
+            sys.path.insert(0, cwd)
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:  # `python script.py ...`: the script's folder first on the path
+            sys.argv = list(argv)
+            sys.path.insert(0, os.path.dirname(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
         status = 0
     except SystemExit as exit:
         status = _exit_status(exit.code)
@@ -64,7 +59,10 @@ def _script(argv: list[str], cwd: str, env: dict, out: str, err: str) -> None:
 
 
 def _is_script(command: list[str]) -> bool:
-    return len(command) >= 2 and command[0] == sys.executable and str(command[1]).endswith(".py")
+    """`python <script>.py ...` or `python -m <module> ...`."""
+    if len(command) < 2 or command[0] != sys.executable:
+        return False
+    return str(command[1]).endswith(".py") or (command[1] == "-m" and len(command) >= 3)
 
 
 def run(
@@ -82,10 +80,12 @@ def run(
         kwargs = dict(cwd=cwd, env=env, timeout=timeout, check=check, capture_output=capture_output, text=text)
         return subprocess.run(command, **kwargs)
     cwd = str(Path(cwd or os.getcwd()).resolve())
-    script = str(Path(cwd, command[1]))
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        argv = [script, *map(str, command[2:])]
+        if command[1] == "-m":
+            argv = list(map(str, command[1:]))
+        else:
+            argv = [str(Path(cwd, command[1])), *map(str, command[2:])]
         process = _context.Process(target=_script, args=(argv, cwd, dict(env or os.environ), out, err))
         process.start()
         process.join(timeout)

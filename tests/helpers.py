@@ -117,13 +117,18 @@ class RecordBatches(L.Callback):
 
 
 class SlowSteps(L.Callback):
-    """Make each training step last at least `seconds` (the requeue test needs a run longer than an allocation)."""
+    """Make each training step last at least `seconds` of wall time, however loaded the machine: a run whose length
+    is known in advance (the requeue test needs one longer than two allocations, and no longer)."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
+        self.started = time.monotonic()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.started = time.monotonic()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        time.sleep(self.seconds)
+        time.sleep(max(0.0, self.seconds - (time.monotonic() - self.started)))
 
 
 class SignalAtStep(L.Callback):

@@ -24,6 +24,25 @@ _context = multiprocessing.get_context("forkserver")
 _context.set_forkserver_preload(PRELOAD)
 
 
+def start_child(out: str, err: str) -> None:
+    """What a process forked from the server does first: its stdout and stderr go to files (one when `out == err`),
+    and what the server read from its own environment when it imported Lightning and torch (the rank, the thread
+    count) is read again from the child's."""
+    files = {path: open(path, "w") for path in {out, err}}
+    os.dup2(files[out].fileno(), 1)
+    os.dup2(files[err].fileno(), 2)
+    for file in files.values():
+        file.close()
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    import torch
+    from lightning.fabric.utilities.rank_zero import _get_rank, rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0
+    if "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def _rank(target: Callable, arguments: tuple, rank: int, world_size: int, port: int, log: str) -> None:
     os.chdir(ROOT)
     os.environ.update(
@@ -35,16 +54,7 @@ def _rank(target: Callable, arguments: tuple, rank: int, world_size: int, port: 
         NODE_RANK="0",
         OMP_NUM_THREADS="1",
     )
-    import torch
-    from lightning.fabric.utilities.rank_zero import rank_zero_only
-
-    rank_zero_only.rank = rank  # read from the environment when Lightning was imported, before this rank had one
-    torch.set_num_threads(1)
-    with open(log, "w") as out:
-        os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
-    sys.stdout = open(1, "w", buffering=1, closefd=False)
-    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    start_child(log, log)
     target(*arguments)
 
 

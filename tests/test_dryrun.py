@@ -62,7 +62,7 @@ def main(spec: dict) -> None:
 
 
 def dry_run(overrides: list[str], **spec) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return forked.run(
         [sys.executable, "-m", "tests.test_dryrun", json.dumps({"overrides": overrides, **spec})],
         cwd=ROOT,
         capture_output=True,
@@ -188,19 +188,22 @@ def test_the_plan_counts_the_newton_schulz_workspace_of_optim_ns_batch_bytes(com
     assert "Newton-Schulz workspace" not in adamw
 
 
-@pytest.mark.parametrize(("rows", "ranks"), [(5120, 8192), (160, 256), (8192, 64), (0, 4), (7, 7)])
+@pytest.mark.parametrize(("rows", "ranks"), [(5120, 8192), (160, 256), (8192, 64), (0, 4), (7, 7), (10, 4), (6, 4)])
 def test_the_dry_runs_chunking_gives_fsdp2_the_chunks_torchs_does(rows, ranks):
-    """The dry run's stand-in for FSDP2's _chunk_with_empty (one shared empty pad) yields the same chunk shapes,
-    and FSDP2 calls it while the dry run shards."""
+    """The dry run's stand-in for FSDP2's _chunk_with_empty (chunks made when read) yields the same chunks, values
+    and shapes, indexed from either end, and FSDP2 calls it while the dry run shards."""
     from torch.distributed.fsdp._fully_shard import _fsdp_common, _fsdp_param
 
-    from glm46.planning.dryrun import chunk_with_empty, shared_empty_chunks
+    from glm46.planning.dryrun import LazyChunks, lazy_chunks
 
-    tensor = torch.empty(rows, 3, device="meta")
+    tensor = torch.arange(rows * 3.0).reshape(rows, 3)
     theirs = _fsdp_common._chunk_with_empty(tensor, ranks, dim=0)
-    ours = chunk_with_empty(tensor, ranks, dim=0)
-    assert [c.shape for c in ours] == [c.shape for c in theirs] and len(ours) == ranks
+    ours = LazyChunks(tensor, ranks, dim=0)
+    assert len(ours) == ranks and [c.shape for c in ours] == [c.shape for c in theirs]
+    assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and torch.equal(ours[-1], theirs[-1])
+    with pytest.raises(IndexError):
+        ours[ranks]
     original = _fsdp_param._chunk_with_empty
-    with shared_empty_chunks():
-        assert _fsdp_param._chunk_with_empty is chunk_with_empty
+    with lazy_chunks():
+        assert _fsdp_param._chunk_with_empty is LazyChunks
     assert _fsdp_param._chunk_with_empty is original

@@ -1,5 +1,5 @@
-"""tests/forked.py answers as subprocess.run does: the script's output, working directory, arguments, environment and
-exit status (a code, an uncaught exception, a signal), and a timeout."""
+"""tests/forked.py answers as subprocess.run does, for `python script.py` and `python -m module`: the script's output,
+working directory, arguments, environment and exit status (a code, an uncaught exception, a signal), and a timeout."""
 
 import os
 import subprocess
@@ -25,10 +25,12 @@ sys.exit(int(how) if how.isdigit() else how)
 
 
 @pytest.mark.parametrize("how", ["0", "3", "a message", "raise", "kill"])
-def test_a_forked_script_answers_as_a_subprocess(tmp_path, how):
-    script = tmp_path / "script.py"
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_a_forked_script_answers_as_a_subprocess(tmp_path, how, form):
+    script = tmp_path / "forked_script.py"
     script.write_text(SCRIPT)
-    command, env = [sys.executable, str(script), how], os.environ | {"MARK": "x"}
+    start = [str(script)] if form == "script" else ["-m", "forked_script"]
+    command, env = [sys.executable, *start, how], os.environ | {"MARK": "x"}
     ours = forked.run(command, cwd=tmp_path, env=env)
     theirs = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True)
     assert ours.returncode == theirs.returncode and ours.stdout == theirs.stdout

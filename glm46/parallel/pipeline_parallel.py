@@ -25,6 +25,7 @@ MoEAuxLossAutoScaler). The logged terms are summed over the pipeline ranks once 
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass
 
@@ -72,6 +73,13 @@ def split_layers(config: GLM46Config, stages: int, layers_per_stage: tuple[int, 
         starts = [sum(layers_per_stage[:s]) for s in range(stages + 1)]
         return [range(starts[s], starts[s + 1]) for s in range(stages)]
     costs, head = layer_costs(config)
+    return list(_balanced_split(tuple(costs), head, stages))
+
+
+@functools.lru_cache(maxsize=16)
+def _balanced_split(costs: tuple[int, ...], head: int, stages: int) -> tuple[range, ...]:
+    """The dynamic programme of split_layers (O(stages x layers^2) in Python: 0.1 s for 16 stages of 93 layers, which
+    the planner asks for once per pipeline rank): computed once per cost model."""
     n = len(costs)
     prefix = [0]
     for cost in costs:
@@ -96,7 +104,7 @@ def split_layers(config: GLM46Config, stages: int, layers_per_stage: tuple[int, 
         i = cut[s][i]
         bounds.append(i)
     bounds.append(n)
-    return [range(bounds[s], bounds[s + 1]) for s in range(stages)]
+    return tuple(range(bounds[s], bounds[s + 1]) for s in range(stages))
 
 
 def stage_ids(layout: Layout, pp_rank: int) -> list[int]:

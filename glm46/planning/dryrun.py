@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -69,26 +69,46 @@ def fake_world(rank: int, world_size: int) -> None:
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
 
 
-def chunk_with_empty(tensor: torch.Tensor, num_chunks: int, dim: int) -> list[torch.Tensor]:
-    """torch.chunk padded to `num_chunks` with empty tensors, as FSDP2's `_chunk_with_empty`, but the padding is one
-    empty tensor repeated instead of one new tensor per missing chunk."""
-    chunks = list(torch.chunk(tensor, num_chunks, dim=dim))
-    return chunks + [chunks[0].new_empty(0)] * (num_chunks - len(chunks))
+class LazyChunks(Sequence):
+    """torch.chunk(tensor, num_chunks, dim) padded with empty tensors to `num_chunks`, as FSDP2's
+    `_chunk_with_empty` gives it, each chunk made when asked for: FSDP2 reads two of them (its rank's and the first),
+    and at the seeds' 8,192 ranks making all of them is most of a dry run (5 ms a parameter, 3,155 parameters)."""
+
+    def __init__(self, tensor: torch.Tensor, num_chunks: int, dim: int):
+        self.tensor, self.num_chunks, self.dim = tensor, num_chunks, dim
+        self.rows = tensor.size(dim)
+        self.step = -(-self.rows // num_chunks)  # torch.chunk's chunk size
+
+    def __len__(self) -> int:
+        return self.num_chunks
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self.num_chunks))]
+        if not -self.num_chunks <= index < self.num_chunks:
+            raise IndexError(index)
+        start = (index % self.num_chunks) * self.step
+        if self.rows == 0:  # torch.chunk of an empty dim: num_chunks empty views of the tensor
+            return self.tensor.narrow(self.dim, 0, 0)
+        if start >= self.rows:
+            return self.tensor.new_empty(0)
+        return self.tensor.narrow(self.dim, start, min(self.step, self.rows - start))
 
 
 @contextlib.contextmanager
-def shared_empty_chunks() -> Iterator[None]:
-    """FSDP2 pads the chunks of a parameter whose dim 0 is shorter than the number of ranks sharing it with one new
-    empty tensor per missing chunk (torch/distributed/fsdp/_fully_shard/_fsdp_common.py). At the seeds' 8,192 ranks,
-    the RL layout (FSDP2 over every rank) makes 15 million of them: minutes of one CPU. FSDP2 only reads those
-    chunks' sizes, so while the dry run shards, they share one. A torch without that function shards unchanged."""
+def lazy_chunks() -> Iterator[None]:
+    """FSDP2 chunks every parameter over the ranks sharing it (torch/distributed/fsdp/_fully_shard/_fsdp_common.py:
+    `_chunk_with_empty`, torch.chunk padded with one new empty tensor per missing chunk), then reads only its own
+    rank's chunk and the first. At the seeds' 8,192 ranks the RL layout (FSDP2 over every rank) would make 15 million
+    tensors: minutes of one CPU. While the dry run shards, the chunks are made when read. A torch without that
+    function shards unchanged."""
     from torch.distributed.fsdp._fully_shard import _fsdp_param
 
     original = getattr(_fsdp_param, "_chunk_with_empty", None)
     if original is None:
         yield
         return
-    _fsdp_param._chunk_with_empty = chunk_with_empty
+    _fsdp_param._chunk_with_empty = LazyChunks
     try:
         yield
     finally:
@@ -137,7 +157,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             stages = split_model(model, layout, pp_rank)
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
-        with shared_empty_chunks():
+        with lazy_chunks():
             parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, stages)
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}

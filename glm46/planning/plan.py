@@ -28,12 +28,11 @@ from dataclasses import dataclass
 
 import torch
 
-from glm46.modules import GLM46Config, GLM46ForCausalLM
-from glm46.optim import muon_param_groups
+from glm46.modules import GLM46Config
 from glm46.optim.newton_schulz import workspace_bytes
 from glm46.parallel.layout import PIPELINE_SCHEDULES, Layout, largest_shard_shape, parameter_splits
 from glm46.parallel.pipeline_parallel import split_layers, stage_ids
-from glm46.planning.counts import count_parameters, training_flops_per_token
+from glm46.planning.counts import count_parameters, model_parameters, training_flops_per_token
 
 GIB = 2**30
 MARGIN = 0.9  # a layout fits when the estimate stays under 90% of the device memory (allocator, NCCL buffers)
@@ -98,19 +97,16 @@ class PlannedParameter:
 
 def planned_parameters(config: GLM46Config, layout: Layout, optimizer: str) -> list[PlannedParameter]:
     """Every parameter with the shard the layout gives the most loaded rank, from the model built on meta."""
-    with torch.device("meta"):
-        model = GLM46ForCausalLM(config)
-    muon = {id(p) for group in muon_param_groups(model) if group["use_muon"] for p in group["params"]}
     experts = config.n_routed_experts
     return [
         PlannedParameter(
             name,
             parameter_group(name),
-            tuple(p.shape),
-            largest_shard_shape(tuple(p.shape), parameter_splits(name, layout, experts)),
-            optimizer == "muon" and id(p) in muon,
+            shape,
+            largest_shard_shape(shape, parameter_splits(name, layout, experts)),
+            optimizer == "muon" and muon,
         )
-        for name, p in model.named_parameters()
+        for name, shape, muon in model_parameters(config)
     ]
 
 
