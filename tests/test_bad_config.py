@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.modules import cuda_kernels
 
+from . import forked
 from .unsafe_pickles import unsafe_checkpoint, unsafe_dcp_folder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -362,7 +362,7 @@ def test_context_parallel_on_gpus_waits_for_its_verified_kernels(compose_config)
 def test_run_py_refuses_before_submitting(tmp_path):
     """Through run.py's real entry and the Slurm launcher: a refused job leaves no .submitit folder (nothing
     queued) and no checkpoint, and its message names the key and the value."""
-    result = subprocess.run(
+    result = forked.run(
         [
             sys.executable,
             str(REPO / "run.py"),

@@ -1,6 +1,5 @@
 """`python -m glm46.diff A B`: the key-by-key difference of two compositions (override lists or run dirs)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -92,7 +91,7 @@ def test_the_command_prints_the_ablation(capsys):
 
 
 def test_python_m_glm46_diff_runs_as_a_module():
-    result = subprocess.run(
+    result = forked.run(
         [sys.executable, "-m", "glm46.diff", PHASE1, f"{PHASE1} optim=adamw", "--exit-code"],
         cwd=ROOT,
         capture_output=True,

@@ -333,7 +333,7 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
     assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
     assert re.search(r"read +\d+ \(1 task\(s\)\)", resumed.stdout), resumed.stdout
     assert_same_dataset(tmp_path / "out", reference)
-    progress = subprocess.run(
+    progress = forked.run(
         [sys.executable, "-m", "glm46.data.staged", str(tmp_path / "out")], capture_output=True, text=True, check=True
     )
     assert re.search(r"merge +2/2", progress.stdout) and re.search(r"finish +1/1", progress.stdout), progress.stdout
