@@ -78,8 +78,9 @@ def run_ranks(target: Callable, *arguments, world_size: int, logs: Path, timeout
     for p in processes:
         p.join()
     if any(p.exitcode != 0 for p in processes):
+        logged = [logs / f"rank{r}.log" for r in range(world_size)]  # none for a rank that died starting
         tails = "".join(
-            f"\n--- rank {r} (exit {p.exitcode})\n{(logs / f'rank{r}.log').read_text()[-4000:]}"
-            for r, p in enumerate(processes)
+            f"\n--- rank {r} (exit {p.exitcode})\n{log.read_text()[-4000:] if log.exists() else '(no log)'}"
+            for r, (p, log) in enumerate(zip(processes, logged))
         )
         raise AssertionError(f"a rank of {world_size} failed or ran past {timeout} s:{tails}")

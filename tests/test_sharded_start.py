@@ -3,22 +3,22 @@ materialisation each rank's resident memory grows by its own shards plus a fixed
 model; the shards are initialised as replicas that agree and shards that differ; HF weights are read into the
 shards from per-expert and fused files alike, and missing MTP weights are initialised on the shards.
 
-Each run is its own set of processes (peak RSS is per process): this file as a script,
-`python -m tests.test_sharded_start '<json>'`, run once per rank with gloo. The memory overhead is measured,
-not assumed: the same layout materialising a tiny model."""
+Each run is its own set of processes (peak RSS is per process): `main` on 4 ranks forked from the preloaded server
+(tests/ranks.py), gloo between them, each rank's peak reset before it builds. The memory overhead is measured, not
+assumed: the same layout materialising a tiny model."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import resource
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from .ranks import run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
@@ -64,6 +64,12 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def reset_peak_rss() -> None:
+    """The peak so far becomes the resident size now (Linux's /proc/<pid>/clear_refs): a rank forked from the
+    preloaded server (tests/ranks.py) starts with the peak of that server's imports, which would hide its growth."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def main(spec: dict) -> None:
     """One rank: build on meta, lay out, materialise; report the growth of the peak RSS and the shard bytes."""
     import torch
@@ -81,6 +87,7 @@ def main(spec: dict) -> None:
     layout = Layout(world, tp, ep, world // tp if shard == -1 else shard)
     mesh = build_mesh(layout, "cpu")
     torch.manual_seed(0)
+    reset_peak_rss()
     before = peak_rss()
     with torch.device("meta"):
         model = GLM46ForCausalLM(GLM46Config(**spec["model"]))
@@ -121,31 +128,7 @@ def pieces(model) -> dict[str, list]:
 def measure(tmp_path: Path, layout: str, model: dict, **spec) -> list[dict]:
     out = tmp_path / f"{layout}-{model['hidden_size']}"
     out.mkdir()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    spec = json.dumps({"layout": layout, "model": model, "out": str(out), **spec})
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.test_sharded_start", spec],
-            cwd=ROOT,
-            env={
-                **os.environ,
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port),
-                "RANK": str(r),
-                "WORLD_SIZE": "4",
-                "OMP_NUM_THREADS": "1",
-            },
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for r in range(4)
-    ]
-    for p in processes:
-        _, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
+    run_ranks(main, {"layout": layout, "model": model, "out": str(out), **spec}, world_size=4, logs=out, timeout=300)
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
 
 
@@ -274,7 +257,3 @@ print(sum(p.numel() for p in module.parameters()), peak, anonymous * 1024)
     # (measured 0.6 GiB alone, 1.14 GiB once in the full suite): reported, bounded loosely.
     assert anonymous < 2**30, f"anonymous RSS {anonymous / 2**30:.2f} GiB (peak RSS {peak / 2**30:.2f} GiB)"
     assert peak < 2 * 2**30, f"peak RSS {peak / 2**30:.2f} GiB"
-
-
-if __name__ == "__main__":
-    main(json.loads(sys.argv[1]))
