@@ -16,8 +16,11 @@ import runpy
 import subprocess
 import sys
 import tempfile
+import time
 import traceback
 from pathlib import Path
+
+from glm46.rl.engine import free_port
 
 from .ranks import _context, start_child
 
@@ -65,6 +68,41 @@ def _is_script(command: list[str]) -> bool:
     return str(command[1]).endswith(".py") or (command[1] == "-m" and len(command) >= 3)
 
 
+def _argv(command: list[str], cwd: str) -> list[str]:
+    if command[1] == "-m":
+        return list(map(str, command[1:]))
+    return [str(Path(cwd, command[1])), *map(str, command[2:])]
+
+
+def _fork_all(command: list[str], cwd: str, envs: list[dict], timeout: float | None) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of `command` forked once per environment, waited for together: when one
+    fails the others are killed, as torchrun does; past `timeout`, subprocess.TimeoutExpired with the first's output."""
+    with tempfile.TemporaryDirectory() as folder:
+        files = [(os.path.join(folder, f"{i}.out"), os.path.join(folder, f"{i}.err")) for i in range(len(envs))]
+        processes = [
+            _context.Process(target=_script, args=(_argv(command, cwd), cwd, env, out, err))
+            for env, (out, err) in zip(envs, files)
+        ]
+        for process in processes:
+            process.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        timed_out = False
+        while any(p.exitcode is None for p in processes):
+            failed = any(p.exitcode not in (None, 0) for p in processes)
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if failed or timed_out:
+                for p in processes:
+                    p.kill()
+                break
+            time.sleep(0.05)
+        for p in processes:
+            p.join()
+        outputs = [(Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")) for out, err in files]
+    if timed_out:
+        raise subprocess.TimeoutExpired(command, timeout, *outputs[0])
+    return [(p.exitcode, *output) for p, output in zip(processes, outputs)]
+
+
 def run(
     command: list[str],
     *,
@@ -80,23 +118,23 @@ def run(
         kwargs = dict(cwd=cwd, env=env, timeout=timeout, check=check, capture_output=capture_output, text=text)
         return subprocess.run(command, **kwargs)
     cwd = str(Path(cwd or os.getcwd()).resolve())
-    with tempfile.TemporaryDirectory() as folder:
-        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        if command[1] == "-m":
-            argv = list(map(str, command[1:]))
-        else:
-            argv = [str(Path(cwd, command[1])), *map(str, command[2:])]
-        process = _context.Process(target=_script, args=(argv, cwd, dict(env or os.environ), out, err))
-        process.start()
-        process.join(timeout)
-        timed_out = process.exitcode is None
-        if timed_out:
-            process.kill()
-            process.join()
-        stdout, stderr = Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")
-    if timed_out:
-        raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
-    result = subprocess.CompletedProcess(command, process.exitcode, stdout, stderr)
+    ((status, stdout, stderr),) = _fork_all(command, cwd, [dict(env or os.environ)], timeout)
+    result = subprocess.CompletedProcess(command, status, stdout, stderr)
     if check:
         result.check_returncode()
     return result
+
+
+def run_ranks(
+    command: list[str], world_size: int, *, cwd: str | Path, env: dict, timeout: float
+) -> subprocess.CompletedProcess:
+    """`python run.py ...` on `world_size` ranks started as torchrun or srun starts them: each forked with its
+    rank in the environment, so Lightning sees an external launcher and starts no processes of its own. Answers
+    with rank 0's output, the other ranks' stderr after it, and the first failing rank's exit status."""
+    port = str(free_port())
+    rendezvous = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world_size), NODE_RANK="0")
+    envs = [env | rendezvous | {"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world_size)]
+    ranks = _fork_all(command, str(Path(cwd).resolve()), envs, timeout)
+    status = next((status for status, _, _ in ranks if status != 0), 0)
+    stderr = "".join(f"\n--- rank {r}\n{err}" if r else err for r, (_, _, err) in enumerate(ranks))
+    return subprocess.CompletedProcess(command, status, ranks[0][1], stderr)

@@ -20,6 +20,7 @@ import lightning as L
 import pytest
 import torch
 
+from . import forked
 from .helpers import launcher_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,16 +68,10 @@ class RecordSteps(L.Callback):
 def run(run_dir: Path, record: Path, *overrides: str, init_from: Path, fails: bool = False):
     env = launcher_env()
     callback = [f"+callbacks.record._target_={__name__}.RecordSteps", f"+callbacks.record.path={record}"]
-    # A fresh interpreter, not tests/forked.py: forked, a rank 0 that got SIGTERM once lost its second rank mid-save
-    # in CI (gloo: connection closed by peer; it passed when run alone), which the subprocess never did
-    result = subprocess.run(
-        [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", f"init_from={init_from}", *callback, *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    command = [sys.executable, "run.py", *RUN, f"hydra.run.dir={run_dir}", f"init_from={init_from}", *callback]
+    devices = next((int(o.split("=")[1]) for o in overrides if o.startswith("cluster.devices=")), 1)
+    # Several processes: each rank forked as srun or torchrun starts them (Lightning launches none of its own)
+    result = forked.run_ranks([*command, *overrides], devices, cwd=ROOT, env=env, timeout=600)
     assert (result.returncode != 0) == fails, result.stdout[-3000:] + result.stderr[-5000:]
     return result
 

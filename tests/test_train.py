@@ -96,13 +96,12 @@ def test_a_pipelined_run_validates_and_logs_every_stages_expert_load(trained, tm
     step for step, the same number of routed tokens as the one-process run."""
     from .helpers import launcher_env
 
-    result = forked.run(
+    result = forked.run_ranks(  # 2 ranks started as torchrun starts them
         [sys.executable, "run.py", *SHORT_RUN, f"hydra.run.dir={tmp_path}", "trainer.max_steps=20"]
         + ["parallelism=pp", "cluster.devices=2"],
+        2,
         cwd=ROOT,
         env=launcher_env(),
-        capture_output=True,
-        text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
