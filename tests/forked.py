@@ -1,6 +1,7 @@
 """`python run.py ...` for the tests, forked from the forkserver of tests/ranks.py instead of started as a fresh
 interpreter: that server has imported torch, Lightning, Hydra and glm46 once, and importing them is most of what a
-short run costs (Lightning alone about 8 CPU-seconds a process on the CI's machines).
+short run costs (Lightning alone about 8 CPU-seconds a process on the CI's machines). `run_ranks` starts a
+multi-process run's ranks the same way, as torchrun or srun would.
 
 The child is a real process (its own pid, exit status and signals) that runs the script as `python run.py` does:
 `__main__`, `sys.argv`, the working directory and the environment given, stdout and stderr captured to files, exit
@@ -13,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -135,6 +137,8 @@ def run_ranks(
     rendezvous = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world_size), NODE_RANK="0")
     envs = [env | rendezvous | {"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world_size)]
     ranks = _fork_all(command, str(Path(cwd).resolve()), envs, timeout)
-    status = next((status for status, _, _ in ranks if status != 0), 0)
+    statuses = [status for status, _, _ in ranks]
+    # the failed rank's own status, not the SIGKILL of the ranks stopped after it
+    status = next((s for s in statuses if s not in (0, -signal.SIGKILL)), next((s for s in statuses if s), 0))
     stderr = "".join(f"\n--- rank {r}\n{err}" if r else err for r, (_, _, err) in enumerate(ranks))
     return subprocess.CompletedProcess(command, status, ranks[0][1], stderr)

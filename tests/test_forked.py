@@ -42,3 +42,23 @@ def test_a_forked_script_past_its_timeout_is_killed(tmp_path):
     script.write_text(SCRIPT)
     with pytest.raises(subprocess.TimeoutExpired):
         forked.run([sys.executable, str(script), "sleep"], cwd=tmp_path, env=os.environ | {"MARK": "x"}, timeout=5)
+
+
+RANKS = """import os, sys, time
+print(os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_PORT"].isdigit())
+if sys.argv[1] == "fail" and os.environ["RANK"] == "1":
+    sys.exit(3)
+if sys.argv[1] == "fail":
+    time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("how", ["pass", "fail"])
+def test_ranks_start_as_a_launcher_starts_them_and_one_failing_stops_the_others(tmp_path, how):
+    """Each rank sees the launcher's variables; rank 1 exiting 3 ends the run at once with its status, rank 0
+    (sleeping) killed."""
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    result = forked.run_ranks([sys.executable, str(script), how], 2, cwd=tmp_path, env=dict(os.environ), timeout=30)
+    assert result.stdout.split() == ["0", "0", "2", "True"]
+    assert result.returncode == (3 if how == "fail" else 0)  # within the timeout: rank 0's sleep was cut short
