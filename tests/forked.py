@@ -18,13 +18,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import traceback
 from pathlib import Path
 
 from glm46.rl.engine import free_port
 
-from .ranks import _context, start_child
+from .ranks import _context, start_child, wait_all
 
 
 def _exit_status(code: object) -> int:
@@ -77,28 +76,15 @@ def _argv(command: list[str], cwd: str) -> list[str]:
 
 
 def _fork_all(command: list[str], cwd: str, envs: list[dict], timeout: float | None) -> list[tuple[int, str, str]]:
-    """(exit status, stdout, stderr) of `command` forked once per environment, waited for together: when one
-    fails the others are killed, as torchrun does; past `timeout`, subprocess.TimeoutExpired with the first's output."""
+    """(exit status, stdout, stderr) of `command` forked once per environment, waited for together (wait_all);
+    past `timeout`, subprocess.TimeoutExpired with the first's output."""
     with tempfile.TemporaryDirectory() as folder:
         files = [(os.path.join(folder, f"{i}.out"), os.path.join(folder, f"{i}.err")) for i in range(len(envs))]
         processes = [
             _context.Process(target=_script, args=(_argv(command, cwd), cwd, env, out, err))
             for env, (out, err) in zip(envs, files)
         ]
-        for process in processes:
-            process.start()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        timed_out = False
-        while any(p.exitcode is None for p in processes):
-            failed = any(p.exitcode not in (None, 0) for p in processes)
-            timed_out = deadline is not None and time.monotonic() > deadline
-            if failed or timed_out:
-                for p in processes:
-                    p.kill()
-                break
-            time.sleep(0.05)
-        for p in processes:
-            p.join()
+        timed_out = wait_all(processes, timeout)
         outputs = [(Path(out).read_text(errors="replace"), Path(err).read_text(errors="replace")) for out, err in files]
     if timed_out:
         raise subprocess.TimeoutExpired(command, timeout, *outputs[0])
@@ -132,7 +118,7 @@ def run_ranks(
 ) -> subprocess.CompletedProcess:
     """`python run.py ...` on `world_size` ranks started as torchrun or srun starts them: each forked with its
     rank in the environment, so Lightning sees an external launcher and starts no processes of its own. Answers
-    with rank 0's output, the other ranks' stderr after it, and the first failing rank's exit status."""
+    with rank 0's output, the other ranks' stderr after it, and the exit status of the rank that failed."""
     port = str(free_port())
     rendezvous = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world_size), NODE_RANK="0")
     envs = [env | rendezvous | {"RANK": str(r), "LOCAL_RANK": str(r)} for r in range(world_size)]

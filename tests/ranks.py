@@ -58,6 +58,25 @@ def _rank(target: Callable, arguments: tuple, rank: int, world_size: int, port: 
     target(*arguments)
 
 
+def wait_all(processes: list, timeout: float | None) -> bool:
+    """Start `processes` and wait for them together: when one fails, or past `timeout`, the others are killed, as
+    torchrun does. Whether the timeout passed."""
+    for process in processes:
+        process.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    timed_out = False
+    while any(p.exitcode is None for p in processes):
+        timed_out = deadline is not None and time.monotonic() > deadline
+        if timed_out or any(p.exitcode not in (None, 0) for p in processes):
+            for p in processes:
+                p.kill()
+            break
+        time.sleep(0.05)
+    for p in processes:
+        p.join()
+    return timed_out
+
+
 def run_ranks(target: Callable, *arguments, world_size: int, logs: Path, timeout: float = 600) -> None:
     """`target(*arguments)` on `world_size` ranks; returns when all exit 0. A rank that fails stops the others (as
     torchrun does) and the test fails with the tails of every rank's log (logs/rank<r>.log)."""
@@ -67,16 +86,7 @@ def run_ranks(target: Callable, *arguments, world_size: int, logs: Path, timeout
         _context.Process(target=_rank, args=(target, arguments, rank, world_size, port, str(logs / f"rank{rank}.log")))
         for rank in range(world_size)
     ]
-    for process in processes:
-        process.start()
-    deadline = time.monotonic() + timeout
-    while any(p.exitcode is None for p in processes):
-        if any(p.exitcode not in (None, 0) for p in processes) or time.monotonic() > deadline:
-            for p in processes:
-                p.kill()
-        time.sleep(0.1)
-    for p in processes:
-        p.join()
+    wait_all(processes, timeout)
     if any(p.exitcode != 0 for p in processes):
         logged = [logs / f"rank{r}.log" for r in range(world_size)]  # none for a rank that died starting
         tails = "".join(
