@@ -6,16 +6,16 @@ PIP := $(PYTHON) -m pip
 
 # torch first, pinned, so this machine takes its local CPU build (a loose range could pull a
 # multi-GB CUDA build); DeepSpeed then compiles against that torch (it needs no build isolation);
-# the package's own ranges are then already satisfied. torchtitan, the peer of bench/train_throughput.py (and of
-# tests/test_bench_peers.py), comes without its declared dependencies: its datasets<4.8 pin (for its own HF data
-# loaders, unused here) would downgrade lm-eval's datasets; then what importing its models needs (its MoE token
-# dispatcher imports triton kernels).
+# the package's own ranges are then already satisfied. torchtitan 0.2.2 (the last release that imports under the GPU
+# image's torch 2.11, so the same peer runs here and there), the peer of bench/train_throughput.py, bench/gpu_suite.py
+# and tests/test_bench_peers.py, comes without its declared dependencies (those of its own trainer and data loaders);
+# then what importing its models needs: tyro (its config), torchdata, triton (its MoE's padding kernel).
 install:
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.19,<0.20"
 	$(PIP) install --quiet -e ".[dev,deepspeed]"
-	$(PIP) install --quiet --no-deps torchtitan==0.3.0
-	$(PIP) install --quiet "tyro>=1,<2" spmd_types==0.2.3 triton==3.9.0 torchdata==0.11.0 torch_checkpointing==0.1.1
+	$(PIP) install --quiet --no-deps torchtitan==0.2.2
+	$(PIP) install --quiet "tyro>=1,<2" triton==3.9.0 torchdata==0.11.0
 
 run: install
 	$(PYTHON) run.py

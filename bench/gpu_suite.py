@@ -426,7 +426,7 @@ def throughput(args, device: torch.device) -> list[Row]:
         "glm46 AdamW": lambda: bench.ours(fields, device, autocast, "adamw"),
         "glm46 Muon": lambda: bench.ours(fields, device, autocast, "muon"),
         "torchtitan AdamW": lambda: bench.torchtitan_peer(fields, seq, device, autocast, "sdpa"),
-        # transformers runs only where torchtitan does not import (torchtitan 0.3 needs torch >= 2.12)
+        # transformers stands in only where torchtitan does not import
         "transformers AdamW": lambda: bench.transformers_peer(fields, device, autocast),
     }
     rates, rows, ns_share = {}, [], None

@@ -151,16 +151,13 @@ def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: s
     from torchtitan_glm import glm46_state_dict, torchtitan_glm
 
     config = GLM46Config(**fields, num_nextn_predict_layers=0)
-    model = torchtitan_glm(config, seq, attention)
+    model = torchtitan_glm(config, seq, attention, grouped_mm=device.type == "cuda")
     model.load_state_dict(glm46_state_dict(glm46_model(fields, 0)))
     optimizer = torch.optim.AdamW(model.parameters(), **ADAMW, fused=True)
 
     def loss_fn(m, x):
-        if attention == "sdpa":
-            logits = m(x)
-        else:  # FlexAttention takes its block mask; one document per row: causal
-            positions = torch.arange(x.shape[1], device=x.device).expand_as(x)
-            logits = m(x, positions, m.get_attention_masks(positions))
+        # FlexAttention takes its block mask (causal: one document per row, so no tokenizer is read)
+        logits = m(x) if attention == "sdpa" else m(x, m.get_attention_masks(x, tokenizer=None))
         return cross_entropy_loss(logits, x.roll(-1, dims=1)) / x.numel()
 
     name = f"torchtitan (AdamW fused, {attention})"

@@ -32,10 +32,11 @@ from glm46.checkpoint.training_state import (
 )
 from glm46.checkpoint.weights import load_weights
 from glm46.lit.guard import StepGuard, TrainingDiverged
-from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM
+from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM, cuda_kernels
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.modules.model import total_loss
 from glm46.optim import muon_param_groups
+from glm46.parallel.compile import compile_decoder_layers, compiled_graphs
 from glm46.parallel.data_parallel import data_parallel_size
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
@@ -56,11 +57,17 @@ class GLM46LitModule(L.LightningModule):
         empty_init: bool = False,
         init_from: str | None = None,
         recipe_start: int = 0,
+        compile: bool | None = None,
+        compile_backend: str = "inductor",
     ):
         """recipe_start: tokens of the recipe before this phase (`schedule.start_tokens`; 0 for a run of its own).
         empty_init: build the model on the meta device; `configure_model` shards it and each rank materialises
         and initialises only its shards (sharded layouts: a 355B model is never whole on a rank).
-        init_from: weights to start from (glm46.parallel.state.load_weights), read once the model is laid out."""
+        init_from: weights to start from (glm46.parallel.state.load_weights), read once the model is laid out.
+        compile: torch.compile each decoder layer in place, after the layout (glm46.parallel.compile); None: on a
+        CUDA device once the GPU suite has verified it (glm46.modules.cuda_kernels), off on CPU, where inductor takes
+        about a minute on 2 cores. compile_backend: torch.compile's backend (`aot_eager` traces without
+        generating kernels)."""
         super().__init__()
         self.config = model_config
         with torch.device("meta") if empty_init else nullcontext():
@@ -76,6 +83,7 @@ class GLM46LitModule(L.LightningModule):
         self._step_micro_batches = 0
         self._grad_norm: torch.Tensor | None = None  # the guard's, before it drops a bad step's gradients
         self.recipe_start = recipe_start
+        self.compile, self.compile_backend = compile, compile_backend
         self.tokens_seen = 0  # of this phase: the data position, and with recipe_start the schedules' clock
         self.latest_expert_counts: torch.Tensor | None = None  # of the last micro-batch, for the balancer
         self.val_loss = MeanMetric()
@@ -97,10 +105,19 @@ class GLM46LitModule(L.LightningModule):
             materialize(self.model, self.trainer.strategy.root_device)
         if self.init_from:
             load_weights(self.model, self.init_from)
+        if self.compiles:
+            compile_decoder_layers(self.model, self.compile_backend)
         model_step = getattr(self.trainer.strategy, "model_step", None)
         if model_step is not None:
             self.model_step = model_step(self.model)
         self._configured = True
+
+    @property
+    def compiles(self) -> bool:
+        """Whether the decoder layers are compiled: `compile`, or where it is None, on CUDA once verified there."""
+        if self.compile is not None:
+            return self.compile
+        return self.device.type == "cuda" and cuda_kernels.enabled("compiled_layers")
 
     def setup(self, stage: str) -> None:
         """DeepSpeed's engine steps its own (partitioned) optimizer and skips overflowing steps itself: no guard."""
@@ -143,6 +160,8 @@ class GLM46LitModule(L.LightningModule):
         self.log("train/mtp_weight", mtp_weight)
         self.log("train/tokens_seen", float(self.tokens_seen))
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
+        if self.compiles:
+            self.log("compile/graphs", float(compiled_graphs()))
         return self.model_step.for_backward(loss)
 
     def backward(self, loss: torch.Tensor, *args, **kwargs) -> None:

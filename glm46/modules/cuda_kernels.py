@@ -9,6 +9,8 @@ parallelism's training on GPUs) is refused at composition.
   (torch.nn.attention.varlen) instead of one SDPA call per document (glm46.modules.attention).
 - `context_flash`: context parallelism's blocks run the CUDA flash (bf16/fp16) or memory-efficient (fp32)
   attention ops that return the log-sum-exp, and their backward (glm46.parallel.context_parallel).
+- `compiled_layers`: training compiles each decoder layer (torch.compile's inductor kernels in place of eager ops)
+  unless the run says otherwise (`module.compile`; glm46.parallel.compile).
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ VERIFIED = {
     # 2026-11-27, one H200, torch 2.11: cp = 2 and 4 on rows of documents crossing the chunk edges, fp32 within 2.7e-6
     # of one device's attention, bf16 within the CPU blocks' error
     "context_flash": True,
+    # each decoder layer under torch.compile (inductor's kernels) in training runs (glm46.parallel.compile, the
+    # module's `compile` left at None): off until the suite's user-path row has run it on a GPU
+    "compiled_layers": False,
 }
 _enabled = dict(VERIFIED)
 

@@ -55,14 +55,15 @@ class LinearCrossEntropy(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         h, w, labels, lse, *kept = ctx.saved_tensors
-        rows = (labels != IGNORE_INDEX).nonzero().squeeze(1)
-        scale = torch.zeros_like(lse).index_fill_(0, rows, 1.0) * grad  # unlabelled rows get no gradient
+        scale = (labels != IGNORE_INDEX).to(lse.dtype) * grad  # unlabelled rows get no gradient
         if kept:  # softmax = exp / sums, written over exp (a second backward is refused)
             exp, sums = kept
             g = exp.mul_((scale / sums)[:, None])
         else:
             g = _logits(h, w).sub_(lse[:, None]).exp_().mul_(scale[:, None])
-        g[rows, labels[rows]] -= scale[rows]  # d loss / d logits [N, V]: (softmax - onehot) * scale
+        # d loss / d logits [N, V]: (softmax - onehot) * scale; an unlabelled row's scale is 0 (no rows are picked
+        # out by a mask: that would read their count on the host)
+        g.scatter_add_(1, labels.clamp(min=0)[:, None], -scale[:, None])
         g = g.to(h.dtype)
         with torch.autocast(h.device.type, enabled=False):
             grad_hidden, grad_weight = g @ w, g.T @ h

@@ -81,7 +81,8 @@ class MoE(nn.Module):
         x = x.view(-1, shape[-1])  # [N, hidden]
         weights, indices, scores = self.gate(x)  # [N, k], [N, k], [N, E]
         flat_indices = indices.flatten()  # [N * k]
-        rows = torch.bincount(flat_indices, minlength=self.num_experts)  # [E] of these tokens
+        # [E] rows per expert, of a size known without reading the device (bincount sizes its output by the largest id)
+        rows = flat_indices.new_zeros(self.num_experts).scatter_add_(0, flat_indices, torch.ones_like(flat_indices))
         order = flat_indices.argsort(stable=True)  # (token, slot) pairs grouped by expert
         inverse = order.argsort()  # each (token, slot) pair's place in `order`
         pairs = x[:, None].expand(-1, self.top_k, -1).reshape(-1, shape[-1])  # [N * k, hidden], (token, slot) order

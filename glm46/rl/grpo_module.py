@@ -154,6 +154,11 @@ class GRPOLitModule(GLM46LitModule):
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.val_rewards: list[torch.Tensor] = []
 
+    @property
+    def compiles(self) -> bool:
+        """Only when asked (`module.compile=true`): the rollouts decode at every length, each a new shape."""
+        return bool(self.compile)
+
     def configure_model(self) -> None:
         """The layout, then: under FSDP2 (fsdp2 and the expert layouts) generate and hidden_states run FSDP's forward
         hooks like forward does (the root's embedding, final norm and lm_head gathered), as they are called instead
