@@ -15,7 +15,10 @@ The parts, cheapest first, each a row or more of the table (pass, FAIL, info or 
   compile       the model under torch.compile (each block, grouped experts inside) against eager: logits, gradients
   throughput    glm46_1b, bf16, compiled, with AdamW and with Muon, against torchtitan in GLM's shape
                 (bench/torchtitan_glm.py) in the same run: tokens/s, MFU and the ratio; Muon's Newton-Schulz share
+  syncs         a bf16 training step under CUDA's sync debug mode: no op may wait for the device on the host
   memory        one eager step's peak device memory against task=plan's estimate for the same shape and optimizer
+  user_path     `python run.py` (Lightning, every callback, compiled layers) on the throughput rows' model and batch:
+                its tokens/s against the suite's glm46 Muon row, the target within 5%
 
 A part that fails reports its error in its row and the next part runs; the JSON is rewritten after every part, so
 a run stopped by its time limit keeps what it measured. `--budget` seconds: parts not started by then are skipped.
@@ -26,9 +29,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import platform
 import re
+import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -481,6 +487,41 @@ def throughput(args, device: torch.device) -> list[Row]:
     return rows
 
 
+# --- host syncs ------------------------------------------------------------------------------------------------
+
+
+def syncs(args, device: torch.device) -> list[Row]:
+    """A bf16 training step (forward, backward, AdamW) under torch.cuda.set_sync_debug_mode("error"): any op that
+    waits for the device on the host raises. The CPU's counterpart is tests/test_host_reads.py."""
+    if device.type != "cuda":
+        return [Row("syncs", "training step without host syncs", "-", "skip", "CUDA's sync debug mode")]
+    torch.manual_seed(0)
+    model = GLM46ForCausalLM(GLM46Config(**{**PARITY_CONFIG, "num_nextn_predict_layers": 1})).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    x = torch.randint(0, PARITY_CONFIG["vocab_size"], (4, 512), device=device)
+    labels = x.roll(-1, dims=1)
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = model(x, labels=labels)
+        (out.loss + 0.3 * out.mtp_loss + 1e-4 * out.balance_loss).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # the first step's one-time work (allocations, lazy initialisation) is not the step's
+    torch.cuda.synchronize(device)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        value, outcome, detail = "none", "pass", ""
+    except RuntimeError:
+        value, outcome, detail = "synced", "FAIL", traceback.format_exc(limit=-3)[-600:]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    check = "bf16 step (forward with MTP, backward, fused AdamW) under sync debug mode 'error': host syncs"
+    return [Row("syncs", check, value, outcome, detail or "4 x 512 tokens, the parity model")]
+
+
 def memory(args, device: torch.device) -> list[Row]:
     import train_throughput as bench
 
@@ -518,14 +559,90 @@ def memory(args, device: torch.device) -> list[Row]:
     return rows
 
 
+# --- the user's path -------------------------------------------------------------------------------------------
+
+STEP_LINE = re.compile(r"step (\d+)/(\d+) .*perf/tokens_per_sec (\d+)")
+
+
+def user_path(args, device: torch.device) -> list[Row]:
+    """`python run.py` training the throughput rows' model and batch (Muon, bf16, compiled layers, no MTP) on the
+    standard library's bytes, through Lightning and every callback of a run: its tokens/s per optimizer step against
+    the suite's `glm46 Muon` row (read from this run's JSON), the target within 5%. The run is stopped once its last
+    step is logged (no checkpoint, no export). On the CPU: the tiny model, a few steps, for the plumbing."""
+    gpu = device.type == "cuda"
+    steps = 8 if gpu else 4
+    settings = [
+        "experiment=tiny_bytes",
+        *(["model=glm46_1b", "cluster.accelerator=gpu", "trainer.precision=bf16-mixed"] if gpu else []),
+        *(
+            [f"cluster.gpu.memory_gib={torch.cuda.get_device_properties(device).total_memory / 2**30:.0f}"]
+            if gpu
+            else []
+        ),
+        "model.num_nextn_predict_layers=0",
+        f"module.compile={str(gpu).lower()}",
+        f"data.seq_len={4096 if gpu else 256}",
+        "data.batch_size=2",
+        f"trainer.accumulate_grad_batches={4 if gpu else 1}",
+        f"trainer.max_steps={steps}",
+        "trainer.limit_val_batches=0",
+        "callbacks.model_checkpoint=null",
+        "callbacks.preemption=null",
+        "callbacks.throughput.window_size=1",
+        "callbacks.progress_bar.refresh_rate=1",
+    ]
+    command = f"python run.py {' '.join(settings)}"
+    rates, tail = {}, []
+    with tempfile.TemporaryDirectory() as run_dir:
+        process = subprocess.Popen(
+            [sys.executable, "run.py", *settings, f"hydra.run.dir={run_dir}"],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            for line in process.stdout:
+                tail = [*tail[-20:], line.rstrip()]
+                match = STEP_LINE.search(line)
+                if match:
+                    rates[int(match[1])] = float(match[3])
+                    if int(match[1]) == steps:
+                        break
+        finally:
+            process.kill()
+            process.wait()
+    if len(rates) < steps:
+        return [Row("user_path", command, "-", "FAIL", " | ".join(tail)[-600:])]
+    after_compile = [rates[step] for step in range(3, steps + 1)]  # the first two steps compile
+    rate = sorted(after_compile)[len(after_compile) // 2]
+    rows = [Row("user_path", f"{command}: tokens/s (median of steps 3-{steps})", f"{rate:,.0f}", "info")]
+    suite = [r for r in json.loads(args.json.read_text())["rows"] if r["check"] == "glm46 Muon tokens/s"]
+    if gpu and suite and suite[0]["value"] != "-":
+        ratio = rate / float(suite[0]["value"].replace(",", ""))
+        rows.append(
+            Row(
+                "user_path",
+                "run.py / the suite's glm46 Muon step",
+                f"x{ratio:.3f}",
+                verdict(ratio >= 0.95),
+                "within 5%",
+            )
+        )
+    return rows
+
+
 PARTS = {
     "environment": environment,
     "parity": parity,
     "packed": packed,
     "context": context,
     "compile": compile_parity,
+    "syncs": syncs,
     "memory": memory,
     "throughput": throughput,
+    "user_path": user_path,
 }
 
 

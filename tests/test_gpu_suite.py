@@ -26,14 +26,31 @@ def test_the_gpu_suite_runs_its_cpu_parts(tmp_path):
     by_part = {}
     for row in rows:
         by_part.setdefault(row["part"], []).append(row)
-    assert set(by_part) == {"environment", "parity", "packed", "context", "compile", "memory", "throughput"}
+    parts = {"environment", "parity", "packed", "context", "compile", "syncs", "memory", "throughput", "user_path"}
+    assert set(by_part) == parts
     assert not [r for r in rows if r["verdict"] == "FAIL"]
     checked = [r for r in rows if r["verdict"] == "pass"]
     assert {r["part"] for r in checked} == {"environment", "parity", "context"}
     # cp 2 and 4 in fp32 against one device; in bf16 the CPU blocks are the reference of the CUDA ones (info here)
     assert [r["verdict"] for r in by_part["context"]] == ["info", "info", "pass", "pass"]
     skipped = {r["part"] for r in rows if r["verdict"] == "skip"}
-    assert skipped == {"packed", "compile", "memory"}  # the CUDA-only parts, each saying why
+    assert skipped == {"packed", "compile", "syncs", "memory"}  # the CUDA-only parts, each saying why
     checks = {r["check"] for r in by_part["throughput"]}
     assert {"glm46 AdamW / torchtitan AdamW", "glm46 Muon / torchtitan AdamW"} <= checks
     assert "== GPU suite" in result.stdout
+    # the user's path: run.py trained and its rate per step was read from its progress lines
+    (user_path,) = by_part["user_path"]
+    assert (
+        user_path["check"].startswith("python run.py experiment=tiny_bytes")
+        and float(user_path["value"].replace(",", "")) > 0
+    )
+
+
+def test_the_model_config_is_the_throughput_preset(compose_config):
+    """conf/model/glm46_1b.yaml (what run.py trains in the suite's user path) is bench/train_throughput.py's preset."""
+    from bench.train_throughput import PRESETS
+    from glm46.config.checks import model_config
+
+    fields, _ = PRESETS["glm46_1b"]
+    config = model_config(compose_config("experiment=tiny_bytes", "model=glm46_1b"))
+    assert {name: getattr(config, name) for name in fields} == fields
