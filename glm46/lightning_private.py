@@ -57,6 +57,12 @@ class DeepSpeedInitializeHook:
         return super()._setup_model_and_optimizer(model, optimizer, lr_scheduler)
 
 
+def ends_optimizer_step(trainer: L.Trainer) -> bool:
+    """Whether the training batch in progress is the last of its optimizer step: Lightning's own decision
+    (`_should_accumulate`: the accumulation's last batch, or the epoch's), which no public attribute states."""
+    return not trainer.fit_loop.epoch_loop._should_accumulate()
+
+
 def last_saved_step(callback: ModelCheckpoint) -> int:
     """The global step of `callback`'s own latest save (`_last_global_step_saved`; 0 before any). Public hooks
     (`on_save_checkpoint`) report every save, not this callback's, and only its own saves refresh last.ckpt."""

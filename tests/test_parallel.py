@@ -113,7 +113,8 @@ def main(spec: dict) -> None:
             per_rank = GLOBAL_BATCH // size
             start = self.trainer.global_step
             indices = [s * GLOBAL_BATCH + rank * per_rank + i for s in range(start, 8) for i in range(per_rank)]
-            return DataLoader([data[i] for i in indices], batch_size=per_rank, shuffle=False)
+            batch_size = per_rank // spec.get("accumulate", 1)  # a step's rows in that many batches
+            return DataLoader([data[i] for i in indices], batch_size=batch_size, shuffle=False)
 
     class Record(L.Callback):
         def __init__(self):
@@ -123,6 +124,8 @@ def main(spec: dict) -> None:
             self.initial = {name: None if t is None else t.clone() for name, t in full_state_items(pl_module.model)}
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if len(self.losses) == trainer.global_step:
+                return  # inside an accumulation: a pipeline logs its step's loss at the step's last batch
             # The step's loss as logged: whole (a sequence-parallel rank returns its tokens' part for the backward)
             loss = trainer.callback_metrics["train/total_loss"].detach().clone()
             group = data_parallel_group(trainer.strategy)
@@ -164,6 +167,7 @@ def main(spec: dict) -> None:
         strategy=strategy,
         precision="32-true",
         max_steps=steps,
+        accumulate_grad_batches=spec.get("accumulate", 1),
         gradient_clip_val=spec.get("clip", 1.0),
         logger=False,
         enable_checkpointing=bool(checkpoints),
@@ -204,6 +208,8 @@ def main(spec: dict) -> None:
                 "expert_share": expert_share,  # the share of the experts rank 0 holds
                 "world_size": trainer.world_size,
                 "skipped_steps": module.guard.skipped if module.guard is not None else 0,
+                # a pipeline's schedules, by the microbatches each ran
+                "schedules": sorted(getattr(getattr(module.model_step, "pipeline", None), "schedules", {})),
             },
             out / "result.pt",
         )
@@ -516,6 +522,17 @@ def test_pipeline_parallel_equals_the_single_process_run(tmp_path, initial_weigh
     head), the batch in two microbatches: the same losses, expert counts and final weights as one process."""
     overrides = [f"parallelism.pipeline_schedule={schedule}"]
     run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, overrides=overrides)
+    assert_same_run(run, single_muon)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_a_pipeline_step_runs_its_accumulated_batches_as_one_schedule(tmp_path, initial_weights, single_muon):
+    """Each step's 4 rows in 2 batches of 2 (gradient accumulation 2) on 2 stages: the first batch is held, the
+    second runs both as the 4 microbatches of one schedule (one fill and drain per step). The same losses, expert
+    counts and final weights as one process taking the step's 4 rows at once."""
+    run = run_layout(tmp_path, "pp", init_from=initial_weights, devices=2, accumulate=2)
+    assert run["schedules"] == [4]  # 2 microbatches per batch (parallelism=pp) x 2 batches, in one schedule
     assert_same_run(run, single_muon)
 
 

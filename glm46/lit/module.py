@@ -31,6 +31,7 @@ from glm46.checkpoint.training_state import (
     rng_states,
 )
 from glm46.checkpoint.weights import load_weights
+from glm46.lightning_private import ends_optimizer_step
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM, cuda_kernels
 from glm46.modules.loss import IGNORE_INDEX
@@ -135,17 +136,22 @@ class GLM46LitModule(L.LightningModule):
         DeepSpeed ZeRO-3 must gather them for this module's whole forward and backward."""
         return [self.model.lm_head.weight]
 
-    def forward(self, batch: dict[str, torch.Tensor], train: bool = False) -> CausalLMOutput:
+    def forward(self, batch: dict[str, torch.Tensor], train: bool = False) -> CausalLMOutput | None:
         """The batch's loss terms, its labels masked by its loss mask. Under pipeline parallelism the layout's step
-        runs the backward too when it is `train`ing."""
+        runs the backward too when it is `train`ing, once per optimizer step: None for the batches before the
+        step's last (glm46.parallel.model_step.PipelineStep)."""
         batch = {**batch, "labels": batch["labels"].masked_fill(batch["loss_mask"] == 0, IGNORE_INDEX)}
-        accumulation = self.trainer.accumulate_grad_batches if train else 1
         mtp_weight = self.mtp_weight(self.recipe_tokens)
-        return self.model_step.forward(batch, mtp_weight, self.balance_loss_alpha, accumulation, train)
+        ends_step = ends_optimizer_step(self.trainer) if train else True
+        return self.model_step.forward(batch, mtp_weight, self.balance_loss_alpha, train, ends_step)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         out = self(batch, train=True)
-        mtp_weight = self.mtp_weight(self.recipe_tokens)
+        mtp_weight = self.mtp_weight(self.recipe_tokens)  # where the clock was before this batch
+        self.tokens_seen += batch["input_ids"].numel() * data_parallel_size(self.trainer)  # TP ranks share a batch
+        if out is None:  # held for the step's last batch: nothing ran, nothing to log (Lightning needs a tensor)
+            self.latest_expert_counts = None
+            return torch.zeros((), device=self.device)
         loss, whole = total_loss(out, mtp_weight, self.balance_loss_alpha), self.model_step.whole
         if out.mtp_loss is not None:
             self.log("train/mtp_loss", whole(out.mtp_loss), prog_bar=True)
@@ -154,7 +160,6 @@ class GLM46LitModule(L.LightningModule):
         self.latest_expert_counts = None if out.expert_counts is None else out.expert_counts.detach()
         self._step_loss = self._step_loss.to(loss.device) + whole(loss).float()
         self._step_micro_batches += 1
-        self.tokens_seen += batch["input_ids"].numel() * data_parallel_size(self.trainer)  # TP ranks share a batch
         self.log("train/loss", whole(out.loss), prog_bar=True)
         self.log("train/total_loss", whole(loss))
         self.log("train/mtp_weight", mtp_weight)

@@ -6,9 +6,10 @@ per-step object (MeshParallelStrategy.model_step), so that the LightningModule s
   tokens' part, summed for the logs; the loss backpropagated is scaled by cp (FSDP2 averages the gradients over
   the cp ranks too, where they must sum); and after the step's last backward the gradients of the weights that
   saw only the rank's tokens are summed over TP (glm46.parallel.sequence_parallel).
-- `PipelineStep`: the batch through the pipeline schedule (glm46.parallel.pipeline_parallel), which runs the
-  backward of every microbatch itself; its loss terms arrive summed over the stages, and this rank's parameters
-  are a part of the model's, over the pipeline group.
+- `PipelineStep`: the step's batches through one pipeline schedule (glm46.parallel.pipeline_parallel), which runs
+  the backward of every microbatch itself: a training batch that does not end its optimizer step is held until the
+  one that does, and the step's batches run together, as the microbatches of one schedule. Its loss terms arrive
+  summed over the stages, and this rank's parameters are a part of the model's, over the pipeline group.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ class ModelStep:
         (whether the routed experts are split over TP, so that their gradients are not partial sums)."""
         self.model, self.split, self.experts_fold_tp = model, split, experts_fold_tp
 
-    def forward(self, batch: Batch, mtp_weight: float, balance_alpha: float, accumulation: int, train: bool):
-        """The batch's loss terms (CausalLMOutput); the weights and the accumulation serve the pipeline's step."""
+    def forward(self, batch: Batch, mtp_weight: float, balance_alpha: float, train: bool, ends_step: bool = True):
+        """The batch's loss terms (CausalLMOutput); the weights and `ends_step` (whether the batch is the last of its
+        optimizer step) serve the pipeline's step."""
         split = WHOLE_ROWS if self.split is None else self.split
         input_ids, labels, position_ids = batch["input_ids"], batch["labels"], batch.get("position_ids")
         return self.model(input_ids, labels=labels, position_ids=position_ids, split=split)
@@ -69,11 +71,21 @@ class PipelineStep(ModelStep):
     def __init__(self, model: nn.Module, pipeline: Pipeline, split: ShardedTokens | None, experts_fold_tp: bool):
         super().__init__(model, split, experts_fold_tp)
         self.pipeline, self.group = pipeline, pipeline.group
+        self.held: list[Batch] = []  # the training batches of the optimizer step in progress
 
-    def forward(self, batch: Batch, mtp_weight: float, balance_alpha: float, accumulation: int, train: bool):
-        """Every microbatch's forward, and with `train` its backward; the loss terms without a graph."""
-        totals = step_totals(batch, self.pipeline.config, mtp_weight, balance_alpha, accumulation)
-        return self.pipeline.step(batch, totals, train)
+    def forward(self, batch: Batch, mtp_weight: float, balance_alpha: float, train: bool, ends_step: bool = True):
+        """Every microbatch's forward, and with `train` its backward; the loss terms without a graph. A training
+        batch that does not end its optimizer step is held and None returned: the step's batches run once the
+        last arrives, each split into the layout's microbatches, all in one schedule."""
+        batches = [batch]
+        if train:
+            self.held.append(batch)
+            if not ends_step:
+                return None
+            batches, self.held = self.held, []
+            batch = {key: torch.cat([b[key] for b in batches]) for key in batch}
+        totals = step_totals(batch, self.pipeline.config, mtp_weight, balance_alpha)
+        return self.pipeline.step(batch, totals, self.pipeline.layout.microbatches * len(batches), train)
 
     def whole(self, value: torch.Tensor) -> torch.Tensor:
         return value.detach()  # summed over the stages and the TP ranks by Pipeline.step

@@ -15,8 +15,11 @@ Conventions:
   stages (pipeline_parallel.split_layers), the activations of the microbatches its schedule holds in flight
   (1F1B: pp - r on rank r, so stage 0 holds pp; the interleaved and V schedules: (v - 1) pp + 2 (pp - r - 1) + 1
   chunks of one virtual stage), the microbatches' stage inputs ((1 + MTP depths) x hidden each), the logits on the
-  last stage only; the most loaded rank is the plan's. The bubble is (pp - 1) / (m + pp - 1) for 1F1B and GPipe and
-  (pp - 1) / (v m + pp - 1) for the interleaved schedules (an upper bound for the zero-bubble ones).
+  last stage only; the most loaded rank is the plan's. One schedule runs a whole optimizer step, so its m
+  microbatches are parallelism.microbatches x the step's gradient accumulation (glm46.parallel.pipeline_parallel):
+  the bubble, (pp - 1) / (m + pp - 1) for 1F1B and GPipe and (pp - 1) / (v m + pp - 1) for the interleaved
+  schedules (an upper bound for the zero-bubble ones), is given at the phase's smallest step (the batch-size
+  warm-up's start) and its largest, and the memory at its largest.
 """
 
 from __future__ import annotations
@@ -174,18 +177,19 @@ def stage_of(name: str, ranges: list[range], config: GLM46Config) -> int:
     return 0 if name.startswith("model.embed_tokens.") else len(ranges) - 1
 
 
-def in_flight(layout: Layout, pp_rank: int) -> tuple[int, float]:
+def in_flight(layout: Layout, pp_rank: int, microbatches: int) -> tuple[int, float]:
     """(microbatch chunks pipeline rank `pp_rank` holds activations of at its peak, the share of its layers in
-    each chunk) under the layout's schedule."""
-    pp, m, v = layout.pipeline_parallel, layout.microbatches, layout.virtual_stages
+    each chunk) under the layout's schedule of `microbatches`."""
+    pp, m, v = layout.pipeline_parallel, microbatches, layout.virtual_stages
     if PIPELINE_SCHEDULES[layout.pipeline_schedule] == 1:
         return (m if layout.pipeline_schedule == "GPipe" else min(m, pp - pp_rank)), 1.0
     return min(m * v, (v - 1) * pp + 2 * (pp - pp_rank - 1) + 1), 1.0 / v
 
 
-def bubble(layout: Layout) -> float:
-    """The schedule's idle share of a step: (pp - 1) / (m + pp - 1), the interleaved ones (pp - 1) / (v m + pp - 1)."""
-    pp, m, v = layout.pipeline_parallel, layout.microbatches, layout.virtual_stages
+def bubble(layout: Layout, microbatches: int) -> float:
+    """The idle share of a step whose schedule runs `microbatches`: (pp - 1) / (m + pp - 1), the interleaved ones
+    (pp - 1) / (v m + pp - 1)."""
+    pp, m, v = layout.pipeline_parallel, microbatches, layout.virtual_stages
     return (pp - 1) / ((m if v == 1 else v * m) + pp - 1)
 
 
@@ -199,9 +203,11 @@ def stage_memory(
     loss_chunk: int = 4096,
     ns_batch_bytes: int = 0,
     ns_dtype: torch.dtype = torch.float32,
+    microbatches: int | None = None,
 ) -> dict[str, float]:
     """Bytes on the most loaded GPU of pipeline rank `pp_rank` (None: no pipeline) by kind (see the module
-    docstring), and their total; `micro_batch_tokens` are one (pipeline) micro-batch's."""
+    docstring), and their total; `micro_batch_tokens` are one (pipeline) micro-batch's, `microbatches` those of
+    one schedule (a step's; None: parallelism.microbatches, a step without accumulation)."""
     parameters = planned_parameters(config, layout, optimizer)
     dense_layers, moe_layers = config.first_k_dense_replace, config.num_hidden_layers - config.first_k_dense_replace
     mtp, chunks, share, stage_inputs = config.num_nextn_predict_layers, 1, 1.0, 0
@@ -215,7 +221,7 @@ def stage_memory(
         moe_layers = len(held) - dense_layers
         head = layout.num_stages - 1 in mine
         mtp = mtp if head else 0
-        chunks, share = in_flight(layout, pp_rank)
+        chunks, share = in_flight(layout, pp_rank, microbatches or layout.microbatches)
         stage_inputs = chunks * micro_batch_tokens * 2 * config.hidden_size * (1 + config.num_nextn_predict_layers)
     state = state_by_group(parameters)
     act = activation_bytes_per_token(layout, config)
@@ -278,7 +284,10 @@ def plan(
     activation_checkpointing: bool,
     ns_batch_bytes: int = 0,
     ns_dtype: torch.dtype = torch.float32,
+    accumulation: tuple[int, int] = (1, 1),
 ) -> dict:
+    """accumulation: the phase's gradient accumulation at its smallest step (the batch-size warm-up's start) and
+    its largest: a pipeline's schedule runs parallelism.microbatches times it."""
     counts = count_parameters(config)
     flops_per_token = training_flops_per_token(config, seq_len)
     total_flops = flops_per_token * tokens
@@ -286,6 +295,7 @@ def plan(
     gpu_hours = total_flops / (hardware.peak_tflops * 1e12 * hardware.mfu) / 3600
     pipelined = layout.pipeline_parallel > 1
     tokens_per_micro = micro_batch // (layout.microbatches if pipelined else 1) * seq_len
+    schedules = [layout.microbatches * a for a in accumulation]  # microbatches per schedule, smallest and largest
     by_rank = [  # bytes on each pipeline rank (one entry, the whole model, without pipeline parallelism)
         stage_memory(
             config,
@@ -296,6 +306,7 @@ def plan(
             r if pipelined else None,
             ns_batch_bytes=ns_batch_bytes,
             ns_dtype=ns_dtype,
+            microbatches=max(schedules),
         )
         for r in range(layout.pipeline_parallel)
     ]
@@ -337,10 +348,18 @@ def plan(
         "memory": memory,
         "stages": stages,
         "by_pipeline_rank": by_rank,
-        "bubble": bubble(layout) if pipelined else 0.0,
+        "schedule_microbatches": schedules,
+        "bubble": bubble(layout, min(schedules)) if pipelined else 0.0,  # the smallest step's, the largest
+        "bubble_range": [bubble(layout, m) if pipelined else 0.0 for m in schedules],
         "fits": memory["total"] <= capacity,
         "notes": notes,
     }
+
+
+def format_range(values: list, form: str) -> str:
+    """'64 -> 256' for the smallest and largest step, one value where they are the same."""
+    first, last = (form.format(v) for v in values)
+    return first if first == last else f"{first} -> {last}"
 
 
 def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
@@ -365,7 +384,9 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
     if result["stages"]:
         lines.append(
             f"pipeline: {layout.num_stages} stages ({layout.pipeline_schedule}, {layout.virtual_stages} per rank), "
-            f"{layout.microbatches} microbatches, bubble {result['bubble']:.1%}; GiB per GPU by pipeline rank:"
+            f"{format_range(result['schedule_microbatches'], '{}')} microbatches per step "
+            f"({layout.microbatches} per batch x the step's accumulation), bubble "
+            f"{format_range(result['bubble_range'], '{:.1%}')}; GiB per GPU by pipeline rank:"
         )
         kinds = list(next(iter(result["stages"].values())))
         lines.append(f"  {'':28s} " + " ".join(f"{'rank ' + str(r):>9s}" for r in result["stages"]))

@@ -31,6 +31,17 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
     return hardware, composed_layout(cfg)
 
 
+def accumulation_range(cfg: DictConfig, layout: Layout) -> tuple[int, int]:
+    """The job's gradient accumulation at its smallest step and its largest: the batch-size warm-up's start
+    (callbacks.batch_size_warmup) and trainer.accumulate_grad_batches."""
+    full = cfg.trainer.accumulate_grad_batches
+    warmup = cfg.callbacks.get("batch_size_warmup")
+    if warmup is None:
+        return full, full
+    batch_tokens = cfg.data.batch_size * cfg.data.seq_len * layout.data_parallel
+    return max(1, int(warmup.tokens_per_step.start) // batch_tokens), full
+
+
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
     """glm46.planning.plan of the composed model, phase, layout and cluster."""
     hardware, layout = hardware_and_layout(cfg)
@@ -50,6 +61,7 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         cfg.data.batch_size,
         optimizer,
         cfg.parallelism.activation_checkpointing,
+        accumulation=accumulation_range(cfg, layout),
         **newton_schulz,
     )
     rollout = cfg.phase.get("rollout")
