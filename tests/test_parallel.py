@@ -165,7 +165,7 @@ def main(spec: dict) -> None:
         accelerator="cpu",
         devices=devices,
         strategy=strategy,
-        precision="32-true",
+        precision=spec.get("precision", "32-true"),
         max_steps=steps,
         accumulate_grad_batches=spec.get("accumulate", 1),
         gradient_clip_val=spec.get("clip", 1.0),
@@ -475,6 +475,19 @@ def test_fsdp2_with_its_bf16_mixed_precision_policy_trains(tmp_path, initial_wei
         tmp_path, "fsdp2", init_from=initial_weights, devices=2, overrides=["trainer.precision=bf16-mixed"]
     )
     for a, b in zip(run["losses"], single_muon["losses"]):
+        assert abs(a - b) <= 1e-2 * b
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_fsdp2_mixed_precision_on_one_process_is_the_autocast_step_within_bf16(tmp_path, initial_weights):
+    """trainer.precision=bf16-mixed under fsdp2 on one process: FSDP2 wraps the model anyway, for its policy (bf16
+    weights in the step, fp32 masters, fp32 reductions), as on many ranks. Within bf16's error of one process under
+    Lightning's autocast (fp32 weights cast at each use)."""
+    autocast = run_layout(tmp_path / "autocast", "single", init_from=initial_weights, precision="bf16-mixed")
+    run = run_layout(tmp_path, "fsdp2", init_from=initial_weights, overrides=["trainer.precision=bf16-mixed"])
+    assert run["expert_share"] == 1.0  # DTensor weights: FSDP2 wrapped the model on its one rank
+    for a, b in zip(run["losses"], autocast["losses"], strict=True):
         assert abs(a - b) <= 1e-2 * b
 
 

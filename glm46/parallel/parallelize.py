@@ -233,6 +233,8 @@ def parallelize(
         apply_activation_checkpointing(model)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then
     # DTensors, and its checkpoint a DCP folder that Lightning's ModelParallelStrategy loads, as every mesh layout's.
-    if layout.shards_weights or stages:
+    # So is a model with a mixed-precision policy: bf16 weights in the step and fp32 masters on one GPU as on many
+    # (torch's own path, as torchtitan takes it), instead of autocast casting the fp32 weights at every use.
+    if layout.shards_weights or stages or mixed_precision:
         apply_fsdp(model, mesh, layout.expert_parallel > 1, mixed_precision, layout.reshards_after_forward, stages)
     return model
