@@ -75,3 +75,23 @@ def test_compiled_layers_under_activation_checkpointing():
         total_loss(model(x, labels=x.roll(-1, dims=1)), 0.3, 1e-4).backward()
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         assert relative_error(b.grad, a.grad) < 1e-5, name
+
+
+def test_packed_rows_of_other_documents_do_not_recompile():
+    """Each batch packs its documents differently; the compiled layers must not specialise on the documents' lengths
+    (a recompile per batch, then eager once Dynamo's cache is full): attention over packed documents runs between
+    the compiled regions."""
+    model = random_model(tiny_config())
+    compile_decoder_layers(model, backend="aot_eager")
+
+    def step(cuts: list[int]):
+        rows = [torch.cat([torch.arange(n) for n in row]) for row in cuts]
+        x = torch.randint(0, model.config.vocab_size, (len(rows), 32))
+        total_loss(model(x, labels=x.roll(-1, dims=1), position_ids=torch.stack(rows)), 0.3, 1e-4).backward()
+
+    step([[32], [32]])  # one document per row: plain causal attention
+    step([[10, 22], [5, 27]])
+    graphs = compiled_graphs()
+    for cuts in ([[16, 16], [1, 31]], [[3, 7, 22], [20, 12]], [[30, 2], [8, 8, 16]]):
+        step(cuts)
+    assert compiled_graphs() == graphs

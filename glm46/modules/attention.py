@@ -54,10 +54,14 @@ class Documents:
         return cls(starts.cumsum(dim=-1) - 1, lengths, cu_seqlens, max(max(row) for row in lengths))
 
 
+@torch.compiler.disable
 def packed_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, documents: Documents, scale: float
 ) -> torch.Tensor:
-    """Causal attention within each document: q [B, heads, T, d], k, v [B, kv_heads, T, d] -> [B, heads, T, d]."""
+    """Causal attention within each document: q [B, heads, T, d], k, v [B, kv_heads, T, d] -> [B, heads, T, d].
+    Left out of torch.compile's graphs (a compiled layer runs it between its graphs): each batch packs other documents,
+    and a graph would specialise on their lengths, recompiling for every batch; the kernels it calls are fused
+    already."""
     if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16) and cuda_kernels.enabled("varlen_attention"):
         return varlen_attention(q, k, v, documents, scale)
     return per_document_attention(q, k, v, documents.lengths, scale)
