@@ -2,10 +2,12 @@
 
 Each layer's own forward is compiled (`nn.Module.compile`), so the state-dict keys, the pipeline split, the
 checkpoints and the HF export see the module they always did. It runs after the layout (TP, EP, activation
-checkpointing, FSDP2): Dynamo leaves FSDP2's hooks to run eagerly around the compiled layer
-(`torch._dynamo.config.skip_fsdp_hooks`). Identical layers share one graph (Dynamo inlines the modules and takes their
-weights as inputs), so a model compiles one dense and one MoE layer, forward and backward. The number of graphs
-Dynamo has compiled is logged (`compile/graphs`): after the first steps it stays put, and a rise is a recompile.
+checkpointing, FSDP2): FSDP2's hooks are excluded from Dynamo (torch marks them so) and run eagerly around the
+compiled layer, and activation checkpointing's hooks wrap it (tests/test_compile.py). Identical layers share one
+graph (Dynamo inlines the modules and takes their weights as inputs), so a model compiles one dense and one MoE layer,
+forward and backward; packed documents' attention runs between the graphs (glm46.modules.attention.packed_attention),
+so a batch of other documents does not recompile. The number of graphs Dynamo has compiled is logged
+(`compile/graphs`): after the first steps it stays put, and a rise is a recompile.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from glm46.parallel.parallelize import decoder_layers
 def compile_decoder_layers(model: GLM46ForCausalLM, backend: str = "inductor") -> None:
     """Compile every decoder layer (the MTP layers' too) in place. The MoE's per-expert row counts are tensors of a
     fixed size; the grouped matmul reads them on the device, so no step reads a value on the host."""
-    torch._dynamo.config.capture_scalar_outputs = True  # the per-expert loop's counts (fp32 on CUDA), if ever taken
+    # the per-expert loop (CUDA in fp32: the grouped matmul takes bf16 only there) reads its counts on the host
+    torch._dynamo.config.capture_scalar_outputs = True
     for layer in decoder_layers(model):
         layer.compile(backend=backend)
 
