@@ -16,7 +16,8 @@ The parts, cheapest first, each a row or more of the table (pass, FAIL, info or 
   throughput    glm46_1b, bf16, compiled, with AdamW and with Muon, against torchtitan in GLM's shape
                 (bench/torchtitan_glm.py) in the same run: tokens/s, MFU and the ratio; Muon's Newton-Schulz share
   syncs         a bf16 training step under CUDA's sync debug mode: no op may wait for the device on the host
-  memory        one eager step's peak device memory against task=plan's estimate for the same shape and optimizer
+  memory        one eager step's peak device memory against task=plan's estimate for the same shape and optimizer,
+                and with each layer recomputed in backward (activation checkpointing): its memory and step time
   user_path     `python run.py` (Lightning, every callback, compiled layers) on the throughput rows' model and batch:
                 its tokens/s against the suite's glm46 Muon row, the target within 5%
 
@@ -527,6 +528,7 @@ def memory(args, device: torch.device) -> list[Row]:
 
     from glm46.optim.newton_schulz import BATCH_BYTES
     from glm46.parallel.layout import Layout
+    from glm46.parallel.parallelize import apply_activation_checkpointing
     from glm46.planning.plan import GIB, stage_memory
 
     if device.type != "cuda":
@@ -536,22 +538,33 @@ def memory(args, device: torch.device) -> list[Row]:
     config = GLM46Config(**fields, num_nextn_predict_layers=0)
     x = torch.randint(0, fields["vocab_size"], (batch, seq), device=device)
     rows = []
-    for optimizer in ("adamw", "muon"):
+    # each optimizer without activation checkpointing, and AdamW with each layer recomputed from its input
+    for optimizer, recompute in (("adamw", False), ("muon", False), ("adamw", True)):
         runner = bench.ours(fields, device, torch.bfloat16, optimizer)
+        if recompute:
+            apply_activation_checkpointing(runner.model)
         torch.cuda.reset_peak_memory_stats(device)
         bench.timed([runner], x, 0, 2, 1)  # eager: the activations the plan counts
-        peak = torch.cuda.max_memory_allocated(device)
+        peak, seconds = torch.cuda.max_memory_allocated(device), min(runner.step_times)
         runner.release()
         plan = stage_memory(
-            config, Layout(1), batch * seq, optimizer, False, None, ns_batch_bytes=BATCH_BYTES, ns_dtype=torch.bfloat16
+            config,
+            Layout(1),
+            batch * seq,
+            optimizer,
+            recompute,
+            None,
+            ns_batch_bytes=BATCH_BYTES,
+            ns_dtype=torch.bfloat16,
         )
         ratio = peak / plan["total"]
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in plan.items() if k != "total" and v)
         rows.append(
             Row(
                 "memory",
-                f"glm46_1b {optimizer}, {batch} x {seq} tokens, eager: peak / plan",
-                f"{peak / GIB:.1f} / {plan['total'] / GIB:.1f} GiB (x{ratio:.2f})",
+                f"glm46_1b {optimizer}{', layers recomputed' if recompute else ''}, {batch} x {seq} tokens, eager: "
+                "peak / plan",
+                f"{peak / GIB:.1f} / {plan['total'] / GIB:.1f} GiB (x{ratio:.2f}), step {seconds:.2f} s",
                 verdict(0.7 <= ratio <= 1.1),
                 f"plan (GiB): {parts}; pass: the peak within -30%/+10% of the plan",
             )
