@@ -432,6 +432,8 @@ def throughput(args, device: torch.device) -> list[Row]:
     factories = {
         "glm46 AdamW": lambda: bench.ours(fields, device, autocast, "adamw"),
         "glm46 Muon": lambda: bench.ours(fields, device, autocast, "muon"),
+        # bf16 weights with fp32 masters through FSDP2's policy on the one rank (run.py: parallelism=fsdp2), no autocast
+        **({"glm46 AdamW FSDP2-bf16": lambda: bench.ours_fsdp2(fields, device)} if gpu else {}),
         "torchtitan AdamW": lambda: bench.torchtitan_peer(fields, seq, device, autocast, "sdpa"),
         # transformers stands in only where torchtitan does not import
         "transformers AdamW": lambda: bench.transformers_peer(fields, device, autocast),
@@ -474,7 +476,7 @@ def throughput(args, device: torch.device) -> list[Row]:
     if ns_share is not None:
         rows.append(Row("throughput", "Muon: Newton-Schulz share of the step", f"{ns_share:.1%}", "info", shape))
     peer = next((name for name in ("torchtitan AdamW", "transformers AdamW") if name in rates), None)
-    for name in ("glm46 AdamW", "glm46 Muon"):
+    for name in ("glm46 AdamW", "glm46 Muon", "glm46 AdamW FSDP2-bf16"):
         if peer and name in rates:
             rows.append(Row("throughput", f"{name} / {peer}", f"x{rates[name] / rates[peer]:.2f}", "info", shape))
     rows.append(

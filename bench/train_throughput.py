@@ -145,6 +145,26 @@ def ours(fields: dict, device, autocast_dtype, optimizer: str, mtp: int = 0) -> 
     return Runner(name, model, opt, glm46_loss, device, autocast_dtype, model.config)
 
 
+def ours_fsdp2(fields: dict, device) -> Runner:
+    """glm46 with AdamW laid out as run.py lays out `parallelism=fsdp2` on one rank under trainer.precision=bf16-mixed
+    (glm46.parallel.parallelize): FSDP2's policy keeps bf16 weights for the step, fp32 masters for the optimizer and
+    fp32 reductions, and nothing runs under autocast (torchtitan's mixed precision, on one GPU as on many)."""
+    import torch.distributed as dist
+
+    from glm46.parallel.layout import Layout
+    from glm46.parallel.mesh import build_mesh
+    from glm46.parallel.parallelize import parallelize
+
+    if not dist.is_initialized():  # one rank: an in-process store, no ports
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    model = glm46_model(fields, 0).to(device)
+    policy = {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
+    parallelize(model, Layout(1), build_mesh(Layout(1), device.type), mixed_precision=policy)
+    optimizer = torch.optim.AdamW(model.parameters(), **ADAMW)
+    return Runner("glm46 (AdamW, FSDP2 bf16 weights)", model, optimizer, glm46_loss, device, None, model.config)
+
+
 def torchtitan_peer(fields: dict, seq: int, device, autocast_dtype, attention: str) -> Runner:
     """torchtitan's decoder with GLM-4.6's shape and glm46's initial weights, its fused AdamW and defaults."""
     from torchtitan.components.loss import cross_entropy_loss
