@@ -118,14 +118,16 @@ def main(spec: dict) -> None:
 
     class Record(L.Callback):
         def __init__(self):
-            self.losses, self.grad_norms, self.initial = [], [], None
+            self.losses, self.grad_norms, self.initial, self.step = [], [], None, 0
 
         def on_train_start(self, trainer, pl_module):  # the weights init_from gave, gathered on rank 0
+            self.step = trainer.global_step  # where this run (or its resume) starts
             self.initial = {name: None if t is None else t.clone() for name, t in full_state_items(pl_module.model)}
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            if len(self.losses) == trainer.global_step:
+            if trainer.global_step == self.step:
                 return  # inside an accumulation: a pipeline logs its step's loss at the step's last batch
+            self.step = trainer.global_step
             # The step's loss as logged: whole (a sequence-parallel rank returns its tokens' part for the backward)
             loss = trainer.callback_metrics["train/total_loss"].detach().clone()
             group = data_parallel_group(trainer.strategy)
