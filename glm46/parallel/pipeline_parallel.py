@@ -20,10 +20,12 @@ One schedule runs a whole optimizer step: under gradient accumulation the step's
 (glm46.parallel.model_step.PipelineStep holds them until the last), so the pipeline fills and drains once per step,
 as Megatron sets its number of microbatches to global batch / (micro-batch x data parallel). The bubble is then
 (pp - 1) / (v m + pp - 1) with m the step's microbatches: the production layout's 16 per batch x 4 batches (16M
-tokens) 10.5%, x 16 (64M) 2.8%, against 31.9% when each batch filled and drained it; the activations in flight do
-not grow with m (1F1B and the interleaved and zero-bubble schedules start each microbatch's backward after at most
-a stage count of forwards), except under GPipe, which runs every forward first. One schedule is built per number
-of microbatches (the batch-size warm-up grows the accumulation), each on the same stages.
+tokens) 10.5%, x 16 (64M) 2.8%, against 31.9% when each batch filled and drained it. The activations in flight
+grow with m only up to the schedule's steady state (1F1B and the interleaved and zero-bubble schedules start each
+microbatch's backward after a bounded number of forwards: (v - 1) pp + 2 (pp - r - 1) + 1 chunks on rank r of the
+interleaved one, which the production layout's first rank reaches from 24 microbatches on), except under GPipe,
+which runs every forward first. One schedule is built per number of microbatches (the batch-size warm-up grows the
+accumulation), each on the same stages.
 
 Losses are summed exactly as in one process: the schedule's grad scaling is off, and each microbatch's CE (and each
 MTP depth's) is divided by the labelled tokens of the whole step, its sequence-wise balance loss weighted by its

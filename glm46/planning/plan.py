@@ -349,8 +349,7 @@ def plan(
         "stages": stages,
         "by_pipeline_rank": by_rank,
         "schedule_microbatches": schedules,
-        "bubble": bubble(layout, min(schedules)) if pipelined else 0.0,  # the smallest step's, the largest
-        "bubble_range": [bubble(layout, m) if pipelined else 0.0 for m in schedules],
+        "bubble_range": [bubble(layout, m) if pipelined else 0.0 for m in schedules],  # smallest step, largest
         "fits": memory["total"] <= capacity,
         "notes": notes,
     }

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from glm46.modules import GLM46Config
 from glm46.optim.muon import is_muon
+from glm46.optim.schedules import accumulation_for
 from glm46.parallel.layout import Layout
 from glm46.planning.plan import Hardware, plan
 from glm46.planning.rollout import add_colocated_engine
@@ -32,14 +34,16 @@ def hardware_and_layout(cfg: DictConfig) -> tuple[Hardware, Layout]:
 
 
 def accumulation_range(cfg: DictConfig, layout: Layout) -> tuple[int, int]:
-    """The job's gradient accumulation at its smallest step and its largest: the batch-size warm-up's start
-    (callbacks.batch_size_warmup) and trainer.accumulate_grad_batches."""
+    """The job's gradient accumulation at its smallest step and its largest: what the batch-size warm-up
+    (callbacks.batch_size_warmup, glm46.lit.callbacks.BatchSizeWarmup) asks for where the phase starts on the
+    recipe's clock, and trainer.accumulate_grad_batches."""
     full = cfg.trainer.accumulate_grad_batches
     warmup = cfg.callbacks.get("batch_size_warmup")
     if warmup is None:
         return full, full
     batch_tokens = cfg.data.batch_size * cfg.data.seq_len * layout.data_parallel
-    return max(1, int(warmup.tokens_per_step.start) // batch_tokens), full
+    first = accumulation_for(instantiate(warmup.tokens_per_step), cfg.schedule.start_tokens, batch_tokens)
+    return min(first, full), full
 
 
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
