@@ -118,6 +118,13 @@ def export(cfg: DictConfig, config: GLM46Config) -> dict:
     return {"output": str(output)}
 
 
+def score_pairs(cfg: DictConfig, config: GLM46Config) -> dict:
+    """A reward model's pairwise accuracy on prepared preference pairs (glm46.rl.score), into <run dir>/score.json."""
+    from glm46.rl.score import score
+
+    return score(cfg.score, Path(HydraConfig.get().runtime.output_dir))
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "estimate": estimate,
     "plan": plan_job,
@@ -127,6 +134,7 @@ TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "eval": eval_model,
     "serve": serve,
     "export": export,
+    "score": score_pairs,
 }
 
 

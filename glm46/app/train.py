@@ -11,7 +11,6 @@ from hydra.utils import instantiate
 from lightning.pytorch.plugins.environments import SLURMEnvironment
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.checkpoint import save_hf
 from glm46.checkpoint.atomic import AtomicCheckpointIO, resume_path
 from glm46.checkpoint.reshard import LayoutRecord, check_resume
 from glm46.data.tokenizer import GLMTokenizer
@@ -82,7 +81,7 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     # Every rank: gathers FSDP2/TP/EP/ZeRO-3 shards; rank 0 writes, with the dataset's tokenizer beside the weights.
     tokenizer_file = getattr(datamodule, "tokenizer_file", None)  # None: the byte-level stdlib DataModule
     tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None
-    save_hf(module.model, output_dir / "hf", tokenizer=tokenizer)
+    module.export(output_dir / "hf", tokenizer)
     if trainer.is_global_zero:
         if cfg.eval.after_train:
             evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)

@@ -3,15 +3,25 @@
 The readers of `task=prepare` were members of `data` (`data=jsonl data.paths=[...] data.output_dir=DIR`); they
 are the `source` group now (`source=jsonl source.paths=[...] source.output_dir=DIR`), so `data` is only ever a
 DataModule. An override list that selects a reader as `data` is rewritten before Hydra composes it.
+
+A module that learns from preference pairs trains alone, not as the last stage of the default run's curriculum:
+`module=reward_model` (or `module=dpo`) without an `experiment=` selects the experiment of that name, which sets
+its data, phase and callbacks (`python run.py module=reward_model data=preference data.path=DIR init_from=EXPORT`).
 """
 
 from __future__ import annotations
 
 SOURCES = ("embedded", "jsonl", "text", "parquet")
+STANDALONE_MODULES = ("reward_model",)  # module=<name> implies experiment=<name>
 
 
 def renamed_overrides(overrides: list[str]) -> list[str]:
-    """`overrides` with `data=<reader>` as `source=<reader>` and, then, every `data.<key>=` as `source.<key>=`."""
+    """`overrides` with `data=<reader>` as `source=<reader>` and, then, every `data.<key>=` as `source.<key>=`; a
+    standalone module without an experiment gets its experiment first."""
+    keys = {o.partition("=")[0] for o in overrides}
+    modules = [o.partition("=")[2] for o in overrides if o.partition("=")[0] == "module"]
+    if modules and modules[-1] in STANDALONE_MODULES and "experiment" not in keys:
+        overrides = [f"experiment={modules[-1]}", *overrides]
     if not any(o.partition("=")[::2] in {("data", s) for s in SOURCES} for o in overrides):
         return list(overrides)
     renamed = []

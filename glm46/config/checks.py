@@ -17,7 +17,7 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 
 from .data_checks import check_data, check_prepare
-from .export_checks import check_export, check_serve
+from .export_checks import check_export, check_score, check_serve
 from .layout_checks import (
     check_cluster,
     check_composed_layout,
@@ -75,6 +75,8 @@ def validate(cfg: DictConfig) -> GLM46Config:
         return check_serve(cfg)
     if cfg.task == "export":  # likewise: the export and export.*
         return check_export(cfg)
+    if cfg.task == "score":  # the reward model's export and score.*
+        return check_score(cfg)
     refuse_missing(cfg)
     config = model_config(cfg)
     if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them

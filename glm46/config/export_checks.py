@@ -1,4 +1,5 @@
-"""task=serve and task=export: the export they read, what serving engines refuse in it, the llama.cpp they need."""
+"""task=serve, task=export and task=score: the export they read, what serving engines refuse in it, the llama.cpp they
+need, the preference pairs a reward model scores."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from glm46.checkpoint.engine_limits import serving_problems
 from glm46.checkpoint.hub_config import config_from_hf
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
+from glm46.rl.reward_export import INFO_FILE as REWARD_INFO
 from glm46.serve.llama_cpp import BUILD_SCRIPT as LLAMA_CPP_BUILD_SCRIPT
 from glm46.serve.llama_cpp import llama_cpp_python
 
@@ -83,3 +85,47 @@ def llama_cpp(key: str) -> Path | None:
         return llama_cpp_python()
     except FileNotFoundError as error:
         raise ConfigError(f"{key}: {error}") from None
+
+
+def check_score(cfg: DictConfig) -> GLM46Config:
+    """task=score: a reward model's export, a prepared preference dataset in the same tokenizer."""
+    settings = cfg.score
+    weights, _, config = exported_model("score.model", settings.model, "score")
+    if not (weights / REWARD_INFO).is_file():
+        raise ConfigError(
+            f"score.model={settings.model}: {weights} holds no reward model ({REWARD_INFO} is missing): train one with "
+            f"module=reward_model"
+        )
+    if settings.data is None:
+        raise ConfigError("score.data: no pairs to score; set score.data=<a dataset prepared with source=preference>")
+    data = Path(settings.data)
+    if not (data / "tokens" / "shards.json").is_file():
+        raise ConfigError(
+            f"score.data={data}: no prepared dataset there ({data / 'tokens' / 'shards.json'} is missing)"
+        )
+    check_same_tokenizer(("score.model", weights / "tokenizer.json"), ("score.data", data / "tokenizer.json"))
+    if settings.seq_len < 2 or settings.batch_size < 1 or not 0 < settings.val_fraction < 1:
+        raise ConfigError(
+            f"score.seq_len={settings.seq_len}, score.batch_size={settings.batch_size}, score.val_fraction="
+            f"{settings.val_fraction}: need seq_len >= 2, batch_size >= 1 and 0 < val_fraction < 1"
+        )
+    return config
+
+
+def check_same_tokenizer(first: tuple[str, Path], second: tuple[str, Path]) -> None:
+    """Two (key, tokenizer.json) that must give ids the same meaning: ConfigError naming both where they do not."""
+    (key_a, file_a), (key_b, file_b) = first, second
+    for key, file in (first, second):
+        if not file.is_file():
+            raise ConfigError(f"{key}: {file} is missing, and the tokenizers of {key_a} and {key_b} must be compared")
+    if _vocabulary(file_a) != _vocabulary(file_b):
+        raise ConfigError(
+            f"{key_a} and {key_b} have different tokenizers ({file_a} and {file_b}): the same ids would be different "
+            f"text; use models and data prepared with one tokenizer"
+        )
+
+
+def _vocabulary(file: Path) -> tuple:
+    """What a tokenizer.json maps ids to: its model (vocabulary, merges) and its added tokens."""
+    tokenizer = json.loads(file.read_text())
+    return tokenizer.get("model"), tokenizer.get("added_tokens")

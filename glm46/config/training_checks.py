@@ -13,9 +13,11 @@ from glm46.checkpoint.engine_limits import serving_problems
 from glm46.checkpoint.safe_load import UnsafeCheckpointError, check_safe
 from glm46.config.resolvers import phase_steps, recipe_start
 from glm46.errors import ConfigError
+from glm46.lit.preference_data import PreferenceDataModule
 from glm46.logs import rank_zero_logger
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule
+from glm46.rl.reward_model import RewardModelLitModule
 
 from .values import model_config, resolve, value_at
 
@@ -119,6 +121,7 @@ def check_training(cfg: DictConfig) -> None:
             except Exception as error:
                 raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
     check_rl(cfg)
+    check_preference(cfg)
 
 
 def check_checkpoints(cfg: DictConfig) -> None:
@@ -190,6 +193,29 @@ def check_rl(cfg: DictConfig) -> None:
         )
     if cfg.phase.rollout.engine == "vllm":
         check_rollout_engine(cfg)
+
+
+PREFERENCE_MODULES = (RewardModelLitModule,)
+
+
+def check_preference(cfg: DictConfig) -> None:
+    """Preference pairs (data=preference) and the modules that learn from them go together, on layouts that keep
+    each sequence whole on a rank whose model ends with the final norm (the score and the log-probs read it)."""
+    data = issubclass(get_class(cfg.data._target_), PreferenceDataModule)
+    module = issubclass(get_class(cfg.module._target_), PREFERENCE_MODULES)
+    if data != module:
+        raise ConfigError(
+            f"data={cfg.data._target_}, module={cfg.module._target_}: preference pairs (data=preference) are "
+            f"trained by module=reward_model or module=dpo, and those modules train on nothing else"
+        )
+    layout = cfg.parallelism
+    split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}
+    if module and (split or layout.engine == "deepspeed"):
+        raise ConfigError(
+            f"parallelism={layout.name} ({', '.join(f'parallelism.{k}={v}' for k, v in split.items()) or 'ZeRO-3'}): "
+            f"{cfg.module._target_} trains on data-parallel layouts whose ranks hold whole sequences and the final "
+            f"norm (single, ddp, fsdp2, ep, fsdp2_ep)"
+        )
 
 
 def check_rollout_engine(cfg: DictConfig) -> None:

@@ -19,6 +19,7 @@ class Document:
     source: str = ""  # file (and line) it came from
     id: str = ""
     url: str | None = None
+    key: str | None = None  # what exact deduplication compares when not the text (a preference pair's prompt)
 
     @property
     def nbytes(self) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
+from .preference import read_preference
 from .sources import read_chat, read_jsonl, read_parquet, read_text_folder
 
 READERS = {
@@ -26,6 +27,7 @@ READERS = {
     "chat": read_chat,
     "text": read_text_folder,
     "parquet": read_parquet,
+    "preference": read_preference,
 }
 
 

@@ -19,6 +19,7 @@ DOMAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SUFFIXES = {
     "jsonl": (".jsonl", ".json"),
     "chat": (".jsonl", ".json"),
+    "preference": (".jsonl", ".json"),
     "parquet": (".parquet",),
 }  # the input files of each file reader
 TEXT_SUFFIXES = (".txt", ".md")  # read_text_folder's default
@@ -68,22 +69,22 @@ def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     return files
 
 
-def _kind(value: object) -> str:
+def json_kind(value: object) -> str:
     return JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _problem(record: object) -> str | None:
     """Why a record cannot be a document, or None."""
     if not isinstance(record, dict):
-        return f"{_kind(record)}, not an object with a string field 'text'"
+        return f"{json_kind(record)}, not an object with a string field 'text'"
     if "text" not in record:
         return f"no field 'text' (fields: {', '.join(map(str, list(record)[:10])) or 'none'})"
     if not isinstance(record["text"], str):
-        return f"field 'text' is {_kind(record['text'])}, not a string"
-    return _domain_problem(record)
+        return f"field 'text' is {json_kind(record['text'])}, not a string"
+    return domain_problem(record)
 
 
-def _domain_problem(record: dict) -> str | None:
+def domain_problem(record: dict) -> str | None:
     domain = record.get("domain")
     if domain not in (None, "") and not (isinstance(domain, str) and DOMAIN.fullmatch(domain)):
         return f"field 'domain' is {repr(domain)[:60]}, not a name of letters, digits, '_', '-' and '.'"
@@ -96,10 +97,10 @@ def _from_record(record, where: str, ledger: Ledger, default_domain: str, nbytes
     if problem:
         ledger.reject("malformed", where, problem, nbytes)
         return None
-    return _admit(record["text"], "field 'text'", record, where, ledger, default_domain, nbytes)
+    return admit_record(record["text"], "field 'text'", record, where, ledger, default_domain, nbytes)
 
 
-def _admit(
+def admit_record(
     text: str, what: str, record: dict, where: str, ledger: Ledger, default_domain: str, nbytes: int
 ) -> Document | None:
     """`text` as the document of `record` (its optional url, id and domain), or counted as undecodable."""
@@ -155,17 +156,17 @@ def read_chat(paths: list[str], ledger: Ledger, default_domain: str = "sft") -> 
     trained on is counted under chat/<reason> (glm46.data.chat.conversation_problem) at its file and line."""
     for record, where, nbytes in jsonl_records(paths, ledger):
         if not isinstance(record, dict) or "messages" not in record:
-            ledger.reject("malformed", where, f"{_kind(record)}, not an object with a field 'messages'", nbytes)
+            ledger.reject("malformed", where, f"{json_kind(record)}, not an object with a field 'messages'", nbytes)
             continue
         problem = conversation_problem(record["messages"], record.get("tools"))
-        if problem is None and (domain_problem := _domain_problem(record)):
-            problem = ("malformed", domain_problem)
+        if problem is None and (domain := domain_problem(record)):
+            problem = ("malformed", domain)
         if problem:
             reason, detail = problem
             ledger.reject(reason if reason == "malformed" else f"chat/{reason}", where, detail, nbytes)
             continue
         text = render_chat(record["messages"], record.get("tools"))
-        doc = _admit(text, "the conversation", record, where, ledger, default_domain, nbytes)
+        doc = admit_record(text, "the conversation", record, where, ledger, default_domain, nbytes)
         if doc is not None:
             yield doc
 

@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from glm46.checkpoint.atomic import resume_path
+from glm46.checkpoint.hf_write import save_hf
 from glm46.checkpoint.training_state import (
     align_accumulation,
     key_optimizer_states_by_name,
@@ -31,6 +32,7 @@ from glm46.checkpoint.training_state import (
     rng_states,
 )
 from glm46.checkpoint.weights import load_weights
+from glm46.data.tokenizer import GLMTokenizer
 from glm46.lightning_private import ends_optimizer_step
 from glm46.lit.guard import StepGuard, TrainingDiverged
 from glm46.modules import CausalLMOutput, GLM46Config, GLM46ForCausalLM, cuda_kernels
@@ -256,10 +258,19 @@ class GLM46LitModule(L.LightningModule):
         self.log("val/loss", loss, prog_bar=True)
         self.log("val/ppl", torch.exp(loss))
 
+    def param_groups(self) -> list[dict]:
+        """What the optimizer trains, in Muon's and AdamW's groups (glm46.optim.muon_param_groups)."""
+        return muon_param_groups(self.model)
+
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(muon_param_groups(self.model))
+        optimizer = self.optimizer_factory(self.param_groups())
         scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens))  # a factor of each group's lr
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def export(self, path: Path, tokenizer: GLMTokenizer | None) -> Path:
+        """The final weights as an HF directory (glm46.checkpoint.save_hf), with the tokenizer beside them. Every rank
+        calls it: sharded weights are gathered."""
+        return save_hf(self.model, path, tokenizer=tokenizer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Beside the weights: the token clock, the accumulation, the generators' and the guard's states, and the

@@ -11,7 +11,7 @@ from glm46.config.resolvers import register_resolvers
 from glm46.modules import GLM46Config
 from glm46.rl.engine import RolloutSettings
 
-from .data import Phase, PromptData, RLPhase, ShardData, SourceData, StdlibData
+from .data import Phase, PreferenceData, PromptData, RLPhase, ShardData, SourceData, StdlibData
 from .launch import DeepSpeedParallelism, ParallelismConfig
 from .root import RunConfig, Task
 from .training import (
@@ -21,6 +21,7 @@ from .training import (
     CausalLMModule,
     GRPOModule,
     MuonOptim,
+    RewardModelModule,
     WarmupCosineSchema,
     WarmupStableDecaySchema,
 )
@@ -29,12 +30,13 @@ __all__ = ["RunConfig", "Task", "register_configs"]
 
 GROUP_SCHEMAS = {
     "model": {"schema": GLM46Config},
-    "module": {"causal_lm_schema": CausalLMModule, "grpo_schema": GRPOModule},
+    "module": {"causal_lm_schema": CausalLMModule, "grpo_schema": GRPOModule, "reward_model_schema": RewardModelModule},
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
     "schedule/schema": {"warmup_cosine": WarmupCosineSchema, "warmup_stable_decay": WarmupStableDecaySchema},
     "data": {
         "shards_schema": ShardData,
         "prompts_schema": PromptData,
+        "preference_schema": PreferenceData,
         "stdlib_schema": StdlibData,
     },
     "source": {"schema": SourceData},

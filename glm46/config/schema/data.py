@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from glm46.data.quality import QualityRules
 from glm46.lit import StdlibDataModule
+from glm46.lit.preference_data import PreferenceDataModule
 from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.engine import RolloutSettings
 from glm46.rl.grpo_module import GRPOSettings
@@ -54,6 +55,7 @@ class SourceData:
 
 
 ShardData = target_schema(ShardDataModule, path="glm46.lit.shard_data.ShardDataModule")  # and data=sft's subclass
+PreferenceData = target_schema(PreferenceDataModule, path="glm46.lit.preference_data.PreferenceDataModule")
 PromptData = target_schema(PromptDataModule, path="glm46.rl.prompts.PromptDataModule")
 StdlibData = target_schema(StdlibDataModule, path="glm46.lit.StdlibDataModule")
 

@@ -27,6 +27,7 @@ class Task(StrEnum):
     eval = "eval"  # lm-evaluation-harness on a trained model's weights (glm46.eval), offline
     serve = "serve"  # print and run the vLLM or SGLang command that serves an export (glm46.serve)
     export = "export"  # write a quantized copy of an export (FP8 for vLLM/SGLang, GGUF for llama.cpp)
+    score = "score"  # a reward model's pairwise accuracy on prepared preference pairs (glm46.rl.score)
 
 
 class Engine(StrEnum):
@@ -116,6 +117,23 @@ class ExportConfig:
     gguf_type: GGUFType = GGUFType.f16
 
 
+class ScoreSplit(StrEnum):
+    val = "val"
+    all = "all"
+
+
+@dataclass
+class ScoreConfig:
+    """Settings of task=score (conf/score/default.yaml explains each key)."""
+
+    model: Optional[str] = None  # required by task=score
+    data: Optional[str] = None  # required by task=score
+    split: ScoreSplit = ScoreSplit.val
+    val_fraction: float = 0.1
+    seq_len: int = 2048
+    batch_size: int = 16
+
+
 @dataclass
 class RunConfig:
     task: Task = Task.train
@@ -139,6 +157,7 @@ class RunConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     serve: ServeConfig = field(default_factory=ServeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    score: ScoreConfig = field(default_factory=ScoreConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None

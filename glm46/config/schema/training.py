@@ -31,6 +31,7 @@ from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.lit.guard import StepGuard
 from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
 from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.reward_model import RewardModelLitModule
 
 from .derive import target_schema
 
@@ -109,6 +110,12 @@ class ScheduleConfig:
 CausalLMModule = target_schema(GLM46LitModule, path="glm46.lit.GLM46LitModule", exclude=["model_config"])
 GRPOModule = target_schema(  # the reward function is passed in code; `grpo` is typed where it is set (phase.grpo)
     GRPOLitModule, path="glm46.rl.grpo_module.GRPOLitModule", exclude=["reward"], base=CausalLMModule, name="GRPOModule"
+)
+RewardModelModule = target_schema(
+    RewardModelLitModule,
+    path="glm46.rl.reward_model.RewardModelLitModule",
+    base=CausalLMModule,
+    name="RewardModelModule",
 )
 GuardConfig = target_schema(StepGuard, path="glm46.lit.guard.StepGuard", name="GuardConfig")
 CALLBACKS = {

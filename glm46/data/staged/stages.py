@@ -110,7 +110,7 @@ def read(plan: StagedPlan, task: int, folder: Path) -> dict:
         with open(folder / "docs" / f"{domain}.jsonl", "w") as f:
             f.writelines(document_line(doc) for doc in kept if doc.domain == domain)
 
-    exact = _digests([content_key(doc.text) for doc in kept])
+    exact = _digests([content_key(doc.text if doc.key is None else doc.key) for doc in kept])
     with_url = np.array([doc.url is not None for doc in kept], bool)
     url = _digests([content_key(normalize_url(doc.url)) for doc in kept if doc.url])
     if dedup.get("near", True):

@@ -1,0 +1,111 @@
+"""Preference batches: the pairs of a prepared `source=preference` dataset (glm46.data.preference), each sample the
+chosen and the rejected conversation of one pair, right-padded to seq_len:
+
+    batch = {"chosen_ids": [B, seq_len], "rejected_ids": [B, seq_len],
+             "chosen_mask": [B, seq_len], "rejected_mask": [B, seq_len],    # 1 on the reply tokens the model writes
+             "chosen_length": [B], "rejected_length": [B], "prompt_length": [B]}
+
+A reply's tokens are its assistant tokens after the prompt (glm46.data.chat.assistant_mask: tool results inside a
+reply are not the model's), up to and including the token that closes its last turn; the reward model reads its
+score there, at `length - 1`. Pairs whose longer side exceeds seq_len are left out (a truncated reply would be
+judged without its end).
+
+Sampling, the rank split, the held-out pairs (validation) and the resumable position are ShardDataModule's; the
+position counts pairs (the preference modules count seq_len tokens per pair in `tokens_seen`).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
+import torch
+
+from glm46.data.chat import ChatTokens, assistant_mask, reply_starts
+from glm46.data.tokenizer import GLMTokenizer
+from glm46.data.windows import MixtureWindows
+from glm46.lit.shard_data import ShardDataModule
+
+SIDES = ("chosen", "rejected")
+
+
+def split_pair(document: np.ndarray, chat: ChatTokens) -> tuple[np.ndarray, np.ndarray]:
+    """A pair's tokens -> (chosen, rejected): cut at the [gMASK] that opens the second conversation."""
+    second = np.flatnonzero(document == chat.gmask)[1]
+    return document[:second], document[second:]
+
+
+def reply_mask(ids: np.ndarray, prompt_length: int, chat: ChatTokens) -> np.ndarray:
+    """1 on the tokens of a conversation's reply the model writes: its assistant tokens after the prompt."""
+    mask = assistant_mask(ids, chat)
+    mask[:prompt_length] = 0
+    return mask
+
+
+def pair_bins(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, chat: ChatTokens) -> list[list[tuple[int, int]]]:
+    """The pairs of a domain's tokens whose sides both fit seq_len, one per bin [(start, length)]; ValueError when
+    the documents are no pairs."""
+    marks = np.flatnonzero(tokens == chat.gmask)
+    second = marks[~np.isin(marks, offsets[:-1])]  # each pair's second [gMASK]: its rejected side's start
+    document = np.searchsorted(offsets, second, side="right") - 1
+    if len(second) != len(offsets) - 1 or (np.diff(document) != 1).any():
+        raise ValueError("documents that are no preference pairs (prepare them with source=preference)")
+    longer = np.maximum(second - offsets[:-1], offsets[1:] - second)
+    return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in np.flatnonzero(longer <= seq_len)]
+
+
+class Pairs(MixtureWindows):
+    """MixtureWindows whose bins are single pairs, sampled as the two padded sides."""
+
+    def __init__(self, *args, chat: ChatTokens, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.chat = chat
+
+    def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
+        ((start, length),) = self.bins[domain][item]
+        sides = split_pair(np.asarray(self.streams[domain][start : start + length], dtype=np.int64), self.chat)
+        prompt_length = int(reply_starts(sides[0], self.chat)[-1])
+        row = {"prompt_length": np.int64(prompt_length)}
+        for name, ids in zip(SIDES, sides):
+            padded = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+            padded[: len(ids)] = ids
+            mask = np.zeros(self.seq_len, dtype=np.int64)
+            mask[: len(ids)] = reply_mask(ids, prompt_length, self.chat)
+            row |= {f"{name}_ids": padded, f"{name}_mask": mask, f"{name}_length": np.int64(len(ids))}
+        return row
+
+    def batch(self, number: int) -> dict[str, torch.Tensor]:
+        return super().batch(number) | {"index": torch.from_numpy(self.indices(number))}
+
+
+class PreferenceDataModule(ShardDataModule):
+    """seq_len is the longest side served: pairs with a longer one are left out."""
+
+    def __init__(
+        self,
+        path: str,
+        seq_len: int,
+        batch_size: int,
+        mixture: dict[str, float],
+        seed: int = 0,
+        val_fraction: float = 0.1,
+        val_windows: int = 64,
+        phase: str = "preference",
+        num_workers: int = 0,
+    ):
+        super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, "pad", num_workers)
+        self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
+        self.dataset = partial(Pairs, chat=self.chat)
+
+    def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
+        """The pairs whose sides both fit seq_len, one per bin."""
+        try:
+            return pair_bins(tokens, offsets, self.seq_len, self.chat)
+        except ValueError as error:
+            raise ValueError(f"data.path: {self.root} holds {error}") from None
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        for domain, bins in self.bins.items():
+            if not bins:
+                raise ValueError(f"domain {domain!r} has no preference pair whose sides fit seq_len={self.seq_len}")
