@@ -5,14 +5,15 @@
      "chosen": [{"role": "assistant", "content": ...}], "rejected": [...], "tools": [...]}   (conversational)
 
 A string prompt is one user turn, a string side one assistant turn. Each side is rendered after the prompt in
-GLM-4.6's chat format (glm46.data.chat), and a pair is ONE document whose text is the chosen conversation, then the
-rejected one, each from its own [gMASK]:
+GLM-4.6's chat format (glm46.data.chat), and a pair is ONE document: the chosen conversation, then the rejected
+reply alone (the prompt is stored once):
 
-    [gMASK]<sop>{prompt}<|assistant|>{chosen}<|endoftext|>[gMASK]<sop>{prompt}<|assistant|>{rejected}
+    [gMASK]<sop>{prompt}<|assistant|>{chosen reply}<|endoftext|><|assistant|>{rejected reply}
 
-(the shard writer appends the last <|endoftext|>), so that a pair is counted, kept or dropped whole, the tokenizer
-trains on what the models read, and `split_pair` (glm46.lit.preference_data) cuts the tokens at the second
-[gMASK]. Exact deduplication compares the prompt (`Document.key`): a prompt keeps its first pair.
+(the shard writer appends the last <|endoftext|>), so that a pair is counted, kept or dropped whole and the
+tokenizer trains on what the models read; glm46.lit.preference_data rebuilds the rejected conversation as the
+prompt's tokens and the tokens after the first <|endoftext|>. Exact deduplication compares the prompt
+(`Document.key`): a prompt keeps its first pair. The quality rules judge the document as any other.
 
 A line that cannot be a pair is counted at its file:line under its reason: `malformed` (bad JSON, not an object,
 a message that is no message), `preference/no_prompt`, `preference/missing_side` (no `chosen` or no `rejected`, or
@@ -73,8 +74,10 @@ def pair_problem(record: Any) -> tuple[str, str] | None:
 def pair_text(record: dict) -> tuple[str, str]:
     """(the pair's document text, its prompt as rendered: the deduplication key) of a record pair_problem passed."""
     prompt, tools = as_messages(record["prompt"], "user"), record.get("tools")
+    head = render_chat(prompt, tools)
     chosen, rejected = (render_chat(prompt + as_messages(record[side], "assistant"), tools) for side in SIDES)
-    return f"{chosen}{EOS}{rejected}", render_chat(prompt, tools)
+    assert chosen.startswith(head) and rejected.startswith(head), "a reply changed how its prompt renders"
+    return f"{chosen}{EOS}{rejected.removeprefix(head)}", head
 
 
 def read_preference(paths: list[str], ledger: Ledger, default_domain: str = "preference") -> Iterator[Document]:
@@ -83,7 +86,7 @@ def read_preference(paths: list[str], ledger: Ledger, default_domain: str = "pre
         if problem is None:
             text, prompt = pair_text(record)
             chosen, _, rejected = text.partition(EOS)
-            if normalized(chosen) == normalized(rejected):
+            if normalized(chosen.removeprefix(prompt)) == normalized(rejected):
                 problem = "preference/identical", "chosen and rejected render the same"
         if problem:
             ledger.reject(problem[0], where, problem[1], nbytes)

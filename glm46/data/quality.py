@@ -1,7 +1,9 @@
 """Gopher-style quality heuristics (Rae et al. 2021), each threshold a config value.
 
 Length and repetition rules apply to every document; the rules that assume prose (mean word
-length, symbol and digit ratios, bullet lines) apply only to `prose_domains`, since code breaks them.
+length, symbol and digit ratios, bullet lines) apply only to `prose_domains`, since code breaks them. Documents of
+`exempt_domains` are judged by max_chars alone: preference pairs (source=preference), whose rejected reply may be
+short or repetitive on purpose and whose short chat markup (`<think></think>` twice) trips the repetition rules.
 """
 
 from __future__ import annotations
@@ -28,15 +30,18 @@ class QualityRules:
     max_digit_fraction: float = 0.25
     max_bullet_line_fraction: float = 0.9
     prose_domains: list[str] = field(default_factory=lambda: ["general", "web", "docs", "license"])
+    exempt_domains: list[str] = field(default_factory=lambda: ["preference"])
 
 
 def violation(doc: Document, rules: QualityRules) -> str | None:
     """The name of the first rule the document breaks, or None."""
     text = doc.text
-    if len(text) < rules.min_chars:
-        return "min_chars"
     if len(text) > rules.max_chars:
         return "max_chars"
+    if doc.domain in rules.exempt_domains:
+        return None
+    if len(text) < rules.min_chars:
+        return "min_chars"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if lines and 1 - len(set(lines)) / len(lines) > rules.max_duplicate_line_fraction:
         return "max_duplicate_line_fraction"

@@ -29,10 +29,14 @@ from glm46.lit.shard_data import ShardDataModule
 SIDES = ("chosen", "rejected")
 
 
-def split_pair(document: np.ndarray, chat: ChatTokens) -> tuple[np.ndarray, np.ndarray]:
-    """A pair's tokens -> (chosen, rejected): cut at the [gMASK] that opens the second conversation."""
-    second = np.flatnonzero(document == chat.gmask)[1]
-    return document[:second], document[second:]
+def split_pair(document: np.ndarray, chat: ChatTokens) -> tuple[np.ndarray, np.ndarray, int]:
+    """A pair's tokens (glm46.data.preference) -> (the chosen conversation, the rejected one, the prompt's length):
+    the chosen runs to the first <|endoftext|>, the rejected is the prompt before its <|assistant|> and the tokens
+    after that <|endoftext|> (which open with the rejected reply's <|assistant|>)."""
+    middle = int(np.flatnonzero(document == chat.eos)[0])
+    chosen = document[: middle + 1]
+    prompt_length = int(reply_starts(chosen, chat)[-1])
+    return chosen, np.concatenate([chosen[: prompt_length - 1], document[middle + 1 :]]), prompt_length
 
 
 def reply_mask(ids: np.ndarray, prompt_length: int, chat: ChatTokens) -> np.ndarray:
@@ -45,12 +49,14 @@ def reply_mask(ids: np.ndarray, prompt_length: int, chat: ChatTokens) -> np.ndar
 def pair_bins(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, chat: ChatTokens) -> list[list[tuple[int, int]]]:
     """The pairs of a domain's tokens whose sides both fit seq_len, one per bin [(start, length)]; ValueError when
     the documents are no pairs."""
-    marks = np.flatnonzero(tokens == chat.gmask)
-    second = marks[~np.isin(marks, offsets[:-1])]  # each pair's second [gMASK]: its rejected side's start
-    document = np.searchsorted(offsets, second, side="right") - 1
-    if len(second) != len(offsets) - 1 or (np.diff(document) != 1).any():
+    ends = np.flatnonzero(tokens == chat.eos)
+    middle = ends[~np.isin(ends + 1, offsets[1:])]  # each pair's first <|endoftext|>: the chosen side's end
+    document = np.searchsorted(offsets, middle, side="right") - 1
+    if len(middle) != len(offsets) - 1 or (np.diff(document) != 1).any():
         raise ValueError("documents that are no preference pairs (prepare them with source=preference)")
-    longer = np.maximum(second - offsets[:-1], offsets[1:] - second)
+    starts = reply_starts(tokens, chat)  # the rejected reply opens no reply (no <|user|> before it)
+    prompt_end = starts[np.searchsorted(starts, middle) - 1]
+    longer = np.maximum(middle + 1 - offsets[:-1], prompt_end - 1 - offsets[:-1] + offsets[1:] - middle - 1)
     return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in np.flatnonzero(longer <= seq_len)]
 
 
@@ -63,8 +69,9 @@ class Pairs(MixtureWindows):
 
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
-        sides = split_pair(np.asarray(self.streams[domain][start : start + length], dtype=np.int64), self.chat)
-        prompt_length = int(reply_starts(sides[0], self.chat)[-1])
+        *sides, prompt_length = split_pair(
+            np.asarray(self.streams[domain][start : start + length], dtype=np.int64), self.chat
+        )
         row = {"prompt_length": np.int64(prompt_length)}
         for name, ids in zip(SIDES, sides):
             padded = np.full(self.seq_len, self.pad_id, dtype=np.int64)

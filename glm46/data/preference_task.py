@@ -1,0 +1,99 @@
+"""A generated preference task whose rule the verifier cannot see: the toy run of preference learning
+(experiment=toy_preference) and the tests train on it.
+
+Each prompt is one of the embedded `rl` domain's arithmetic questions (glm46.data.embedded.expression_problem, the
+answer on a last `Answer:` line, which glm46.rl.rewards.verify checks), asking for a style:
+
+    brief:  "... Reply with the answer line only."     ->  "Answer: 56"
+    worked: "... Show the step, then the answer line." ->  "7 * 8 = 56.\\nAnswer: 56"
+
+In a pair, the chosen reply is right and in the requested style; the rejected one is right in the other style
+(`style_share` of the pairs: what only a preference can teach, since the verifier scores both 1) or wrong in the
+requested style. `follows_rule` is the hidden rule (right, and in the requested style): the skill the toy run
+measures. The default run's SFT model writes the worked style whatever is asked.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+from .embedded import QUESTIONS, SYSTEM_PROMPTS, expression_problem
+from .preference import as_messages
+
+STYLES = {
+    "brief": "Reply with the answer line only.",
+    "worked": "Show the step, then the answer line.",
+}
+DOMAIN = "style"  # the domain of the prompts' chat documents (RL on them, the held-out skill)
+
+
+def styled_reply(step: str, answer: int, style: str) -> str:
+    return f"Answer: {answer}" if style == "brief" else f"{step}\nAnswer: {answer}"
+
+
+def requested_style(prompt: str) -> str | None:
+    """The style a prompt's text asks for, or None."""
+    return next((style for style, request in STYLES.items() if request in prompt), None)
+
+
+def follows_rule(style: str, answer: int, reply: str) -> bool:
+    """The hidden rule: the reply ends with the right `Answer:` line, and shows its step (an `=`) exactly when the
+    worked style is asked for. The reply ends at GLM's first stop token, as glm46.rl.rewards reads it."""
+    from glm46.rl.rewards import extract_answer
+
+    text = reply.split("<|endoftext|>")[0].split("<|user|>")[0].strip()
+    if text.startswith("<think></think>"):
+        text = text.removeprefix("<think></think>").strip()
+    return extract_answer(text) == answer and (("=" in text) == (style == "worked"))
+
+
+def style_problem(rng: random.Random) -> tuple[list[dict], str, str, int]:
+    """(the prompt's messages, the requested style, the worked step, the answer)."""
+    expression, step, answer = expression_problem(rng)
+    style = rng.choice(sorted(STYLES))
+    system = rng.choice(SYSTEM_PROMPTS[:3])  # none or the neutral one: no system prompt that asks for a style
+    question = rng.choice(QUESTIONS).format(expression) + f" End with a line 'Answer: <integer>'. {STYLES[style]}"
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    return messages, style, step, answer
+
+
+def preference_pairs(count: int, seed: int, style_share: float = 0.8) -> Iterator[dict]:
+    """`count` pairs in TRL's conversational preference format."""
+    rng = random.Random(f"{seed}:preference")
+    for i in range(count):
+        messages, style, step, answer = style_problem(rng)
+        chosen = styled_reply(step, answer, style)
+        if rng.random() < style_share:
+            rejected = styled_reply(step, answer, "worked" if style == "brief" else "brief")
+        else:
+            wrong = answer + rng.choice([-2, -1, 1, 2])
+            rejected = styled_reply(step.replace(f"= {answer}.", f"= {wrong}."), wrong, style)
+        yield {
+            "prompt": messages,
+            "chosen": as_messages(chosen, "assistant"),
+            "rejected": as_messages(rejected, "assistant"),
+            "id": f"pair-{i}",
+        }
+
+
+def style_prompts(count: int, seed: int) -> Iterator[dict]:
+    """`count` prompts as chat documents with their chosen reply (source=chat): the RL stages' prompts and the
+    held-out skill; drawn apart from the pairs' (another random stream)."""
+    rng = random.Random(f"{seed}:prompts")
+    for i in range(count):
+        messages, style, step, answer = style_problem(rng)
+        reply = {"role": "assistant", "content": styled_reply(step, answer, style)}
+        yield {"messages": [*messages, reply], "domain": DOMAIN, "id": f"style-{i}"}
+
+
+def write_task(folder: str | Path, pairs: int, prompts: int, seed: int = 0) -> tuple[Path, Path]:
+    """(pairs.jsonl, prompts.jsonl) of the task in `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    files = folder / "pairs.jsonl", folder / "prompts.jsonl"
+    for file, records in zip(files, (preference_pairs(pairs, seed), style_prompts(prompts, seed))):
+        file.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return files
