@@ -12,7 +12,7 @@ its data, phase and callbacks (`python run.py module=reward_model data=preferenc
 from __future__ import annotations
 
 SOURCES = ("embedded", "jsonl", "text", "parquet")
-STANDALONE_MODULES = ("reward_model",)  # module=<name> implies experiment=<name>
+STANDALONE_MODULES = ("reward_model", "dpo")  # module=<name> implies experiment=<name>
 
 
 def renamed_overrides(overrides: list[str]) -> list[str]:

@@ -15,6 +15,7 @@ from glm46.config.resolvers import phase_steps, recipe_start
 from glm46.errors import ConfigError
 from glm46.lit.preference_data import PreferenceDataModule
 from glm46.logs import rank_zero_logger
+from glm46.rl.dpo_module import DPOLitModule
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.reward_model import RewardModelLitModule
@@ -195,7 +196,7 @@ def check_rl(cfg: DictConfig) -> None:
         check_rollout_engine(cfg)
 
 
-PREFERENCE_MODULES = (RewardModelLitModule,)
+PREFERENCE_MODULES = (RewardModelLitModule, DPOLitModule)
 
 
 def check_preference(cfg: DictConfig) -> None:

@@ -10,6 +10,10 @@ reply are not the model's), up to and including the token that closes its last t
 score there, at `length - 1`. Pairs whose longer side exceeds seq_len are left out (a truncated reply would be
 judged without its end).
 
+With `reference` set (DPO: the starting policy's summed reply log-probs of every pair, computed once before
+training), each sample also holds its pair's `ref_chosen_logps` and `ref_rejected_logps`; the table is part of the
+DataModule's state, so that a resumed run reads the reference it started with.
+
 Sampling, the rank split, the held-out pairs (validation) and the resumable position are ShardDataModule's; the
 position counts pairs (the preference modules count seq_len tokens per pair in `tokens_seen`).
 """
@@ -66,6 +70,7 @@ class Pairs(MixtureWindows):
     def __init__(self, *args, chat: ChatTokens, **kwargs):
         super().__init__(*args, **kwargs)
         self.chat = chat
+        self.reference: list[np.ndarray] | None = None  # per domain: [bins, 2] (chosen, rejected) log-probs
 
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
@@ -79,10 +84,9 @@ class Pairs(MixtureWindows):
             mask = np.zeros(self.seq_len, dtype=np.int64)
             mask[: len(ids)] = reply_mask(ids, prompt_length, self.chat)
             row |= {f"{name}_ids": padded, f"{name}_mask": mask, f"{name}_length": np.int64(len(ids))}
+        if self.reference is not None:
+            row["ref_chosen_logps"], row["ref_rejected_logps"] = self.reference[domain][item]
         return row
-
-    def batch(self, number: int) -> dict[str, torch.Tensor]:
-        return super().batch(number) | {"index": torch.from_numpy(self.indices(number))}
 
 
 class PreferenceDataModule(ShardDataModule):
@@ -103,6 +107,7 @@ class PreferenceDataModule(ShardDataModule):
         super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, "pad", num_workers)
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
         self.dataset = partial(Pairs, chat=self.chat)
+        self.reference: dict[str, dict[str, np.ndarray]] | None = None  # split -> domain -> [bins, 2]
 
     def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
         """The pairs whose sides both fit seq_len, one per bin."""
@@ -116,3 +121,43 @@ class PreferenceDataModule(ShardDataModule):
         for domain, bins in self.bins.items():
             if not bins:
                 raise ValueError(f"domain {domain!r} has no preference pair whose sides fit seq_len={self.seq_len}")
+
+    def train_dataset(self, rank: int, world: int) -> Pairs:
+        return self.with_reference(super().train_dataset(rank, world), "train")
+
+    def val_dataset(self, domain: str) -> Pairs:
+        return self.with_reference(super().val_dataset(domain), "val")
+
+    def with_reference(self, pairs: Pairs, split: str) -> Pairs:
+        if self.reference is not None:
+            pairs.reference = [self.reference[split][domain] for domain in pairs.domains]
+        return pairs
+
+    def every_pair(self) -> dict[str, dict[str, Pairs]]:
+        """split ("train", "val") -> domain -> its pairs alone, each sampled by its number (`sample(0, item)`) and
+        without reference: what a reference table is computed over, aligned with it."""
+
+        def pairs(domain: str, tokens: np.ndarray, bins: list) -> Pairs:
+            return Pairs({domain: tokens}, {domain: 1.0}, self.seq_len, self.seed, 0, 0, 1, bins={domain: bins},
+                         pad_id=self.pad_id, chat=self.chat)  # fmt: skip
+
+        return {
+            "train": {d: pairs(d, stream.train, self.bins[d]) for d, stream in self.streams.items()},
+            "val": {d: pairs(d, stream.val, self.val_bins[d]) for d, stream in self.streams.items()},
+        }
+
+    def state_dict(self) -> dict:
+        """ShardDataModule's, and the reference table as tensors (checkpoints are read without unpickling arrays)."""
+        reference = None
+        if self.reference is not None:
+            reference = {
+                s: {d: torch.from_numpy(t) for d, t in domains.items()} for s, domains in self.reference.items()
+            }
+        return super().state_dict() | {"reference": reference}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if state.get("reference") is not None:
+            self.reference = {
+                s: {d: t.numpy() for d, t in domains.items()} for s, domains in state["reference"].items()
+            }

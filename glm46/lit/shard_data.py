@@ -127,10 +127,9 @@ class ShardDataModule(L.LightningDataModule):
                     self.bins[domain] = self.document_bins(stream.train, stream.train_offsets)
                     self.val_bins[domain] = self.document_bins(stream.val, stream.val_offsets)[: self.val_windows]
 
-    def train_dataloader(self) -> DataLoader:
-        rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)  # TP ranks share data
-        packed_rows = self.packing != "truncate"
-        dataset = self.dataset(
+    def train_dataset(self, rank: int, world: int) -> MixtureWindows:
+        """This data-parallel rank's endless training samples."""
+        return self.dataset(
             {d: s.train for d, s in self.streams.items()},
             self.mixture,
             self.seq_len,
@@ -138,13 +137,35 @@ class ShardDataModule(L.LightningDataModule):
             self.start_sample,
             rank,
             world,
-            bins=self.bins if packed_rows else None,
+            bins=self.bins if self.packing != "truncate" else None,
             pad_id=self.pad_id,
             batch_size=self.batch_size,
             targets={d: self.targets(s.train, s.train_offsets) for d, s in self.streams.items()},
         )
+
+    def val_dataset(self, domain: str) -> MixtureWindows:
+        """The held-out packed rows of one domain, each sampled by its number (`sample(0, item)`)."""
+        stream = self.streams[domain]
+        return self.dataset(
+            {domain: stream.val},
+            {domain: 1.0},
+            self.seq_len,
+            self.seed,
+            0,
+            0,
+            1,
+            bins={domain: self.val_bins[domain]},
+            pad_id=self.pad_id,
+            targets={domain: self.targets(stream.val, stream.val_offsets)},
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = data_parallel_rank_and_size(self.trainer) if self.trainer else (0, 1)  # TP ranks share data
         return DataLoader(
-            dataset, batch_size=None, num_workers=self.num_workers, persistent_workers=self.num_workers > 0
+            self.train_dataset(rank, world),
+            batch_size=None,
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
         )
 
     def val_dataloader(self) -> DataLoader:
@@ -156,18 +177,7 @@ class ShardDataModule(L.LightningDataModule):
                 starts = range(0, max(0, len(stream.val) - self.seq_len - 1), self.seq_len)
                 per_domain.append([window(stream.val, s, self.seq_len) for s in list(starts)[: self.val_windows]])
             else:
-                dataset = self.dataset(
-                    {domain: stream.val},
-                    {domain: 1.0},
-                    self.seq_len,
-                    self.seed,
-                    0,
-                    0,
-                    1,
-                    bins={domain: self.val_bins[domain]},
-                    pad_id=self.pad_id,
-                    targets={domain: self.targets(stream.val, stream.val_offsets)},
-                )
+                dataset = self.val_dataset(domain)
                 per_domain.append([dataset.sample(0, item) for item in range(len(self.val_bins[domain]))])
         samples = [s for row in itertools.zip_longest(*per_domain) for s in row if s is not None]
         return DataLoader(samples, batch_size=self.batch_size)

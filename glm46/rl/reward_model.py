@@ -6,6 +6,7 @@ at the last token of the reply (the token that closes it: glm46.lit.preference_d
 *ForSequenceClassification and TRL's RewardTrainer read theirs at the last token. The loss is Bradley-Terry's
 (glm46.rl.preference_loss.bradley_terry_loss) with TRL's margin and centring options. The lm_head and the MTP layers
 are not trained (frozen: the reward reads the final norm's output); they stay in the export as they were loaded.
+The forward of both sides is glm46.rl.preference_module's.
 
 Held-out pairs give `rm/accuracy` and `rm/margin`, and the mean and std of their rewards, which the export records
 (`reward_model.json`) so that RL can normalise the rewards it reads. The export is an HF directory: the backbone
@@ -22,56 +23,46 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 from torchmetrics import CatMetric, MeanMetric
 
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.lit.module import GLM46LitModule
-from glm46.parallel.data_parallel import data_parallel_group, data_parallel_size
+from glm46.parallel.data_parallel import data_parallel_group
 from glm46.rl.preference_loss import bradley_terry_loss
+from glm46.rl.preference_module import PreferenceLitModule
 from glm46.rl.reward_export import save_reward_head
 
 
-class RewardModelLitModule(GLM46LitModule):
+class RewardModelLitModule(PreferenceLitModule):
     def __init__(self, *args, margin: float = 0.0, center_coef: float | None = None, **kwargs):
         """The GLM46LitModule arguments, plus the Bradley-Terry options: `margin` (subtracted from every pair's
         reward difference inside the sigmoid) and `center_coef` (TRL's center_rewards_coefficient; None: off)."""
         super().__init__(*args, **kwargs)
         self.margin, self.center_coef = margin, center_coef
         self.score = nn.Linear(self.config.hidden_size, 1, bias=False)
-        nn.init.normal_(self.score.weight, std=self.config.initializer_range)
-        for frozen in (self.model.lm_head, *getattr(self.model, "mtp_layers", [])):
-            frozen.requires_grad_(False)
+        nn.init.zeros_(self.score.weight)  # every reward 0 at first (loss log 2), and the same on every layout
         self.val_accuracy, self.val_margin, self.val_rewards = MeanMetric(), MeanMetric(), CatMetric()
         self.reward_mean, self.reward_std = 0.0, 1.0  # of the held-out rewards, at the last validation
 
+    def frozen_modules(self) -> list[nn.Module]:
+        """The lm_head too: the reward reads the final norm's output."""
+        return [*super().frozen_modules(), self.model.lm_head]
+
     def configure_model(self) -> None:
-        """The layout, then: under FSDP2 `hidden_states` runs FSDP's forward hooks as forward does (it is called
-        instead of it), and the head moves to the backbone's device."""
         super().configure_model()
-        if isinstance(self.model, FSDPModule):
-            register_fsdp_forward_method(self.model, "hidden_states")
         self.score.to(self.model.lm_head.weight.device)
 
     def rewards(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rewards [B] of the chosen and the rejected sides, in one forward of both."""
-        ids = torch.cat([batch["chosen_ids"], batch["rejected_ids"]])
-        last = torch.cat([batch["chosen_length"], batch["rejected_length"]]) - 1
-        hidden = self.model.hidden_states(ids, torch.arange(ids.shape[1], device=ids.device).expand_as(ids))
-        scores = self.score(hidden[torch.arange(len(ids), device=ids.device), last]).squeeze(-1).float()
+        hidden = self.pair_hidden_states(batch)
+        last = self.both_sides(batch, "length") - 1
+        scores = self.score(hidden[torch.arange(len(hidden), device=hidden.device), last]).squeeze(-1).float()
         return scores.chunk(2)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss, stats = bradley_terry_loss(*self.rewards(batch), self.margin, self.center_coef)
-        self.tokens_seen += batch["chosen_ids"].numel() * data_parallel_size(self.trainer)  # seq_len per pair
-        self.log("train/loss", loss, prog_bar=True)
-        self.log("rm/train_accuracy", stats["accuracy"])
-        self.log("rm/train_margin", stats["margin"])
-        self.log("train/tokens_seen", float(self.tokens_seen))
-        self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
-        self._step_loss = self._step_loss.to(loss.device) + loss.detach()
-        self._step_micro_batches += 1
-        return loss
+        self.log("rm/train_accuracy", stats["accuracy"], sync_dist=True)
+        self.log("rm/train_margin", stats["margin"], sync_dist=True)
+        return self.end_step(batch, loss)
 
     def on_after_backward(self) -> None:
         """The head's gradient averaged over the data-parallel ranks of a mesh layout (DDP and DeepSpeed wrap the

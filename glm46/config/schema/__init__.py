@@ -19,6 +19,7 @@ from .training import (
     LOGGERS,
     AdamWOptim,
     CausalLMModule,
+    DPOModule,
     GRPOModule,
     MuonOptim,
     RewardModelModule,
@@ -30,7 +31,12 @@ __all__ = ["RunConfig", "Task", "register_configs"]
 
 GROUP_SCHEMAS = {
     "model": {"schema": GLM46Config},
-    "module": {"causal_lm_schema": CausalLMModule, "grpo_schema": GRPOModule, "reward_model_schema": RewardModelModule},
+    "module": {
+        "causal_lm_schema": CausalLMModule,
+        "grpo_schema": GRPOModule,
+        "reward_model_schema": RewardModelModule,
+        "dpo_schema": DPOModule,
+    },
     "optim": {"muon_schema": MuonOptim, "adamw_schema": AdamWOptim},
     "schedule/schema": {"warmup_cosine": WarmupCosineSchema, "warmup_stable_decay": WarmupStableDecaySchema},
     "data": {
