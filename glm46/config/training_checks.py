@@ -19,6 +19,7 @@ from glm46.rl.dpo_module import DPOLitModule
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.reward_model import RewardModelLitModule
+from glm46.rl.rlhf import check_reward_model
 
 from .values import model_config, resolve, value_at
 
@@ -112,6 +113,7 @@ def check_training(cfg: DictConfig) -> None:
         (instantiate, cfg.guard),
         (OmegaConf.to_object, grpo(cfg)),
         (OmegaConf.to_object, cfg.phase.get("rollout")),
+        (OmegaConf.to_object, cfg.phase.get("reward")),
         (instantiate, cfg.callbacks.get("prometheus")),
         (instantiate, cfg.callbacks.get("watchdog")),
     )
@@ -173,6 +175,7 @@ def check_rl(cfg: DictConfig) -> None:
                 f": the evaluation after training would read {domain} prompts RL trained on"
             )
     settings = grpo(cfg)
+    check_reward_model(OmegaConf.to_object(cfg.phase.reward), Path(cfg.data.path) / "tokenizer.json", "data.path")
     layout = cfg.parallelism
     split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}
     if split or layout.engine == "deepspeed":

@@ -59,6 +59,7 @@ from glm46.rl.grpo_loss import (
     width_groups,
 )
 from glm46.rl.rewards import verify
+from glm46.rl.rlhf import MixedReward, RewardSettings
 from glm46.rl.turns import EngineTurns, ModelTurns, left_padded
 
 
@@ -83,6 +84,13 @@ class Rollout:
             )
             for i in range(parts)
         ]
+
+
+def row_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Each rollout row's length [N] from its target mask [N, T]: its last target's position + 2 (the position
+    before a token holds it as its target)."""
+    positions = torch.arange(2, mask.shape[1] + 2, device=mask.device)
+    return (mask.bool() * positions).amax(dim=1)
 
 
 @dataclass
@@ -133,12 +141,14 @@ class GRPOLitModule(GLM46LitModule):
         rollout: RolloutSettings | None = None,
         gradient_clip_val: float | None = None,
         seed: int = 0,
+        reward_mix: RewardSettings | None = None,
         reward: Callable[[Mapping, str], float] = verify,
         **kwargs,
     ):
-        """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml) and
-        where its rollouts are sampled (`phase.rollout`; None: the model's own generate). reward(record, completion
-        text) scores a completion of a prompt record {"answer": int}."""
+        """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml),
+        where its rollouts are sampled (`phase.rollout`; None: the model's own generate) and how they are scored
+        (`phase.reward`: the verifier, and a reward model when set; glm46.rl.rlhf). reward(record, completion text)
+        is the verifier of a completion of a prompt record {"answer": int}."""
         super().__init__(*args, **kwargs)
         self.model.mtp_layers.requires_grad_(False)  # not trained in RL (DDP would find them unused in the loss)
         self.automatic_optimization = False
@@ -151,6 +161,8 @@ class GRPOLitModule(GLM46LitModule):
         self.engine_step = -1  # the global step whose weights the engine holds
         self.gradient_clip_val, self.seed = gradient_clip_val, seed
         self.reward = reward
+        self.reward_mix = reward_mix or RewardSettings()
+        self.mixed_reward = MixedReward(self.reward_mix, Path(tokenizer_path), torch.device("cpu"))  # not a submodule
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.val_rewards: list[torch.Tensor] = []
 
@@ -167,6 +179,7 @@ class GRPOLitModule(GLM46LitModule):
         if isinstance(self.model, FSDPModule):
             for method in ("generate", "hidden_states"):
                 register_fsdp_forward_method(self.model, method)
+        self.mixed_reward.to(self.device)
 
     # -- rollout
     def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
@@ -366,13 +379,16 @@ class GRPOLitModule(GLM46LitModule):
 
     def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
         started = time.perf_counter()
-        rollout, rewards = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
+        rollout, verified = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
         seconds = time.perf_counter() - started
+        rewards, parts = self.mixed_reward(verified, rollout.input_ids, row_lengths(rollout.mask))
         rollout.advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
         lengths = rollout.mask.sum(1)  # the model's own tokens
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
-        self.log("rl/accuracy", (rewards == 1).float().mean(), sync_dist=True)
+        self.log("rl/accuracy", (verified == 1).float().mean(), sync_dist=True)
+        for name, value in parts.items():
+            self.log(f"rl/{name}", value, sync_dist=True)
         # Groups whose rewards are all equal have advantages 0: no gradient (slime's dynamic sampling drops them).
         flat = rewards.view(-1, self.grpo.samples_per_prompt).std(dim=1) == 0
         self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)

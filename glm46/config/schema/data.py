@@ -21,6 +21,7 @@ from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.engine import RolloutSettings
 from glm46.rl.grpo_module import GRPOSettings
 from glm46.rl.prompts import PromptDataModule
+from glm46.rl.rlhf import RewardSettings
 
 from .derive import target_schema
 
@@ -83,6 +84,7 @@ class RLPhase(Phase):
     max_prompt_len: int = MISSING
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
+    reward: RewardSettings = field(default_factory=RewardSettings)
 
 
 @dataclass
