@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.rl import grpo_module
-from glm46.rl.grpo_loss import token_logprobs, width_groups
+from glm46.rl.core_algos import token_logprobs, width_groups
 from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.turns import ModelTurns

@@ -309,7 +309,10 @@ def test_kl_term_is_k3_times_kl_coef():
         (dict(aggregation="seq_mean", num_tokens=10), "num_tokens is the divisor of aggregation='token_mean' only"),
         (dict(old_logprobs=torch.zeros(3, 5)), r"old_logprobs \(3, 5\) differs from logprobs \(3, 4\)"),
         (dict(mask=torch.ones(3, 5)), r"mask \(3, 5\) differs"),
-        (dict(advantages=torch.zeros(3, 1)), r"advantages must be \[B\] = \(3,\), got \(3, 1\)"),
+        (
+            dict(advantages=torch.zeros(3, 1)),
+            r"advantages must be \[B\] = \(3,\), or \[B, T\] = \(3, \d+\) .* got \(3, 1\)",
+        ),
         (dict(kl_coef=0.1), "kl_coef > 0 needs ref_logprobs"),
         (dict(kl_coef=0.1, ref_logprobs=torch.zeros(2, 4)), r"ref_logprobs \(2, 4\) differs"),
         (dict(eps_low=1.0), "need 0 <= eps_low < 1"),

@@ -9,7 +9,7 @@ from transformers import Glm4MoeForCausalLM, LlamaConfig, LlamaForSequenceClassi
 from trl import DPOConfig, DPOTrainer, RewardConfig, RewardTrainer
 
 from glm46.modules.loss import IGNORE_INDEX
-from glm46.rl.grpo_loss import token_logprobs
+from glm46.rl.core_algos import token_logprobs
 from glm46.rl.preference_loss import bradley_terry_loss, dpo_loss, sequence_logprobs
 
 from .helpers import randomise

@@ -11,8 +11,8 @@ from glm46.data.chat import parse_tool_calls, render_chat
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.data.tools import Calculator, ToolEnvironment
+from glm46.rl.core_algos import group_advantages, policy_loss
 from glm46.rl.episodes import episode_rows, run_episodes
-from glm46.rl.grpo_loss import group_advantages, policy_loss
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.rewards import verify
 

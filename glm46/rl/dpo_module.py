@@ -4,7 +4,7 @@ The policy starts from an SFT export (`init_from`); the reference is that starti
 pair (train and held-out) are computed once before the first step, shared out over the data-parallel ranks and
 gathered (TRL's `precompute_ref_log_probs`), and served with the batches (glm46.lit.preference_data): no second
 model is held in memory, and a resumed run reads the table from its checkpoint (the DataModule's state) instead of
-computing it from weights that have moved. A reply's log-prob is the sum of its tokens' (glm46.rl.grpo_loss.
+computing it from weights that have moved. A reply's log-prob is the sum of its tokens' (glm46.rl.core_algos.
 token_logprobs, the [tokens, vocabulary] logits in chunks), and the loss glm46.rl.preference_loss.dpo_loss.
 
 Logged: `train/loss`, `rewards/chosen`, `rewards/rejected`, `rewards/accuracies`, `rewards/margins` (TRL's names),
@@ -24,7 +24,7 @@ from glm46.lit.preference_data import PreferenceDataModule
 from glm46.logs import rank_zero_logger
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
-from glm46.rl.grpo_loss import token_logprobs
+from glm46.rl.core_algos import token_logprobs
 from glm46.rl.preference_loss import DPO_LOSSES, dpo_loss, sequence_logprobs
 from glm46.rl.preference_module import PreferenceLitModule
 

@@ -6,9 +6,9 @@ in slime (github.com/THUDM/slime). One rollout batch per training step:
    KV-cache `generate` (prompts of different lengths left-padded in one batch); a completion ends at
    GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
 2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0); advantages are normalised
-   within each prompt's group (glm46.rl.grpo_loss.group_advantages).
+   within each prompt's group (glm46.rl.core_algos.group_advantages).
 3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
-   against the rollout policy's log-probs (glm46.rl.grpo_loss.policy_loss), token mean over completion tokens.
+   against the rollout policy's log-probs (glm46.rl.core_algos.policy_loss), token mean over completion tokens.
 
 Rollouts and updates alternate within a step, so the module optimizes manually (Lightning's
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
@@ -48,9 +48,7 @@ from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
-from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
-from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
-from glm46.rl.grpo_loss import (
+from glm46.rl.core_algos import (
     AGGREGATIONS,
     group_advantages,
     policy_loss,
@@ -58,6 +56,8 @@ from glm46.rl.grpo_loss import (
     truncated_importance_weights,
     width_groups,
 )
+from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
+from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rewards import verify
 from glm46.rl.rlhf import MixedReward, RewardSettings
 from glm46.rl.turns import EngineTurns, ModelTurns, left_padded

@@ -1,8 +1,10 @@
-"""The math of a GRPO step: group-normalised advantages, per-token log-probs, the clipped policy loss.
+"""The math of the RL steps, as small functions in one place (verl's `core_algos.py` is the model): advantage
+estimators (GRPO's group-normalised rewards; GAE over a critic's values, `gae_advantages`), per-token log-probs, the
+clipped policy loss, PPO's clipped value loss and the KL estimators of a penalty against a reference policy.
 
 GLM-4.5 trains its RL stages with GRPO without the KL term, in slime (arXiv:2508.06471 section 3.2; the loss of
 slime's ppo_utils.py `compute_policy_loss`), with DAPO's clip-higher (arXiv:2503.14476) as an option. TRL's
-GRPOTrainer (trl/trainer/grpo_trainer.py `_compute_loss`) computes the same loss: tests/test_grpo_loss.py checks
+GRPOTrainer (trl/trainer/grpo_trainer.py `_compute_loss`) computes the same loss: tests/test_core_algos.py checks
 that ours equals it, log-probs, loss and gradients.
 """
 
@@ -136,8 +138,11 @@ def _check_policy_args(
     for name, tensor in tensors.items():
         if tensor is not None and tensor.shape != logprobs.shape:
             raise ValueError(f"{name} {tuple(tensor.shape)} differs from logprobs {tuple(logprobs.shape)}")
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages must be [B] = {tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    if advantages.shape not in (logprobs.shape[:1], logprobs.shape):
+        raise ValueError(
+            f"advantages must be [B] = {tuple(logprobs.shape[:1])}, or [B, T] = {tuple(logprobs.shape)} (one per "
+            f"token: GAE's), got {tuple(advantages.shape)}"
+        )
 
 
 def policy_loss(
@@ -155,12 +160,13 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's clipped surrogate: -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) per token, aggregated.
 
-    logprobs [B, T] (with grad), old_logprobs [B, T] (the rollout policy's), advantages [B], mask [B, T] (1 on
-    the completion tokens that count). eps_high None is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds
-    TRL's beta term, the k3 estimate exp(ref - logp) - (ref - logp) - 1 of KL(policy || reference); GLM-4.5 trains
-    without it. token_weights [B, T] (detached) multiply each token's loss before the aggregation: the truncated
-    importance ratios min(exp(old_logprobs - engine_logprobs), C) of a rollout sampled by an inference engine
-    (slime's `--use-tis`, TRL's `vllm_importance_sampling_correction`).
+    logprobs [B, T] (with grad), old_logprobs [B, T] (the rollout policy's), advantages [B] (GRPO's, one per
+    sequence) or [B, T] (PPO's, one per token), mask [B, T] (1 on the completion tokens that count). eps_high None
+    is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds TRL's beta term, the k3 estimate
+    exp(ref - logp) - (ref - logp) - 1 of KL(policy || reference); GLM-4.5 trains without it. token_weights [B, T]
+    (detached) multiply each token's loss before the aggregation: the truncated importance ratios
+    min(exp(old_logprobs - engine_logprobs), C) of a rollout sampled by an inference engine (slime's `--use-tis`,
+    TRL's `vllm_importance_sampling_correction`).
     Returns the loss and detached statistics: clip_fraction (the masked tokens whose clip is active,
     TRL's `clip_ratio/region_mean` and slime's clipfrac), ratio_mean, and kl when ref_logprobs is given.
     """
@@ -182,7 +188,8 @@ def policy_loss(
     weights = valid.to(logprobs.dtype)  # [B, T]
     # Padding may hold anything (a sampler's -inf): ratio 1 there keeps exp and its gradient finite.
     ratio = (logprobs - old_logprobs).masked_fill(~valid, 0.0).exp()  # [B, T]
-    advantages = advantages.to(logprobs.dtype).unsqueeze(1)  # [B, 1]
+    advantages = advantages.to(logprobs.dtype)
+    advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
     if token_weights is not None:
@@ -228,3 +235,81 @@ def width_groups(targets: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
         return [(order, ends[0])]
     k = min(range(1, rows), key=lambda k: k * ends[0] + (rows - k) * ends[k])
     return [(order[:k], ends[0]), (order[k:], ends[k])]
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of values over mask (verl's `masked_mean`: the sum over the count + 1e-8)."""
+    return (values * mask).sum() / (mask.sum() + 1e-8)
+
+
+def masked_whiten(
+    values: torch.Tensor, mask: torch.Tensor, mean: torch.Tensor | None = None, var: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(values - mean) / sqrt(var + 1e-8) over mask, the variance Bessel-corrected (verl's `masked_whiten`). `mean`
+    and `var` given: those of the whole batch over several ranks (they differ from one rank's)."""
+    if mean is None:
+        mean = masked_mean(values, mask)
+    if var is None:
+        count = mask.sum()
+        if count < 2:
+            raise ValueError(f"whitening needs at least 2 tokens under the mask, got {int(count)}")
+        var = masked_mean((values - mean) ** 2, mask) * count / (count - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8)
+
+
+@torch.no_grad()
+def gae_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized Advantage Estimation (arXiv:1506.02438) over each row's tokens, as verl's
+    `compute_gae_advantage_return` (before its whitening): (advantages, returns = advantages + values), both [B, T].
+
+    token_rewards, values and mask are [B, T], position t holding the token the model wrote there (its value: the
+    critic's at the state before it). delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lam A_next, where
+    "next" is the next position under the mask: tokens outside it (a multi-turn episode's tool results, padding)
+    neither hold a TD error nor interrupt the chain. Whiten the advantages over the batch (`masked_whiten`)."""
+    next_value = torch.zeros_like(values[:, 0])
+    next_advantage = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in reversed(range(values.shape[1])):
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        kept = mask[:, t]
+        next_value = values[:, t] * kept + (1 - kept) * next_value
+        next_advantage = advantage * kept + (1 - kept) * next_advantage
+        advantages[:, t] = next_advantage
+    return advantages, advantages + values
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    num_tokens: torch.Tensor | float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped value loss (verl's `compute_value_loss`, TRL's): 0.5 x the token mean of
+    max((V - R)^2, (clamp(V, V_old - clip, V_old + clip) - R)^2) over mask, and the share of tokens whose clipped
+    term is the larger (detached). values [B, T] (with grad), old_values [B, T] (the critic's at the rollout),
+    returns [B, T]; num_tokens: the divisor of the token mean (the global count over data-parallel ranks / their
+    number), default the mask's count."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)
+    unclipped_loss, clipped_loss = (values - returns) ** 2, (clipped - returns) ** 2
+    loss = 0.5 * _aggregate(torch.max(unclipped_loss, clipped_loss), mask, "token_mean", num_tokens)
+    return loss, _masked_mean((clipped_loss > unclipped_loss).to(values.dtype), mask)
+
+
+KL_ESTIMATORS = ("k1", "k3")
+
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
+    """Per-token estimates [B, T] of KL(policy || reference) from the sampled tokens' log-probs (J. Schulman,
+    "Approximating KL divergence", 2020; verl's `kl_penalty`): k1 = logp - ref, unbiased and noisy; k3 =
+    exp(ref - logp) - (ref - logp) - 1 (verl's `low_var_kl`, clamped as verl clamps it), never negative."""
+    if estimator == "k1":
+        return logprobs - ref_logprobs
+    if estimator == "k3":
+        log_ratio = (ref_logprobs - logprobs).clamp(-20, 20)
+        return (log_ratio.exp() - log_ratio - 1).clamp(-10, 10)
+    raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")

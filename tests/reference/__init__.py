@@ -1,0 +1,1 @@
+"""Pinned copies of other projects' formulas that glm46's are tested against (each names its source and license)."""
