@@ -33,6 +33,7 @@ def main(spec: dict) -> None:
     from glm46.parallel.state import full_state_items, is_writer
     from glm46.rl.engine import RolloutSettings
     from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
+    from glm46.rl.ppo_module import PPOLitModule, PPOSettings
     from glm46.rl.prompts import PromptDataModule
     from tests.helpers import tiny_config
     from tests.test_grpo import starts_with_a_digit
@@ -42,7 +43,10 @@ def main(spec: dict) -> None:
     cfg = compose_layout(spec["layout"], [])
     layout = Layout.from_config(cfg.parallelism, devices)
     torch.manual_seed(0)
-    module = GRPOLitModule(
+    algorithm = {}
+    if spec.get("ppo"):  # PPO: GRPO's module with a critic (from a reward model) and the KL penalty
+        algorithm = {"ppo": PPOSettings(kl_coef=0.05, kl_estimator="k3", critic_init=spec["critic_init"])}
+    module = (PPOLitModule if algorithm else GRPOLitModule)(
         tiny_config(vocab_size=VOCAB),
         optimizer=functools.partial(Muon, lr=3e-3, eps=1e-5, ns_dtype=torch.float32),
         lr_schedule=lambda tokens: 1.0,
@@ -57,6 +61,7 @@ def main(spec: dict) -> None:
         reward=starts_with_a_digit,
         gradient_clip_val=1.0,
         seed=0,
+        **algorithm,
     )
 
     class Record(L.Callback):
@@ -106,6 +111,10 @@ def main(spec: dict) -> None:
     )
     trainer.fit(module, datamodule=data, ckpt_path=spec.get("ckpt_path"))
     state = {name: None if t is None else t.clone() for name, t in full_state_items(module.model)}  # whole on rank 0
+    critic = {}
+    if spec.get("ppo"):
+        critic = {f"critic.{n}": None if t is None else t.clone() for n, t in full_state_items(module.critic.backbone)}
+        critic["critic.head"] = module.critic.head.weight.detach().clone()
     ranks = [(record.indices, record.rewards)]
     if torch.distributed.is_initialized():
         ranks = [None] * torch.distributed.get_world_size()
@@ -115,6 +124,7 @@ def main(spec: dict) -> None:
         rewards_per_step = [sorted(sum((rewards[step] for _, rewards in ranks), [])) for step in range(steps)]
         indices = [indices for indices, _ in ranks]
         result = {"state": state, "rewards": rewards_per_step, "indices": indices, "grad_norms": record.grad_norms}
+        result["critic"] = critic
         torch.save(result, Path(spec["out"]) / "result.pt")
 
 
@@ -132,13 +142,17 @@ def run(tmp_path: Path, layout: str, devices: int, name: str = "", **spec) -> di
 @pytest.fixture(scope="module")
 def setting(tmp_path_factory) -> dict:
     """The prompts (a prepared chat dataset) and the weights every run starts from."""
+    from glm46.data.tokenizer import GLMTokenizer
     from glm46.hf import save_hf
     from tests.helpers import random_model, tiny_config
+    from tests.test_rlhf import reward_model_export
     from tests.test_sft import make_chat_dataset
 
     root = tmp_path_factory.mktemp("grpo-parallel")
     weights = save_hf(random_model(tiny_config(vocab_size=VOCAB), seed=0), root / "hf")
-    return {"dataset": str(make_chat_dataset(root / "data")), "init_from": str(weights)}
+    dataset = make_chat_dataset(root / "data")
+    critic = reward_model_export(root / "rm", GLMTokenizer.from_file(dataset / "tokenizer.json"))
+    return {"dataset": str(dataset), "init_from": str(weights), "critic_init": str(critic)}
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +185,22 @@ def test_grpo_on_two_processes_equals_one_process(tmp_path, setting, one_process
     assert 0 < sum(map(sum, reference["rewards"])) < STEPS * PROMPTS * SAMPLES  # rewards differ: gradients flowed
     assert run_["grad_norms"] == pytest.approx(reference["grad_norms"], rel=TOLERANCE)
     assert_same_weights(run_, reference)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2"])
+def test_ppo_on_two_processes_equals_one_process(tmp_path, setting, layout):
+    """PPO: the critic (from a reward model's export) laid out as the actor, its head's gradient averaged by hand
+    under FSDP2, the advantages whitened over both ranks' tokens, the value loss's token mean over both; the
+    reference held whole on each rank for the KL penalty."""
+    reference = run(tmp_path, "single", 1, "-ppo", ppo=True, **setting)
+    run_ = run(tmp_path, layout, 2, "-ppo", ppo=True, **setting)
+    assert run_["rewards"] == reference["rewards"]
+    assert run_["grad_norms"] == pytest.approx(reference["grad_norms"], rel=TOLERANCE)
+    assert_same_weights(run_, reference)
+    assert any(name.startswith("critic.") for name in reference["critic"])
+    assert_same_weights({"state": run_["critic"]}, {"state": reference["critic"]})
 
 
 @pytest.mark.slow

@@ -23,3 +23,20 @@ def data_parallel_rank_and_size(trainer) -> tuple[int, int]:
 def data_parallel_size(trainer) -> int:
     """How many different batches one step sees (world size / tensor parallel)."""
     return data_parallel_rank_and_size(trainer)[1]
+
+
+def average_gradients_in_backward(parameters, strategy) -> None:
+    """Average the gradients of weights a mesh layout leaves replicated outside the sharded model (a reward model's
+    or a critic's head) over the data-parallel ranks as each backward accumulates them, as FSDP reduces the model's
+    inside the backward (so that any hook or callback after it sees averaged gradients, and a step with gradient
+    accumulation sums averages). Nothing under the other strategies: DDP and DeepSpeed wrap the whole
+    LightningModule and average every gradient themselves."""
+    group = data_parallel_group(strategy)
+    if group is None:
+        return
+
+    def average(parameter: torch.Tensor) -> None:
+        torch.distributed.all_reduce(parameter.grad, torch.distributed.ReduceOp.AVG, group=group)
+
+    for parameter in parameters:
+        parameter.register_post_accumulate_grad_hook(average)

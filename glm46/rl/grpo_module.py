@@ -73,11 +73,22 @@ class Rollout:
     advantages: torch.Tensor  # [N]
     old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (the updates after the first)
     engine_logprobs: torch.Tensor | None = None  # [N, T] the inference engine's, of the tokens it sampled
+    old_values: torch.Tensor | None = None  # [N, T] the critic's at the rollout (PPO)
+    returns: torch.Tensor | None = None  # [N, T] the critic's targets (PPO)
 
     def split(self, parts: int) -> list[Rollout]:
         """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
         rows = self.input_ids.shape[0] // parts
-        fields = ("input_ids", "targets", "mask", "advantages", "engine_logprobs")  # old_logprobs: set per part
+        fields = (
+            "input_ids",
+            "targets",
+            "mask",
+            "advantages",
+            "old_logprobs",
+            "engine_logprobs",
+            "old_values",
+            "returns",
+        )
         return [
             Rollout(
                 **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
@@ -382,7 +393,7 @@ class GRPOLitModule(GLM46LitModule):
         rollout, verified = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
         seconds = time.perf_counter() - started
         rewards, parts = self.mixed_reward(verified, rollout.input_ids, row_lengths(rollout.mask))
-        rollout.advantages = group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
+        rollout.advantages = self.estimate_advantages(rollout, rewards)
         lengths = rollout.mask.sum(1)  # the model's own tokens
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
@@ -395,6 +406,10 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
         return rollout
+
+    def estimate_advantages(self, rollout: Rollout, rewards: torch.Tensor) -> torch.Tensor:
+        """GRPO's: each reward against its prompt's group [N]."""
+        return group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
 
     def old_logprobs(self, parts: list[Rollout]) -> None:
         """The sampling policy's log-probs of the parts after the first, taken before the first update moves it. The
@@ -423,17 +438,25 @@ class GRPOLitModule(GLM46LitModule):
         logprobs, entropy = (torch.cat(column)[order] for column in zip(*parts))
         return logprobs, entropy
 
-    def global_token_share(self, mask: torch.Tensor) -> torch.Tensor | None:
+    def global_token_share(self, mask: torch.Tensor, aggregation: str | None = None) -> torch.Tensor | None:
         """For the token mean over every data-parallel rank's completion tokens: their count / the ranks (the
-        gradients are averaged over the ranks), so that N processes take the step one process takes; None on one."""
+        gradients are averaged over the ranks), so that N processes take the step one process takes; None on one.
+        `aggregation`: the loss's (default the policy loss's)."""
         _, ranks = data_parallel_rank_and_size(self.trainer)
-        if ranks == 1 or self.grpo.loss_aggregation != "token_mean":
+        if ranks == 1 or (aggregation or self.grpo.loss_aggregation) != "token_mean":
             return None  # seq_mean: each rank holds as many sequences, the average of their means is the mean
         count = mask.sum()
         torch.distributed.all_reduce(count, group=data_parallel_group(self.trainer.strategy))
         return count / ranks
 
     def update(self, part: Rollout) -> dict[str, torch.Tensor]:
+        """One optimizer update on a share of the rollout: the policy loss."""
+        loss, stats = self.policy_objective(part)
+        self.step_optimizer(loss)
+        return {"loss": loss.detach(), **stats}
+
+    def policy_objective(self, part: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped policy loss of a share of the rollout, and its statistics (the entropy, the engine's gap)."""
         logprobs, entropy = self.logprobs(part.input_ids, part.targets)
         old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
         weights, engine_stats = None, {}
@@ -454,15 +477,18 @@ class GRPOLitModule(GLM46LitModule):
             num_tokens=self.global_token_share(part.mask),
             token_weights=weights,
         )
+        entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
+        return loss, {"entropy": entropy, **stats, **engine_stats}
+
+    def step_optimizer(self, loss: torch.Tensor) -> None:
+        """Backward, the gradients clipped, one optimizer step and its LR schedule."""
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        self.manual_backward(loss)
+        self.manual_backward(loss)  # then Lightning's on_after_backward hook
         if self.gradient_clip_val:
             self.configure_gradient_clipping(optimizer, self.gradient_clip_val, "norm")
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
-        return {"loss": loss.detach(), "entropy": entropy, **stats, **engine_stats}
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         _, ranks = data_parallel_rank_and_size(self.trainer)
@@ -482,9 +508,7 @@ class GRPOLitModule(GLM46LitModule):
         seconds = time.perf_counter() - started
         self.prompts_seen += len(batch["prompt_ids"]) * ranks
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
-        self.log("rl/clip_fraction", stats["clip_fraction"], sync_dist=True)
-        self.log("rl/entropy", stats["entropy"], sync_dist=True)
-        for name in ("engine_logprob_gap", "tis_weight"):
+        for name in ("clip_fraction", "entropy", "engine_logprob_gap", "tis_weight"):  # PPO's critic warm-up: none
             if name in stats:
                 self.log(f"rl/{name}", stats[name], sync_dist=True)
         if "engine_gap_max" in stats:

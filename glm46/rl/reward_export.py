@@ -65,6 +65,18 @@ def load_reward_model(path: str | Path, device: str | torch.device = "cpu") -> R
             f"{folder} holds no reward model: {INFO_FILE} is missing (train one with module=reward_model)"
         )
     info = json.loads((folder / INFO_FILE).read_text())
-    head = load_file(str(folder / info["head"]))["score.weight"].to(device)
+    head = reward_head(folder).to(device)
     model = load_hf(folder, device=device).eval()
     return RewardModel(model, head, float(info["reward_mean"]), float(info["reward_std"]), folder)
+
+
+def reward_head(path: str | Path) -> torch.Tensor | None:
+    """The head [1, hidden] of the reward model at `path` (an export or a run directory), None for any other
+    weights."""
+    try:
+        folder = find_weights(path)
+    except FileNotFoundError:
+        return None
+    if not (folder / INFO_FILE).is_file():
+        return None
+    return load_file(str(folder / json.loads((folder / INFO_FILE).read_text())["head"]))["score.weight"]

@@ -14,7 +14,7 @@ as glm46.checkpoint.save_hf writes it (a Glm4MoeForCausalLM that transformers lo
 `reward_head.safetensors` beside it (glm46.rl.reward_export).
 
 Under the mesh layouts (FSDP2, TP, EP) the head is a plain replicated weight: its gradient is averaged over the
-data-parallel ranks after each backward, as FSDP averages the backbone's, so that N processes train as one.
+data-parallel ranks in each backward, as FSDP averages the backbone's, so that N processes train as one.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from torch import nn
 from torchmetrics import CatMetric, MeanMetric
 
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.parallel.data_parallel import data_parallel_group
+from glm46.parallel.data_parallel import average_gradients_in_backward
 from glm46.rl.preference_loss import bradley_terry_loss
 from glm46.rl.preference_module import PreferenceLitModule
 from glm46.rl.reward_export import save_reward_head
@@ -50,6 +50,7 @@ class RewardModelLitModule(PreferenceLitModule):
     def configure_model(self) -> None:
         super().configure_model()
         self.score.to(self.model.lm_head.weight.device)
+        average_gradients_in_backward([self.score.weight], self.trainer.strategy)
 
     def rewards(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """The rewards [B] of the chosen and the rejected sides, in one forward of both."""
@@ -63,13 +64,6 @@ class RewardModelLitModule(PreferenceLitModule):
         self.log("rm/train_accuracy", stats["accuracy"], sync_dist=True)
         self.log("rm/train_margin", stats["margin"], sync_dist=True)
         return self.end_step(batch, loss)
-
-    def on_after_backward(self) -> None:
-        """The head's gradient averaged over the data-parallel ranks of a mesh layout (DDP and DeepSpeed wrap the
-        whole module and average it themselves)."""
-        group = data_parallel_group(self.trainer.strategy)
-        if group is not None and self.score.weight.grad is not None:
-            torch.distributed.all_reduce(self.score.weight.grad, torch.distributed.ReduceOp.AVG, group=group)
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         chosen, rejected = self.rewards(batch)

@@ -20,6 +20,7 @@ from glm46.lit.preference_data import PreferenceDataModule
 from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.engine import RolloutSettings
 from glm46.rl.grpo_module import GRPOSettings
+from glm46.rl.ppo_module import PPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.rlhf import RewardSettings
 
@@ -85,6 +86,7 @@ class RLPhase(Phase):
     grpo: GRPOSettings = field(default_factory=GRPOSettings)
     rollout: RolloutSettings = field(default_factory=RolloutSettings)
     reward: RewardSettings = field(default_factory=RewardSettings)
+    ppo: PPOSettings = field(default_factory=PPOSettings)  # read by module=ppo only
 
 
 @dataclass

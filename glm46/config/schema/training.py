@@ -32,6 +32,7 @@ from glm46.lit.guard import StepGuard
 from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
 from glm46.rl.dpo_module import DPOLitModule
 from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.ppo_module import PPOLitModule
 from glm46.rl.reward_model import RewardModelLitModule
 
 from .derive import target_schema
@@ -111,6 +112,9 @@ class ScheduleConfig:
 CausalLMModule = target_schema(GLM46LitModule, path="glm46.lit.GLM46LitModule", exclude=["model_config"])
 GRPOModule = target_schema(  # the reward function is passed in code; `grpo` is typed where it is set (phase.grpo)
     GRPOLitModule, path="glm46.rl.grpo_module.GRPOLitModule", exclude=["reward"], base=CausalLMModule, name="GRPOModule"
+)
+PPOModule = target_schema(  # `ppo` is typed where it is set (phase.ppo)
+    PPOLitModule, path="glm46.rl.ppo_module.PPOLitModule", exclude=["reward"], base=GRPOModule, name="PPOModule"
 )
 RewardModelModule = target_schema(
     RewardModelLitModule,

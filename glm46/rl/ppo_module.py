@@ -1,0 +1,219 @@
+"""PPOLitModule: PPO with a critic (Schulman et al. 2017; InstructGPT's RLHF, arXiv:2203.02155), the classic
+four-model system: the actor (the policy, `model`), the critic (`critic`: a GLM backbone with a scalar value head,
+by default started from the reward model), the reference (the frozen starting policy, for the KL penalty) and the
+reward model (glm46.rl.rlhf, beside the verifier).
+
+It is GRPOLitModule with another advantage estimator and a second loss; rollouts (local generate or vLLM, single
+turns or multi-turn episodes with tools), rewards, the data position and the policy's clipped loss are GRPO's.
+Each rollout batch:
+1. The sampling policy's log-probs of every completion token (before any update moves it), the reference's when
+   `kl_coef` > 0, and the critic's values V_t (its head on the state before each token).
+2. Token rewards: the sequence's reward at its last token, minus kl_coef x the KL estimate (k1 or k3) at every
+   token (glm46.rl.core_algos.kl_estimate), as verl's `use_kl_in_reward` and TRL's PPO shape them.
+3. GAE with gamma and lambda over the model's tokens (a multi-turn episode's tool results are skipped, not a cut),
+   the advantages whitened over every data-parallel rank's tokens; returns = advantages + values.
+4. `updates_per_rollout` updates, each on its share: the clipped policy loss with per-token advantages plus the
+   clipped value loss, in one optimizer whose critic groups run at critic_lr_scale x the actor's LR. For the first
+   `critic_warmup_steps` steps only the critic learns (its values start far from the returns of a new reward).
+
+The critic takes the actor's layout (FSDP2, EP: sharded, its head replicated and its gradient averaged); the
+reference is held whole on every rank, as the reward model is (glm46.rl.rlhf says why). The critic is in the
+checkpoints; the reference is read again from `init_from` on a resume (it is the starting policy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+from glm46.checkpoint import find_weights
+from glm46.checkpoint.weights import load_weights
+from glm46.errors import ConfigError
+from glm46.modules import GLM46ForCausalLM
+from glm46.optim import muon_param_groups
+from glm46.parallel.data_parallel import (
+    average_gradients_in_backward,
+    data_parallel_group,
+    data_parallel_rank_and_size,
+)
+from glm46.parallel.materialize import has_meta_tensors, materialize
+from glm46.rl.core_algos import KL_ESTIMATORS, gae_advantages, kl_estimate, masked_whiten, token_logprobs, value_loss
+from glm46.rl.grpo_module import GRPOLitModule, Rollout
+from glm46.rl.reward_export import reward_head
+
+
+@dataclass
+class PPOSettings:
+    """The PPO settings of an RL phase (`phase.ppo`, conf/phase/rl.yaml), beside its GRPO settings (sampling, clip)."""
+
+    gamma: float = 1.0  # the discount over a reply's tokens (verl's and TRL's default)
+    lam: float = 0.95  # GAE's lambda (TRL's default)
+    value_clip: float = 0.2  # the clipped value loss's range around the rollout's values (TRL's cliprange_value)
+    critic_lr_scale: float = 1.0  # the critic's LR over the actor's
+    critic_warmup_steps: int = 0  # steps that train the critic alone (verl's critic_warmup)
+    critic_init: Optional[str] = None  # a reward model's export (its head too), or any export; None: the policy's
+    kl_coef: float = 0.0  # the KL penalty in the token rewards against the starting policy; 0: no reference held
+    kl_estimator: str = "k1"  # k1 | k3 (glm46.rl.core_algos.kl_estimate)
+    whiten_advantages: bool = True
+
+    def __post_init__(self):
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"phase.ppo.gamma={self.gamma} and phase.ppo.lam={self.lam} must lie in [0, 1]")
+        if self.value_clip <= 0 or self.critic_lr_scale <= 0 or self.critic_warmup_steps < 0 or self.kl_coef < 0:
+            raise ConfigError(
+                f"phase.ppo: value_clip={self.value_clip} and critic_lr_scale={self.critic_lr_scale} must be > 0, "
+                f"critic_warmup_steps={self.critic_warmup_steps} and kl_coef={self.kl_coef} >= 0"
+            )
+        if self.kl_estimator not in KL_ESTIMATORS:
+            raise ConfigError(f"phase.ppo.kl_estimator={self.kl_estimator!r}: expected {' or '.join(KL_ESTIMATORS)}")
+
+
+class ValueModel(nn.Module):
+    """A GLM backbone and a bias-free scalar head on its final norm's output: V [N, T] at every position."""
+
+    def __init__(self, backbone: GLM46ForCausalLM):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.config.hidden_size, 1, bias=False)
+        nn.init.zeros_(self.head.weight)
+        for unused in (backbone.lm_head, backbone.mtp_layers):
+            unused.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        return self.head(self.backbone.hidden_states(input_ids, positions)).squeeze(-1).float()
+
+    def load(self, path: str) -> None:
+        """The backbone's weights from an export or checkpoint, and the head from a reward model's (else zeros)."""
+        head = reward_head(path)
+        load_weights(self.backbone, str(find_weights(path)) if head is not None else path)
+        if head is not None:
+            with torch.no_grad():
+                self.head.weight.copy_(head)
+
+
+class PPOLitModule(GRPOLitModule):
+    def __init__(self, *args, ppo: PPOSettings, **kwargs):
+        """GRPOLitModule's arguments, plus the RL phase's PPO settings (`phase.ppo`; conf/module/ppo.yaml)."""
+        super().__init__(*args, **kwargs)
+        self.ppo = ppo
+        meta = has_meta_tensors(self.model)
+        with torch.device("meta") if meta else torch.device("cpu"):
+            self.critic = ValueModel(GLM46ForCausalLM(self.config))
+        self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
+
+    # -- the other models
+    def configure_model(self) -> None:
+        """The actor's layout, then the critic's (the strategy's own), its weights and the frozen reference."""
+        configured = self._configured
+        super().configure_model()
+        if configured:
+            return
+        parallelize = getattr(self.trainer.strategy, "parallelize", None)
+        if parallelize is not None:
+            parallelize(self.critic.backbone)
+        if has_meta_tensors(self.critic):
+            materialize(self.critic.backbone, self.device)
+            self.critic.head.to_empty(device=self.device)
+            nn.init.zeros_(self.critic.head.weight)
+        self.critic.head.to(self.device)
+        start = self.ppo.critic_init or self.init_from
+        if start:
+            self.critic.load(start)
+        if isinstance(self.critic.backbone, FSDPModule):
+            register_fsdp_forward_method(self.critic.backbone, "hidden_states")
+        average_gradients_in_backward([self.critic.head.weight], self.trainer.strategy)
+        if self.ppo.kl_coef > 0:
+            if not self.init_from:
+                raise ConfigError("phase.ppo.kl_coef > 0 needs init_from: the reference is the starting policy")
+            reference = GLM46ForCausalLM(self.config).to(self.device)
+            load_weights(reference, self.init_from)
+            self.reference = [reference.eval().requires_grad_(False)]
+
+    def param_groups(self) -> list[dict]:
+        """The actor's groups, then the critic's at critic_lr_scale x their LR (set in configure_optimizers)."""
+        critic = muon_param_groups(self.critic.backbone)
+        next(group for group in critic if not group["use_muon"])["params"].append(self.critic.head.weight)
+        return super().param_groups() + [group | {"critic": True} for group in critic]
+
+    def configure_optimizers(self):
+        configured = super().configure_optimizers()
+        for group in configured["optimizer"].param_groups:
+            if group.get("critic"):
+                group["lr"] *= self.ppo.critic_lr_scale
+                group["initial_lr"] *= self.ppo.critic_lr_scale
+        groups = configured["optimizer"].param_groups
+        configured["lr_scheduler"]["scheduler"].base_lrs = [group["initial_lr"] for group in groups]
+        return configured
+
+    # -- advantages
+    @torch.no_grad()
+    def estimate_advantages(self, rollout: Rollout, rewards: torch.Tensor) -> torch.Tensor:
+        """GAE over the critic's values [N, T], from the token rewards; sets the rollout's old log-probs, old values
+        and returns."""
+        mask = rollout.mask
+        rollout.old_logprobs = self.logprobs(rollout.input_ids, rollout.targets)[0]
+        rollout.old_values = self.critic(rollout.input_ids) * mask
+        token_rewards = torch.zeros_like(mask)
+        last = (mask * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(dim=1)
+        token_rewards[torch.arange(len(mask), device=mask.device), last] = rewards.float()
+        if self.reference:
+            reference = self.reference_logprobs(rollout)
+            kl = kl_estimate(rollout.old_logprobs, reference, self.ppo.kl_estimator) * mask
+            token_rewards = token_rewards - self.ppo.kl_coef * kl
+            self.log("rl/kl", (kl.sum() / mask.sum().clamp(min=1)), sync_dist=True)
+        advantages, rollout.returns = gae_advantages(
+            token_rewards, rollout.old_values, mask, self.ppo.gamma, self.ppo.lam
+        )
+        self.log("rl/value_mean", (rollout.old_values.sum() / mask.sum().clamp(min=1)), sync_dist=True)
+        return self.whitened(advantages, mask) if self.ppo.whiten_advantages else advantages
+
+    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """The starting policy's log-probs of the rollout's tokens, at the sampling temperature."""
+        reference = self.reference[0]
+        ids, width = rollout.input_ids, rollout.input_ids.shape[1]
+        hidden = reference.hidden_states(ids, torch.arange(width, device=ids.device).expand_as(ids))
+        return token_logprobs(hidden, reference.lm_head.weight, rollout.targets, self.grpo.temperature)
+
+    def whitened(self, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Advantages whitened with the mean and variance of every data-parallel rank's tokens."""
+        _, ranks = data_parallel_rank_and_size(self.trainer)
+        if ranks == 1:
+            return masked_whiten(advantages, mask)
+        group = data_parallel_group(self.trainer.strategy)
+        totals = torch.stack([(advantages * mask).sum(), mask.sum()])
+        torch.distributed.all_reduce(totals, group=group)
+        mean = totals[0] / (totals[1] + 1e-8)
+        spread = (((advantages - mean) ** 2) * mask).sum()
+        torch.distributed.all_reduce(spread, group=group)
+        return masked_whiten(advantages, mask, mean, spread / (totals[1] + 1e-8) * totals[1] / (totals[1] - 1))
+
+    def old_logprobs(self, parts: list[Rollout]) -> None:
+        """Set for the whole rollout before its split (estimate_advantages)."""
+
+    # -- the update
+    def update(self, part: Rollout) -> dict[str, torch.Tensor]:
+        """The critic's clipped value loss, plus the actor's policy loss once the critic's warm-up is over."""
+        values = self.critic(part.input_ids)
+        loss, clip_fraction = value_loss(
+            values,
+            part.old_values,
+            part.returns,
+            part.mask,
+            self.ppo.value_clip,
+            num_tokens=self.global_token_share(part.mask, "token_mean"),
+        )
+        stats = {"value_loss": loss.detach(), "value_clip_fraction": clip_fraction}
+        warming_up = self.trainer.global_step < self.ppo.critic_warmup_steps
+        if not warming_up:
+            policy, policy_stats = self.policy_objective(part)
+            loss = loss + policy
+            stats |= policy_stats
+        self.step_optimizer(loss)
+        for name in ("value_loss", "value_clip_fraction"):
+            self.log(f"rl/{name}", stats[name], sync_dist=True)
+        return {"loss": loss.detach(), **stats}
