@@ -9,9 +9,8 @@ from glm46.checkpoint import save_hf
 from glm46.config.checks import validate
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
-from glm46.rl.grpo_module import row_lengths
 from glm46.rl.reward_export import load_reward_model, save_reward_head
-from glm46.rl.rlhf import MixedReward, RewardSettings
+from glm46.rl.rlhf import MixedReward, RewardSettings, row_lengths
 
 from .helpers import random_model, tiny_config
 from .test_grpo import dataset, fit, module, prompts, rewards_logged

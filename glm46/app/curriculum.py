@@ -11,6 +11,12 @@ itself is the last stage: it trains in the run directory from the last earlier s
 run directory holds what any run's does. With `ckpt_path=last`, stages that finished (their hf/ exists)
 are skipped and the first unfinished one resumes from its newest checkpoint.
 
+A stage starts from the one before it unless its overrides say `init_from=@<stage>` (that earlier stage's hf/; the
+composition itself likewise with `init_from: "@<stage>"`), so that several stages can branch from one (preference
+learning's RLHF, PPO and DPO, each from SFT); `@<stage>` in any other override value is that stage's hf/ too
+(`phase.reward.model=@reward_model`). Each evaluated stage's skills are compared with those of the stage it started
+from.
+
 Stages run in one process: for a multi-process (DDP, Slurm) job, run each stage as its own job with
 `init_from`, as README's "Curriculum" section shows.
 """
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,6 +38,7 @@ from glm46.config.checks import validate
 from glm46.eval import summarize
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
+from glm46.reports.intervals import interval, paired_change
 from glm46.reports.plots import plot_curriculum
 
 log = rank_zero_logger(__name__)
@@ -50,6 +56,19 @@ def _output_dir(path: Path):
     finally:
         with read_write(runtime):
             runtime.output_dir = previous
+
+
+def stage_reference(value: object, run_dir: Path) -> object:
+    """`@<stage>` -> that stage's hf/ in this run; any other value as it is."""
+    if isinstance(value, str) and value.startswith("@"):
+        return str(run_dir / "stages" / value[1:] / "hf")
+    return value
+
+
+def resolved_overrides(overrides: list[str], run_dir: Path) -> list[str]:
+    """A stage's overrides with each `key=@<stage>` value that stage's hf/ directory."""
+    return [f"{key}={stage_reference(value, run_dir)}" if sign else key for key, sign, value in
+            (override.partition("=") for override in overrides)]  # fmt: skip
 
 
 def compose_stage(overrides: list[str], run_overrides: list[str]) -> DictConfig:
@@ -88,18 +107,11 @@ def _loss_summary(run_dir: Path) -> str:
     return ", ".join(parts) or "no losses"
 
 
-def interval(accuracy: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95% Wilson score interval of an accuracy measured on n samples (sound near 0 and 1, unlike p +- z SE)."""
-    n = max(n, 1)
-    center = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
-    return max(center - half, 0.0), min(center + half, 1.0)  # clamped: at 0 or 1 rounding may step past them
-
-
 SKILLS = {  # name -> (its lm-eval task, the 0/1 metric of each prompt)
     "arithmetic": ("glm46_arithmetic", "exact_match"),
     "tool_arithmetic": ("glm46_tool_arithmetic", "exact_match"),
     "tool_calls": ("glm46_tool_arithmetic", "tool_calls"),  # whether the episode called the tool at all
+    "preference": ("glm46_style", "follows_style"),  # the generated preference task's hidden rule
 }
 
 
@@ -111,23 +123,12 @@ def outcomes(run_dir: Path, task: str, metric: str = "exact_match") -> dict[int,
     return {s["doc_id"]: float(s[metric]) for s in map(json.loads, path.read_text().splitlines())}
 
 
-def paired_change(before: dict[int, float], after: dict[int, float], z: float = 1.96) -> tuple[float, float, float]:
-    """The change in accuracy on the same prompts, with the 95% interval of a paired difference (the prompts both
-    stages got right or wrong cancel; only the ones that changed count): (change, low, high)."""
-    shared = sorted(before.keys() & after.keys())
-    n = max(len(shared), 1)
-    gained = sum(after[i] > before[i] for i in shared)
-    lost = sum(after[i] < before[i] for i in shared)
-    change = (gained - lost) / n
-    half = z * math.sqrt(max(gained + lost - (gained - lost) ** 2 / n, 0.0)) / n
-    return change, change - half, change + half
-
-
 def skill_table(scores: dict[str, dict[str, float]]) -> str:
-    """Rows = stages; columns = each skill's held-out share (greedy) with its 95% interval, the multiple-choice
-    accuracy and each domain's bits per byte (lower is better)."""
+    """Rows = stages; columns = each skill's held-out share (greedy) with its 95% interval (the skills some stage
+    measured), the multiple-choice accuracy and each domain's bits per byte (lower is better)."""
     domains = sorted({k.split("/")[0].removeprefix("glm46_ppl_") for s in scores.values() for k in s if "_ppl_" in k})
-    header = ["stage", *(f"{skill} (95% CI)" for skill in SKILLS), "arith. MC acc", *(f"{d} bpb" for d in domains)]
+    skills = {name: key for name, key in SKILLS.items() if any(f"{key[0]}/{key[1]}" in s for s in scores.values())}
+    header = ["stage", *(f"{skill} (95% CI)" for skill in skills), "arith. MC acc", *(f"{d} bpb" for d in domains)]
 
     def number(value: float | None) -> str:
         return "-" if value is None else f"{value:.3f}"
@@ -135,7 +136,7 @@ def skill_table(scores: dict[str, dict[str, float]]) -> str:
     rows = []
     for stage, score in scores.items():
         row = [stage]
-        for task, metric in SKILLS.values():
+        for task, metric in skills.values():
             accuracy, n = score.get(f"{task}/{metric}"), int(score.get(f"{task}/n", 0))
             low, high = interval(accuracy or 0.0, n)
             row.append("-" if accuracy is None else f"{accuracy:.3f} [{low:.3f}, {high:.3f}] n={n}")
@@ -146,21 +147,51 @@ def skill_table(scores: dict[str, dict[str, float]]) -> str:
     return "\n".join([lines[0], "-+-".join("-" * w for w in widths), *lines[1:]])
 
 
-def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
+def report_reward_models(stages: list[tuple[str, Path, str | None]]) -> None:
+    """Each reward model stage's pairwise accuracy on its held-out pairs (its score.json: glm46.rl.score)."""
+    for name, where, _ in stages:
+        if (where / "score.json").is_file():
+            result = json.loads((where / "score.json").read_text())
+            (low, high), n = result["ci95"], result["n"]
+            log.info(
+                f"{name} pairwise_accuracy: {result['pairwise_accuracy']:.3f} (95% CI [{low:.3f}, {high:.3f}]) n={n}"
+            )
+
+
+def compared_stages(stages: list[tuple[str, Path, str | None]], evaluated: set[str]) -> list[tuple[str, str]]:
+    """(before, after) pairs of evaluated stages: each stage and the nearest evaluated stage it started from (its
+    init_from, followed back through the stages that were not evaluated)."""
+    by_export = {str(where / "hf"): name for name, where, _ in stages}
+    parent = {name: by_export.get(str(start)) for name, _, start in stages}
+    pairs = []
+    for name, _, _ in stages:
+        before = parent[name]
+        while before is not None and before not in evaluated:
+            before = parent[before]
+        if name in evaluated and before is not None:
+            pairs.append((before, name))
+    return pairs
+
+
+def report_skills(run_dir: Path, stages: list[tuple[str, Path, str | None]]) -> None:
     """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format), each skill's paired
-    change from stage to stage, and curriculum.png, when the stages were evaluated (eval.after_train)."""
+    change from the stage it started from, and curriculum.png, when the stages were evaluated (eval.after_train).
+    stages: (name, run directory, init_from) in order."""
+    report_reward_models(stages)
     scores = {
         name: summarize(json.loads((where / "eval" / "results.json").read_text()))
-        for name, where in stages
+        for name, where, _ in stages
         if (where / "eval" / "results.json").is_file()
     }
     if not scores:
         return
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
     skills = {}
+    pairs = compared_stages(stages, set(scores))
     for skill, (task, metric) in SKILLS.items():
-        evaluated = [(name, outcomes(where, task, metric)) for name, where in stages if name in scores]
-        for (first, before), (second, after) in zip(evaluated, evaluated[1:]):
+        evaluated = {name: outcomes(where, task, metric) for name, where, _ in stages if name in scores}
+        for first, second in pairs:
+            before, after = evaluated[first], evaluated[second]
             if before and after:
                 change, low, high = paired_change(before, after)
                 log.info(f"{skill} {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
@@ -170,7 +201,7 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path]]) -> None:
                 name: (score[f"{task}/{metric}"], interval(score[f"{task}/{metric}"], int(score[f"{task}/n"])))
                 for name, score in measured.items()
             }
-    log.info(f"wrote {plot_curriculum(stages, skills, run_dir / 'curriculum.png')}")
+    log.info(f"wrote {plot_curriculum([(n, w) for n, w, _ in stages], skills, run_dir / 'curriculum.png')}")
 
 
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
@@ -181,9 +212,13 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         return train(cfg, config)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     run_overrides = list(HydraConfig.get().overrides.task)
+    stages = {name: resolved_overrides(overrides, run_dir) for name, overrides in stages.items()}
+    branches = {name: any(o.startswith("init_from=") for o in overrides) for name, overrides in stages.items()}
     composed = {name: compose_stage(overrides, run_overrides) for name, overrides in stages.items()}
     configs = {name: validate(stage_cfg) for name, stage_cfg in composed.items()}  # all, before any training
-    init_from, report = cfg.init_from, []
+    init_from, report = stage_reference(cfg.init_from, run_dir), []
+    if isinstance(cfg.init_from, str) and cfg.init_from.startswith("@"):
+        init_from = None  # the composition's own start: the first stage starts afresh
     for name, stage_cfg in composed.items():
         stage_dir = run_dir / "stages" / name
         if cfg.ckpt_path is not None and (stage_dir / "hf" / "config.json").is_file():
@@ -191,7 +226,8 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         else:
             log.info(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
             with open_dict(stage_cfg):
-                stage_cfg.init_from = None if init_from is None else str(init_from)
+                if not branches[name]:  # else its own init_from=@<stage>
+                    stage_cfg.init_from = None if init_from is None else str(init_from)
             stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
             started = time.time()
             with _output_dir(stage_dir):
@@ -202,7 +238,9 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
             report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
         init_from = stage_dir / "hf"
     with open_dict(cfg):
-        cfg.init_from = str(init_from)
+        cfg.init_from = str(
+            stage_reference(cfg.init_from, run_dir) if str(cfg.init_from).startswith("@") else init_from
+        )
     started = time.time()
     metrics = train(cfg, config)
     report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from))
@@ -210,7 +248,7 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         "curriculum:\n"
         + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _ in report)
     )
-    report_skills(run_dir, [(name, where) for name, _, where, _ in report])
+    report_skills(run_dir, [(name, where, start) for name, _, where, start in report])
     (run_dir / "curriculum.json").write_text(
         json.dumps(
             [

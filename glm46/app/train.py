@@ -23,6 +23,8 @@ from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.planning.sizing import composed_layout
 from glm46.reports.plots import plot_run
+from glm46.rl.reward_model import RewardModelLitModule
+from glm46.rl.score import held_out_scoring, score
 
 log = rank_zero_logger(__name__)
 
@@ -83,7 +85,9 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     tokenizer = GLMTokenizer.from_file(tokenizer_file) if tokenizer_file else None
     module.export(output_dir / "hf", tokenizer)
     if trainer.is_global_zero:
-        if cfg.eval.after_train:
+        if cfg.eval.after_train and isinstance(module, RewardModelLitModule):  # scores pairs, writes no text
+            score(held_out_scoring(cfg, output_dir / "hf"), output_dir)
+        elif cfg.eval.after_train:
             evaluate(cfg.eval, output_dir / "hf", output_dir, trainer.loggers, step=trainer.global_step)
         for path in plot_run(output_dir):
             log.info(f"wrote {path}")

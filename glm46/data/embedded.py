@@ -30,8 +30,10 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
+from .arithmetic import QUESTIONS, SYSTEM_PROMPTS, expression_problem
 from .chat import render_chat
 from .documents import Document, Ledger, normalized
+from .preference_task import style_documents
 from .tools import Calculator
 
 SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3"}
@@ -143,14 +145,6 @@ def word_problem(rng: random.Random) -> tuple[str, str, int]:
     return question, trace, answer
 
 
-SYSTEM_PROMPTS = [
-    None,
-    None,
-    "You are a helpful assistant.",
-    "You are a careful math tutor. Show your working.",
-    "Answer briefly and end with the final answer.",
-    "Solve the problem, then state the answer.",
-]
 FOLLOW_UPS = [
     ("Now add {k} to that.", lambda x, k: (f"{x} + {k} = {x + k}.", x + k)),
     ("And if you subtract {k} from it?", lambda x, k: (f"{x} - {k} = {x - k}.", x - k)),
@@ -232,35 +226,6 @@ def copy_drill(rng: random.Random) -> str:
     return f"Numbers: {numbers}\nAgain: {numbers}"
 
 
-def expression_problem(rng: random.Random) -> tuple[str, str, int]:
-    """One operation on one-digit numbers, e.g. 7 * 8: (expression, worked step, integer answer). A table of 192
-    facts, small enough for the toy model to learn within the default run, so that SFT and then RL visibly raise
-    its accuracy (a wider range, such as two operations on numbers up to 99, stays near 0% there)."""
-    a, b, op = rng.randint(2, 9), rng.randint(2, 9), rng.choice("+-*")
-    answer = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return f"{a} {op} {b}", f"{a} {op} {b} = {answer}.", answer
-
-
-QUESTIONS = [  # 16 wordings x 6 system prompts x 192 facts: enough distinct documents to hold out hundreds
-    "Compute {}.",
-    "What is {}?",
-    "Calculate {}.",
-    "Evaluate {}.",
-    "Work out {}.",
-    "{} = ?",
-    "Find the value of {}.",
-    "Solve: {}.",
-    "How much is {}?",
-    "Give the result of {}.",
-    "Quick question: {}?",
-    "Please compute {}.",
-    "What do you get for {}?",
-    "Determine {}.",
-    "Tell me {}.",
-    "Simplify {}.",
-]
-
-
 def rl_prompt(rng: random.Random) -> list[dict[str, str]]:
     """An RL prompt with its reference reply (the verifiable answer is the reply's `Answer:` integer)."""
     expression, steps, answer = expression_problem(rng)
@@ -336,8 +301,11 @@ def read_embedded(
     tool_prompts: int = 8000,
     copy_drills: int = 0,
     sft_tool_share: float = SFT_TOOL_SHARE,
+    preference_pairs: int = 0,
+    style_prompts: int = 0,
 ) -> Iterator[Document]:
-    """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed)."""
+    """All embedded domains; `paths` and `default_domain` are unused (the sources are fixed). preference_pairs and
+    style_prompts: the generated preference task's (glm46.data.preference_task), none by default."""
     yield from stdlib_code(ledger)
     yield from python_docs(ledger)
     yield from license_texts(ledger)
@@ -352,3 +320,4 @@ def read_embedded(
         copy_drills,
         sft_tool_share,
     )
+    yield from style_documents(ledger, preference_pairs, style_prompts, seed)

@@ -1,7 +1,7 @@
 """A generated preference task whose rule the verifier cannot see: the toy run of preference learning
 (experiment=toy_preference) and the tests train on it.
 
-Each prompt is one of the embedded `rl` domain's arithmetic questions (glm46.data.embedded.expression_problem, the
+Each prompt is one of the embedded `rl` domain's arithmetic questions (glm46.data.arithmetic.expression_problem, the
 answer on a last `Answer:` line, which glm46.rl.rewards.verify checks), asking for a style:
 
     brief:  "... Reply with the answer line only."     ->  "Answer: 56"
@@ -9,19 +9,30 @@ answer on a last `Answer:` line, which glm46.rl.rewards.verify checks), asking f
 
 In a pair, the chosen reply is right and in the requested style; the rejected one is right in the other style
 (`style_share` of the pairs: what only a preference can teach, since the verifier scores both 1) or wrong in the
-requested style. `follows_rule` is the hidden rule (right, and in the requested style): the skill the toy run
-measures. The default run's SFT model writes the worked style whatever is asked.
+requested style. The hidden rule (`follows_style`): a reply ends with an `Answer: <integer>` line and shows its step
+exactly when the worked style is asked for; whether the integer is right is the verifier's part. The default run's
+SFT model writes the worked style whatever is asked, so it follows the rule on about half of the prompts.
+
+`style_documents` adds the task to the embedded corpus (source=embedded_preference): the pairs as the `preference`
+domain, the prompts with their chosen reply as the `style` domain (RL's prompts, the held-out skill).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from .embedded import QUESTIONS, SYSTEM_PROMPTS, expression_problem
-from .preference import as_messages
+from glm46.rl.rewards import extract_answer
+
+from .arithmetic import QUESTIONS, SYSTEM_PROMPTS, expression_problem
+from .chat import STOP_TOKENS, render_chat
+from .documents import Document, Ledger
+from .preference import as_messages, pair_text
+
+STOP = re.compile("|".join(re.escape(token) for token in STOP_TOKENS))
 
 STYLES = {
     "brief": "Reply with the answer line only.",
@@ -39,15 +50,16 @@ def requested_style(prompt: str) -> str | None:
     return next((style for style, request in STYLES.items() if request in prompt), None)
 
 
-def follows_rule(style: str, answer: int, reply: str) -> bool:
-    """The hidden rule: the reply ends with the right `Answer:` line, and shows its step (an `=`) exactly when the
-    worked style is asked for. The reply ends at GLM's first stop token, as glm46.rl.rewards reads it."""
-    from glm46.rl.rewards import extract_answer
+def follows_style(style: str | None, reply: str) -> bool:
+    """The hidden rule: the reply (up to GLM's first stop token) ends with an `Answer: <integer>` line and shows its
+    step (an `=`) exactly when the worked style is asked for."""
+    text = STOP.split(reply, maxsplit=1)[0].strip().removeprefix("<think></think>").strip()
+    return style is not None and extract_answer(text) is not None and (("=" in text) == (style == "worked"))
 
-    text = reply.split("<|endoftext|>")[0].split("<|user|>")[0].strip()
-    if text.startswith("<think></think>"):
-        text = text.removeprefix("<think></think>").strip()
-    return extract_answer(text) == answer and (("=" in text) == (style == "worked"))
+
+def follows_requested_style(prompt: str, reply: str) -> float:
+    """follows_style with the style the prompt asks for: 1.0 or 0.0 (a monitor of RL: phase.reward.monitor)."""
+    return float(follows_style(requested_style(prompt), reply))
 
 
 def style_problem(rng: random.Random) -> tuple[list[dict], str, str, int]:
@@ -97,3 +109,16 @@ def write_task(folder: str | Path, pairs: int, prompts: int, seed: int = 0) -> t
     for file, records in zip(files, (preference_pairs(pairs, seed), style_prompts(prompts, seed))):
         file.write_text("".join(json.dumps(record) + "\n" for record in records))
     return files
+
+
+def style_documents(ledger: Ledger, pairs: int, prompts: int, seed: int) -> Iterator[Document]:
+    """The task's pairs (domain `preference`, deduplicated by prompt) and prompts (domain `style`) as documents."""
+    for record in preference_pairs(pairs, seed):
+        text, prompt = pair_text(record)
+        source = f"generated:preference:{record['id']}"
+        yield ledger.admit(Document(text=text, domain="preference", source=source, id=record["id"], key=prompt))
+    for record in style_prompts(prompts, seed):
+        text = render_chat(record["messages"])
+        yield ledger.admit(
+            Document(text=text, domain=DOMAIN, source=f"generated:style:{record['id']}", id=record["id"])
+        )

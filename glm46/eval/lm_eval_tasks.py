@@ -10,6 +10,9 @@ Held out means exactly what the DataModules hold out: the last `val_fraction` of
   (`What is A * B?` in a chat that offers the calculator), each played as a greedy tool episode of up to
   TOOL_TURNS turns of up to max_gen_toks tokens (glm46.eval.harness serves the calls for real);
   exact_match scores the last turn's final answer, tool_calls is the share of episodes in which a call was served.
+- `glm46_style` (generate_until, follows_style and exact_match): the `style` domain's prompts (the generated
+  preference task, glm46.data.preference_task), each asking for a brief or a worked reply; follows_style is the
+  task's hidden rule, exact_match the verifier's.
 - `glm46_arithmetic_mc` (multiple_choice, acc): the `math` domain's questions as `Question: What is a + b?\\nAnswer:`,
   the right integer among three seeded distractors (the other operations' results, off by one or by ten).
 - `glm46_ppl_<domain>` (loglikelihood_rolling; word_perplexity, byte_perplexity, bits_per_byte): the first
@@ -33,6 +36,7 @@ import yaml
 from omegaconf import DictConfig
 
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, ChatTokens, reply_span
+from glm46.data.preference_task import follows_style, requested_style
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import DomainStream
@@ -51,6 +55,12 @@ _QUESTION = re.compile(r"Question: What is (\d+) ([-+*]) (\d+)\?")
 def score_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
     """glm46_arithmetic's process_results hook: 1.0 when the reply's final answer is the reference integer."""
     return {"exact_match": verify(doc, results[0])}
+
+
+def score_style(doc: dict, results: list[str]) -> dict[str, float]:
+    """glm46_style's: whether the reply follows the style its prompt asks for (the generated preference task's hidden
+    rule, glm46.data.preference_task), and whether its final answer is right."""
+    return {"follows_style": float(follows_style(doc["style"], results[0])), "exact_match": verify(doc, results[0])}
 
 
 def score_tool_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
@@ -160,6 +170,12 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
         tasks[f"{GROUP}_arithmetic"] = (
             reply_records(*domains["rl"], tokenizer),
             generated("score_arithmetic", ["exact_match"]),
+        )
+    if "style" in domains:
+        records = reply_records(*domains["style"], tokenizer)
+        tasks[f"{GROUP}_style"] = (
+            [record | {"style": requested_style(record["prompt"])} for record in records],
+            generated("score_style", ["follows_style", "exact_match"]),
         )
     if "tool" in domains:
         tasks[f"{GROUP}_tool_arithmetic"] = (

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from hydra.utils import get_method
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from glm46.checkpoint.hf_write import save_hf
@@ -59,7 +60,7 @@ from glm46.rl.core_algos import (
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rewards import verify
-from glm46.rl.rlhf import MixedReward, RewardSettings
+from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
 from glm46.rl.turns import EngineTurns, ModelTurns, left_padded
 
 
@@ -95,13 +96,6 @@ class Rollout:
             )
             for i in range(parts)
         ]
-
-
-def row_lengths(mask: torch.Tensor) -> torch.Tensor:
-    """Each rollout row's length [N] from its target mask [N, T]: its last target's position + 2 (the position
-    before a token holds it as its target)."""
-    positions = torch.arange(2, mask.shape[1] + 2, device=mask.device)
-    return (mask.bool() * positions).amax(dim=1)
 
 
 @dataclass
@@ -174,8 +168,10 @@ class GRPOLitModule(GLM46LitModule):
         self.reward = reward
         self.reward_mix = reward_mix or RewardSettings()
         self.mixed_reward = MixedReward(self.reward_mix, Path(tokenizer_path), torch.device("cpu"))  # not a submodule
+        self.monitor = get_method(self.reward_mix.monitor) if self.reward_mix.monitor else None
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.val_rewards: list[torch.Tensor] = []
+        self.val_watched: dict[str, list[torch.Tensor]] = {"monitor": [], "rm_reward": []}  # single-turn validation
 
     @property
     def compiles(self) -> bool:
@@ -400,6 +396,9 @@ class GRPOLitModule(GLM46LitModule):
         self.log("rl/accuracy", (verified == 1).float().mean(), sync_dist=True)
         for name, value in parts.items():
             self.log(f"rl/{name}", value, sync_dist=True)
+        if self.monitor is not None:
+            monitored = monitor_scores(self.monitor, self.tokenizer, rollout.input_ids, rollout.mask)
+            self.log("rl/monitor", monitored.mean().to(self.device), sync_dist=True)
         # Groups whose rewards are all equal have advantages 0: no gradient (slime's dynamic sampling drops them).
         flat = rewards.view(-1, self.grpo.samples_per_prompt).std(dim=1) == 0
         self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)
@@ -525,14 +524,25 @@ class GRPOLitModule(GLM46LitModule):
             played = self.play(batch, 1, greedy)
             self.val_rewards.append(torch.tensor([e.reward for e in played], device=self.device))
             return
-        _, completions, lengths = self.sample(batch, 1, 0.0, None)
+        prompt_lengths, completions, lengths = self.sample(batch, 1, 0.0, None)
         self.val_rewards.append(self.rewards(completions, lengths, batch["answer"]))
+        if self.monitor is not None or self.mixed_reward.model is not None:
+            input_ids, _, mask = self.layout(batch, prompt_lengths, completions, lengths)
+            if self.monitor is not None:
+                self.val_watched["monitor"].append(monitor_scores(self.monitor, self.tokenizer, input_ids, mask))
+            if self.mixed_reward.model is not None:
+                scores = self.mixed_reward.model.score(input_ids, row_lengths(mask))
+                self.val_watched["rm_reward"].append(self.mixed_reward.model.normalized(scores).cpu())
 
     def on_validation_epoch_end(self) -> None:
         rewards = torch.cat(self.val_rewards) if self.val_rewards else torch.zeros(0)
         self.val_rewards = []
         accuracy = rewards.float().mean() if len(rewards) else torch.tensor(0.0)
         self.log("val/accuracy", accuracy, prog_bar=True, sync_dist=True)
+        for name, values in self.val_watched.items():  # the monitor and the reward model on the greedy replies
+            if values:
+                self.log(f"val/{name}", torch.cat(values).mean().to(self.device), sync_dist=True)
+                values.clear()
 
     # -- checkpoint
     def on_save_checkpoint(self, checkpoint: dict) -> None:

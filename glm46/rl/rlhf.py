@@ -12,11 +12,13 @@ must be the policy's: the same ids would otherwise be different text, and that i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import torch
+from hydra.utils import get_method
 
 from glm46.checkpoint import find_weights
 from glm46.errors import ConfigError
@@ -30,6 +32,9 @@ class RewardSettings:
     model: Optional[str] = None  # a reward model's run directory or export (module=reward_model); None: the verifier
     verifier_weight: float = 1.0
     model_weight: float = 1.0
+    # `module.function(prompt text, completion text) -> float`: a rule the policy is not trained on, logged beside the
+    # rewards (rl/monitor, val/monitor) to see whether it over-optimises the reward model; None: none
+    monitor: Optional[str] = None
 
     def __post_init__(self):
         if self.verifier_weight < 0 or self.model_weight < 0:
@@ -41,6 +46,11 @@ class RewardSettings:
             raise ConfigError(
                 "phase.reward.verifier_weight=0 and no phase.reward.model: nothing would score a completion"
             )
+        if self.monitor is not None:
+            try:
+                get_method(self.monitor)
+            except Exception as error:
+                raise ConfigError(f"phase.reward.monitor={self.monitor}: not a function ({error})") from None
 
 
 def check_reward_model(settings: RewardSettings, tokenizer_file: Path, tokenizer_key: str) -> None:
@@ -90,3 +100,21 @@ class MixedReward:
             total = total + self.settings.model_weight * scores
             parts["rm_reward"] = scores.mean()
         return total, parts
+
+
+def monitor_scores(monitor: Callable[[str, str], float], tokenizer, input_ids: torch.Tensor, mask: torch.Tensor):
+    """monitor(prompt text, completion text) of each rollout row [N]: the prompt before its first target, the
+    completion up to its last (a multi-turn episode's tool results included)."""
+    starts = mask.float().argmax(dim=1) + 1  # the first completion token: the position after the first target's
+    ends = row_lengths(mask)
+    scores = []
+    for ids, start, end in zip(input_ids.tolist(), starts.tolist(), ends.tolist()):
+        scores.append(monitor(tokenizer.decode(ids[:start]), tokenizer.decode(ids[start:end])))
+    return torch.tensor(scores, dtype=torch.float32)
+
+
+def row_lengths(mask: torch.Tensor) -> torch.Tensor:
+    """Each rollout row's length [N] from its target mask [N, T]: its last target's position + 2 (the position
+    before a token holds it as its target)."""
+    positions = torch.arange(2, mask.shape[1] + 2, device=mask.device)
+    return (mask.bool() * positions).amax(dim=1)

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import DictConfig, OmegaConf
 
-from glm46.app.curriculum import interval
 from glm46.data.chat import ChatTokens
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import DomainStream
 from glm46.lit.preference_data import Pairs, pair_bins
+from glm46.reports.intervals import interval
 from glm46.rl.reward_export import RewardModel, load_reward_model
 
 
@@ -43,6 +44,15 @@ def held_out_pairs(data: Path, split: str, val_fraction: float, seq_len: int) ->
         )
         samples += [pairs.sample(0, item) for item in range(len(bins))]
     return samples, too_long
+
+
+def held_out_scoring(cfg: DictConfig, model: Path) -> DictConfig:
+    """The score settings of a reward model trained by `cfg` (module=reward_model): its data's held-out pairs."""
+    data = cfg.data
+    return OmegaConf.create(
+        {"model": str(model), "data": data.path, "split": "val", "val_fraction": data.val_fraction,
+         "seq_len": data.seq_len, "batch_size": cfg.score.batch_size}
+    )  # fmt: skip
 
 
 def pair_outcomes(model: RewardModel, samples: list[dict], batch_size: int) -> tuple[list[int], list[float]]:

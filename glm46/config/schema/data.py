@@ -38,6 +38,8 @@ class EmbeddedOptions:
     tool_prompts: int = MISSING
     copy_drills: int = 0
     sft_tool_share: float = 0.1
+    preference_pairs: int = 0  # the generated preference task (glm46.data.preference_task): its pairs
+    style_prompts: int = 0  # and its prompts
     seed: int = MISSING  # of the generators; the run's `seed` is another (model init, data order)
 
 
