@@ -71,12 +71,15 @@ class Pairs(MixtureWindows):
         super().__init__(*args, **kwargs)
         self.chat = chat
         self.reference: list[np.ndarray] | None = None  # per domain: [bins, 2] (chosen, rejected) log-probs
+        self.shuffled = False  # the label control: each pair's sides swapped by a seeded coin
 
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
         *sides, prompt_length = split_pair(
             np.asarray(self.streams[domain][start : start + length], dtype=np.int64), self.chat
         )
+        if self.shuffled and np.random.default_rng([self.seed, domain, item]).random() < 0.5:
+            sides.reverse()
         row = {"prompt_length": np.int64(prompt_length)}
         for name, ids in zip(SIDES, sides):
             padded = np.full(self.seq_len, self.pad_id, dtype=np.int64)
@@ -103,8 +106,12 @@ class PreferenceDataModule(ShardDataModule):
         val_windows: int = 64,
         phase: str = "preference",
         num_workers: int = 0,
+        shuffle_labels: bool = False,
     ):
+        """shuffle_labels: the training pairs' sides swapped at random (a control whose labels carry no preference:
+        a reward model trained on them should rank held-out pairs at chance); the held-out pairs keep theirs."""
         super().__init__(path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, "pad", num_workers)
+        self.shuffle_labels = shuffle_labels
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
         self.dataset = partial(Pairs, chat=self.chat)
         self.reference: dict[str, dict[str, np.ndarray]] | None = None  # split -> domain -> [bins, 2]
@@ -123,7 +130,9 @@ class PreferenceDataModule(ShardDataModule):
                 raise ValueError(f"domain {domain!r} has no preference pair whose sides fit seq_len={self.seq_len}")
 
     def train_dataset(self, rank: int, world: int) -> Pairs:
-        return self.with_reference(super().train_dataset(rank, world), "train")
+        pairs = self.with_reference(super().train_dataset(rank, world), "train")
+        pairs.shuffled = self.shuffle_labels
+        return pairs
 
     def val_dataset(self, domain: str) -> Pairs:
         return self.with_reference(super().val_dataset(domain), "val")

@@ -39,8 +39,26 @@ def plot_losses(metrics: dict, out: Path) -> Path:
     ax_loss.legend()
     if "moe/maxvio" in metrics:
         ax_vio.plot(*metrics["moe/maxvio"], label="mean over MoE layers")
+        ax_vio.legend()
     ax_vio.set(xlabel="optimizer step", ylabel="(max load - mean) / mean", title="MaxVio")
-    ax_vio.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_reward_model_vs_monitor(metrics: dict, out: Path) -> Path:
+    """RL against a reward model: its normalised reward beside the monitor, a rule the policy is not trained on, on
+    the training rollouts and the held-out greedy replies. The reward rising while the rule falls is the policy
+    over-optimising the reward model."""
+    fig, (ax_rm, ax_rule) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, ax in (("rm_reward", ax_rm), ("monitor", ax_rule)):
+        for split, marker in (("rl", None), ("val", "o")):
+            if f"{split}/{name}" in metrics:
+                ax.plot(*metrics[f"{split}/{name}"], label=f"{split}/{name}", marker=marker)
+        ax.legend()
+    ax_rm.set(xlabel="optimizer step", ylabel="(score - mean) / std", title="reward model")
+    ax_rule.set(xlabel="optimizer step", ylabel="share of replies", title="monitor (the rule it is not trained on)")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -173,7 +191,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     run_dir = Path(run_dir)
     written = []
     if (run_dir / "metrics.csv").exists():
-        written.append(plot_losses(read_metrics(run_dir / "metrics.csv"), run_dir / "loss.png"))
+        metrics = read_metrics(run_dir / "metrics.csv")
+        written.append(plot_losses(metrics, run_dir / "loss.png"))
+        if "rl/rm_reward" in metrics and "rl/monitor" in metrics:
+            written.append(plot_reward_model_vs_monitor(metrics, run_dir / "reward_model.png"))
     if (run_dir / "expert_load.npz").exists():
         written.append(plot_expert_load(run_dir / "expert_load.npz", run_dir / "expert_load.png"))
     return written
