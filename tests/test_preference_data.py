@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from glm46.data.chat import EOS, render_chat
 from glm46.data.documents import Ledger
@@ -146,3 +147,35 @@ def test_pairs_longer_than_seq_len_are_left_out(preference_dataset):
         lengths.append(max(len(chosen), len(rejected)))
     cut = int(np.median(lengths))
     assert served(cut) == sum(n <= cut for n in lengths) < len(lengths) == served(512)
+
+
+@pytest.mark.parametrize(
+    ("style", "reply", "follows"),
+    [
+        ("brief", "\n<think></think>\nAnswer: 56<|endoftext|>", True),
+        ("brief", "7 * 8 = 56.\nAnswer: 56", False),
+        ("worked", "7 * 8 = 56.\nAnswer: 56<|user|>\nAnswer: 1", True),  # what follows a stop token is not the reply
+        ("worked", "Answer: 56", False),
+        ("brief", "Answer: fifty-six", False),  # no integer on the answer line
+        (None, "Answer: 56", False),  # the prompt asked for no style
+    ],
+)
+def test_the_hidden_rule(style, reply, follows):
+    assert follows_style(style, reply) is follows
+
+
+def test_shuffled_labels_swap_about_half_of_the_training_pairs_and_none_held_out(preference_dataset):
+    def sides(shuffle: bool) -> tuple[list, list]:
+        data = PreferenceDataModule(str(preference_dataset), seq_len=128, batch_size=64, mixture={"preference": 1},
+                                    shuffle_labels=shuffle)  # fmt: skip
+        data.setup()
+        train = next(iter(data.train_dataloader()))
+        val = next(iter(data.val_dataloader()))
+        return [train["chosen_ids"], train["rejected_ids"]], [val["chosen_ids"], val["rejected_ids"]]
+
+    (chosen, rejected), val = sides(False)
+    (shuffled_chosen, shuffled_rejected), shuffled_val = sides(True)
+    swapped = [torch.equal(shuffled_chosen[i], rejected[i]) for i in range(64)]
+    kept = [torch.equal(shuffled_chosen[i], chosen[i]) for i in range(64)]
+    assert all(s != k for s, k in zip(swapped, kept)) and 16 < sum(swapped) < 48
+    assert all(torch.equal(a, b) for a, b in zip(val, shuffled_val))

@@ -465,3 +465,25 @@ def test_a_stage_to_stage_change_is_judged_on_the_same_prompts():
     swapped = {i: float(10 <= i < 30) for i in range(100)}  # 10 lost, 10 gained: no change, symmetric interval
     change, low, high = paired_change(before, swapped)
     assert change == 0.0 and low == pytest.approx(-high) and low < 0
+
+
+def test_stages_branch_from_the_stage_they_name_and_are_compared_with_it(tmp_path):
+    from glm46.app.curriculum import compared_stages, resolved_overrides
+
+    overrides = ["init_from=@sft", "phase.reward.model=@reward_model", "data=embedded_rl"]
+    assert resolved_overrides(overrides, tmp_path) == [
+        f"init_from={tmp_path}/stages/sft/hf",
+        f"phase.reward.model={tmp_path}/stages/reward_model/hf",
+        "data=embedded_rl",
+    ]
+    stage = {name: tmp_path / "stages" / name for name in ("copy", "pretrain", "sft", "reward_model", "rlhf")}
+    stages = [
+        ("copy", stage["copy"], None),
+        ("pretrain", stage["pretrain"], str(stage["copy"] / "hf")),  # from a stage that was not evaluated
+        ("sft", stage["sft"], str(stage["pretrain"] / "hf")),
+        ("reward_model", stage["reward_model"], str(stage["sft"] / "hf")),
+        ("rlhf", stage["rlhf"], str(stage["sft"] / "hf")),
+        ("dpo", tmp_path, str(stage["sft"] / "hf")),
+    ]
+    evaluated = {"pretrain", "sft", "rlhf", "dpo"}
+    assert compared_stages(stages, evaluated) == [("pretrain", "sft"), ("sft", "rlhf"), ("sft", "dpo")]

@@ -4,7 +4,7 @@ clipped policy loss, PPO's clipped value loss and the KL estimators of a penalty
 
 GLM-4.5 trains its RL stages with GRPO without the KL term, in slime (arXiv:2508.06471 section 3.2; the loss of
 slime's ppo_utils.py `compute_policy_loss`), with DAPO's clip-higher (arXiv:2503.14476) as an option. TRL's
-GRPOTrainer (trl/trainer/grpo_trainer.py `_compute_loss`) computes the same loss: tests/test_core_algos.py checks
+GRPOTrainer (trl/trainer/grpo_trainer.py `_compute_loss`) computes the same loss: tests/test_grpo_loss.py checks
 that ours equals it, log-probs, loss and gradients.
 """
 

@@ -27,12 +27,15 @@ from glm46.reports.intervals import interval
 from glm46.rl.reward_export import RewardModel, load_reward_model
 
 
-def held_out_pairs(data: Path, split: str, val_fraction: float, seq_len: int) -> tuple[list[dict], int]:
-    """(every pair of the split as Pairs samples, in domain and document order; the pairs left out as too long)."""
+def held_out_pairs(
+    data: Path, split: str, val_fraction: float, seq_len: int, domains: list[str] | None = None
+) -> tuple[list[dict], int]:
+    """(every pair of the split as Pairs samples, in domain and document order; the pairs left out as too long), of
+    `domains` (None: every domain of the dataset)."""
     chat = ChatTokens(GLMTokenizer.from_file(data / "tokenizer.json"))
     index = read_index(data / "tokens")
     samples, too_long = [], 0
-    for domain in sorted(index["domains"]):
+    for domain in sorted(domains or index["domains"]):
         tokens, offsets = load_shard(data / "tokens", domain)
         if split == "val":
             stream = DomainStream(tokens, offsets, val_fraction)
@@ -51,7 +54,8 @@ def held_out_scoring(cfg: DictConfig, model: Path) -> DictConfig:
     data = cfg.data
     return OmegaConf.create(
         {"model": str(model), "data": data.path, "split": "val", "val_fraction": data.val_fraction,
-         "seq_len": data.seq_len, "batch_size": cfg.score.batch_size}
+         "seq_len": data.seq_len, "batch_size": cfg.score.batch_size,
+         "domains": [domain for domain, weight in data.mixture.items() if weight > 0]}
     )  # fmt: skip
 
 
@@ -71,7 +75,9 @@ def pair_outcomes(model: RewardModel, samples: list[dict], batch_size: int) -> t
 def score(settings, output_dir: Path) -> dict:
     """Score `settings.data` with the reward model of `settings.model`; print the accuracy line, write score.json."""
     model = load_reward_model(settings.model)
-    samples, too_long = held_out_pairs(Path(settings.data), settings.split, settings.val_fraction, settings.seq_len)
+    samples, too_long = held_out_pairs(
+        Path(settings.data), settings.split, settings.val_fraction, settings.seq_len, settings.get("domains")
+    )
     correct, differences = pair_outcomes(model, samples, settings.batch_size)
     n = len(correct)
     accuracy = sum(correct) / max(n, 1)

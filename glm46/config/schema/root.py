@@ -132,6 +132,7 @@ class ScoreConfig:
     val_fraction: float = 0.1
     seq_len: int = 2048
     batch_size: int = 16
+    domains: Optional[List[str]] = None  # the domains of pairs (None: every domain of score.data)
 
 
 @dataclass
