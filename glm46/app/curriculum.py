@@ -148,14 +148,24 @@ def skill_table(scores: dict[str, dict[str, float]]) -> str:
 
 
 def report_reward_models(stages: list[tuple[str, Path, str | None]]) -> None:
-    """Each reward model stage's pairwise accuracy on its held-out pairs (its score.json: glm46.rl.score)."""
-    for name, where, _ in stages:
-        if (where / "score.json").is_file():
-            result = json.loads((where / "score.json").read_text())
-            (low, high), n = result["ci95"], result["n"]
-            log.info(
-                f"{name} pairwise_accuracy: {result['pairwise_accuracy']:.3f} (95% CI [{low:.3f}, {high:.3f}]) n={n}"
-            )
+    """Each reward model stage's pairwise accuracy on its held-out pairs (its score.json: glm46.rl.score), and each one
+    trained on shuffled labels (data.shuffle_labels, the control) against the others on the same pairs."""
+    scored = {name: where for name, where, _ in stages if (where / "score.json").is_file()}
+    results = {name: json.loads((where / "score.json").read_text()) for name, where in scored.items()}
+    for name, result in results.items():
+        (low, high), n, accuracy = result["ci95"], result["n"], result["pairwise_accuracy"]
+        log.info(f"{name} pairwise_accuracy: {accuracy:.3f} (95% CI [{low:.3f}, {high:.3f}]) n={n}")
+    controls = [name for name, where in scored.items() if OmegaConf.load(where / ".hydra" / "config.yaml").data.get(
+        "shuffle_labels")]  # fmt: skip
+    for control in controls:
+        for name, result in results.items():
+            if name not in controls and len(result["correct"]) == len(results[control]["correct"]):
+                before, after = dict(enumerate(results[control]["correct"])), dict(enumerate(result["correct"]))
+                change, low, high = paired_change(before, after)
+                log.info(
+                    f"pairwise_accuracy {control} (shuffled labels) -> {name}: {change:+.3f} "
+                    f"(paired 95% CI [{low:+.3f}, {high:+.3f}])"
+                )
 
 
 def compared_stages(stages: list[tuple[str, Path, str | None]], evaluated: set[str]) -> list[tuple[str, str]]:
@@ -223,6 +233,8 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         stage_dir = run_dir / "stages" / name
         if cfg.ckpt_path is not None and (stage_dir / "hf" / "config.json").is_file():
             log.info(f"stage {name}: finished before, skipped ({stage_dir})")
+            saved = OmegaConf.load(stage_dir / ".hydra" / "config.yaml")  # where it started, for the report
+            report.append((name, 0.0, stage_dir, saved.get("init_from")))
         else:
             log.info(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
             with open_dict(stage_cfg):
