@@ -243,8 +243,8 @@ TABLE = [
      [r"phase\.grpo\.loss_aggregation='sum': expected token_mean or seq_mean"]),
     ("rl-turn-of-no-tokens", RL, ["phase.grpo.max_turn_tokens=0"], VALIDATE,
      [r"phase\.grpo\.max_turn_tokens=0 must be >= 1 \(or null\)"]),
-    ("rl-kl-without-reference-model", RL, ["phase.grpo.kl_coef=0.1"], VALIDATE,
-     [r"phase\.grpo\.kl_coef=0\.1: the KL term needs a reference model"]),
+    ("rl-kl-without-a-start", RL, ["phase.grpo.kl_coef=0.1"], VALIDATE,
+     [r"phase\.grpo\.kl_coef=0\.1: the KL is against the starting policy, and no init_from names it"]),
     ("rl-a-group-of-one", RL, ["phase.grpo.samples_per_prompt=1"], VALIDATE,
      [r"phase\.grpo\.samples_per_prompt=1 leaves no group to normalise over"]),
     # -- RL rollouts from an inference engine (phase.rollout)

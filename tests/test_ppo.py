@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from glm46.checkpoint import save_hf
-from glm46.rl.core_algos import kl_estimate
+from glm46.rl.core_algos import kl_estimate, policy_loss
 from glm46.rl.grpo_module import GRPOSettings
 from glm46.rl.ppo_module import PPOLitModule, PPOSettings
 
@@ -70,3 +70,32 @@ def test_the_kl_penalty_starts_at_zero_and_grows(dataset, tmp_path, monkeypatch)
     module = ppo_module(dataset, init_from=str(start), kl_coef=0.1, kl_estimator="k3")
     fit(module, dataset, tmp_path, max_steps=3)
     assert len(means) == 3 and means[0] == 0 and means[-1] > 0, means
+
+
+def test_grpo_kl_term_is_against_the_starting_policy(dataset, tmp_path, monkeypatch):
+    """GRPO with phase.grpo.kl_coef > 0 holds the policy init_from names: its first update's KL is 0, later ones not."""
+    import glm46.rl.grpo_module as grpo
+
+    kls = []
+
+    def recorded(*args, **kwargs):
+        loss, stats = policy_loss(*args, **kwargs)
+        kls.append(float(stats["kl"]))
+        return loss, stats
+
+    monkeypatch.setattr(grpo, "policy_loss", recorded)
+    start = save_hf(random_model(tiny_config(vocab_size=400), seed=0), tmp_path / "start")
+    L.seed_everything(0)
+    module = grpo.GRPOLitModule(
+        tiny_config(vocab_size=400),
+        optimizer=partial(torch.optim.AdamW, lr=LR),
+        lr_schedule=lambda tokens: 1.0,
+        mtp_weight=lambda tokens: 0.0,
+        init_from=str(start),
+        tokenizer_path=str(dataset / "tokenizer.json"),
+        grpo=GRPOSettings(samples_per_prompt=2, max_new_tokens=4, kl_coef=0.1),
+        reward=starts_with_a_digit,
+        seed=0,
+    )
+    fit(module, dataset, tmp_path, max_steps=3)
+    assert len(kls) == 3 and kls[0] == 0 and kls[-1] > 0, kls

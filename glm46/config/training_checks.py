@@ -17,6 +17,7 @@ from glm46.lit.preference_data import PreferenceDataModule
 from glm46.logs import rank_zero_logger
 from glm46.rl.dpo_module import DPOLitModule
 from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.ppo_module import PPOLitModule
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.reward_model import RewardModelLitModule
 from glm46.rl.rlhf import check_reward_model
@@ -145,6 +146,11 @@ def grpo(cfg: DictConfig) -> DictConfig | None:
     return cfg.phase.get("grpo")
 
 
+def ppo(cfg: DictConfig) -> bool:
+    """Whether the module is PPO's (phase.ppo is read)."""
+    return issubclass(get_class(cfg.module._target_), PPOLitModule)
+
+
 def check_rl(cfg: DictConfig) -> None:
     """RL: the prompts (data=rl), an RL phase and the GRPO module go together, on data-parallel layouts."""
     kinds = {
@@ -175,6 +181,10 @@ def check_rl(cfg: DictConfig) -> None:
                 f": the evaluation after training would read {domain} prompts RL trained on"
             )
     settings = grpo(cfg)
+    kl = {"phase.grpo.kl_coef": settings.kl_coef, "phase.ppo.kl_coef": cfg.phase.ppo.kl_coef if ppo(cfg) else 0}
+    for key, value in kl.items():
+        if value > 0 and not cfg.get("init_from"):
+            raise ConfigError(f"{key}={value}: the KL is against the starting policy, and no init_from names it")
     check_reward_model(OmegaConf.to_object(cfg.phase.reward), Path(cfg.data.path) / "tokenizer.json", "data.path")
     layout = cfg.parallelism
     split = {k: layout[k] for k in ("tensor_parallel", "pipeline_parallel", "context_parallel") if layout[k] > 1}

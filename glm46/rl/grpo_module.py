@@ -41,12 +41,14 @@ from hydra.utils import get_method
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from glm46.checkpoint.hf_write import save_hf
+from glm46.checkpoint.weights import load_weights
 from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.tools import ToolEnvironment
 from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
+from glm46.modules import GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
 from glm46.rl.core_algos import (
@@ -98,6 +100,16 @@ class Rollout:
         ]
 
 
+def starting_policy(config, init_from: str | None, device: torch.device) -> GLM46ForCausalLM:
+    """A frozen copy of the policy a run starts from (`init_from`), whole: the reference of a KL term or penalty.
+    Refused without init_from (it would be the random initialisation)."""
+    if not init_from:
+        raise ConfigError("a KL term against the starting policy needs init_from (the policy the run starts from)")
+    reference = GLM46ForCausalLM(config).to(device)
+    load_weights(reference, init_from)
+    return reference.eval().requires_grad_(False)
+
+
 @dataclass
 class GRPOSettings:
     """The GRPO settings of an RL phase (`phase.grpo`, conf/phase/rl.yaml), declared once: the phase's schema is this
@@ -113,18 +125,15 @@ class GRPOSettings:
     eps_clip_high: float | None = None  # None: eps_clip
     scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean
-    kl_coef: float = 0.0  # must be 0: no reference model is kept
+    kl_coef: float = 0.0  # > 0: TRL's k3 KL term against the starting policy (init_from), held whole on each rank
 
     def __post_init__(self):
         if self.loss_aggregation not in AGGREGATIONS:
             raise ConfigError(
                 f"phase.grpo.loss_aggregation={self.loss_aggregation!r}: expected {' or '.join(AGGREGATIONS)}"
             )
-        if self.kl_coef != 0:
-            raise ConfigError(
-                f"phase.grpo.kl_coef={self.kl_coef}: the KL term needs a reference model, which this version does not "
-                f"keep (GLM-4.5 trains without it); set 0"
-            )
+        if self.kl_coef < 0:
+            raise ConfigError(f"phase.grpo.kl_coef={self.kl_coef} must be >= 0 (0: no KL term, as GLM-4.5 trains)")
         if self.samples_per_prompt < 2 and self.scale_rewards:
             raise ConfigError(
                 "phase.grpo.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)"
@@ -169,6 +178,7 @@ class GRPOLitModule(GLM46LitModule):
         self.reward_mix = reward_mix or RewardSettings()
         self.mixed_reward = MixedReward(self.reward_mix, Path(tokenizer_path), torch.device("cpu"))  # not a submodule
         self.monitor = get_method(self.reward_mix.monitor) if self.reward_mix.monitor else None
+        self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.val_rewards: list[torch.Tensor] = []
         self.val_watched: dict[str, list[torch.Tensor]] = {"monitor": [], "rm_reward": []}  # single-turn validation
@@ -187,6 +197,23 @@ class GRPOLitModule(GLM46LitModule):
             for method in ("generate", "hidden_states"):
                 register_fsdp_forward_method(self.model, method)
         self.mixed_reward.to(self.device)
+        if self.uses_reference:
+            self.reference = [starting_policy(self.config, self.init_from, self.device)]
+
+    @property
+    def uses_reference(self) -> bool:
+        """Whether a frozen copy of the starting policy is held: for GRPO's KL term (phase.grpo.kl_coef > 0)."""
+        return self.grpo.kl_coef > 0
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The starting policy's log-probs [N, T] of the targets, at the sampling temperature."""
+        reference = self.reference[0]
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        hidden = reference.hidden_states(input_ids, positions)
+        return token_logprobs(
+            hidden, reference.lm_head.weight, targets, self.grpo.temperature, self.model.loss_chunk_size
+        )
 
     # -- rollout
     def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
@@ -474,6 +501,8 @@ class GRPOLitModule(GLM46LitModule):
             self.grpo.eps_clip_high,
             self.grpo.loss_aggregation,
             num_tokens=self.global_token_share(part.mask),
+            kl_coef=self.grpo.kl_coef,
+            ref_logprobs=self.reference_logprobs(part.input_ids, part.targets) if self.grpo.kl_coef else None,
             token_weights=weights,
         )
         entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
@@ -507,7 +536,7 @@ class GRPOLitModule(GLM46LitModule):
         seconds = time.perf_counter() - started
         self.prompts_seen += len(batch["prompt_ids"]) * ranks
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
-        for name in ("clip_fraction", "entropy", "engine_logprob_gap", "tis_weight"):  # PPO's critic warm-up: none
+        for name in ("clip_fraction", "entropy", "kl", "engine_logprob_gap", "tis_weight"):  # PPO's warm-up: none
             if name in stats:
                 self.log(f"rl/{name}", stats[name], sync_dist=True)
         if "engine_gap_max" in stats:

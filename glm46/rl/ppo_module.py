@@ -41,7 +41,7 @@ from glm46.parallel.data_parallel import (
     data_parallel_rank_and_size,
 )
 from glm46.parallel.materialize import has_meta_tensors, materialize
-from glm46.rl.core_algos import KL_ESTIMATORS, gae_advantages, kl_estimate, masked_whiten, token_logprobs, value_loss
+from glm46.rl.core_algos import KL_ESTIMATORS, gae_advantages, kl_estimate, masked_whiten, value_loss
 from glm46.rl.grpo_module import GRPOLitModule, Rollout
 from glm46.rl.reward_export import reward_head
 
@@ -104,7 +104,6 @@ class PPOLitModule(GRPOLitModule):
         meta = has_meta_tensors(self.model)
         with torch.device("meta") if meta else torch.device("cpu"):
             self.critic = ValueModel(GLM46ForCausalLM(self.config))
-        self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
 
     # -- the other models
     def configure_model(self) -> None:
@@ -127,12 +126,11 @@ class PPOLitModule(GRPOLitModule):
         if isinstance(self.critic.backbone, FSDPModule):
             register_fsdp_forward_method(self.critic.backbone, "hidden_states")
         average_gradients_in_backward([self.critic.head.weight], self.trainer.strategy)
-        if self.ppo.kl_coef > 0:
-            if not self.init_from:
-                raise ConfigError("phase.ppo.kl_coef > 0 needs init_from: the reference is the starting policy")
-            reference = GLM46ForCausalLM(self.config).to(self.device)
-            load_weights(reference, self.init_from)
-            self.reference = [reference.eval().requires_grad_(False)]
+
+    @property
+    def uses_reference(self) -> bool:
+        """GRPO's KL term, or PPO's KL penalty in the token rewards."""
+        return super().uses_reference or self.ppo.kl_coef > 0
 
     def param_groups(self) -> list[dict]:
         """The actor's groups, then the critic's at critic_lr_scale x their LR (set in configure_optimizers)."""
@@ -161,8 +159,8 @@ class PPOLitModule(GRPOLitModule):
         token_rewards = torch.zeros_like(mask)
         last = (mask * torch.arange(1, mask.shape[1] + 1, device=mask.device)).argmax(dim=1)
         token_rewards[torch.arange(len(mask), device=mask.device), last] = rewards.float()
-        if self.reference:
-            reference = self.reference_logprobs(rollout)
+        if self.ppo.kl_coef > 0:
+            reference = self.reference_logprobs(rollout.input_ids, rollout.targets)
             kl = kl_estimate(rollout.old_logprobs, reference, self.ppo.kl_estimator) * mask
             token_rewards = token_rewards - self.ppo.kl_coef * kl
             self.log("rl/kl", (kl.sum() / mask.sum().clamp(min=1)), sync_dist=True)
@@ -171,13 +169,6 @@ class PPOLitModule(GRPOLitModule):
         )
         self.log("rl/value_mean", (rollout.old_values.sum() / mask.sum().clamp(min=1)), sync_dist=True)
         return self.whitened(advantages, mask) if self.ppo.whiten_advantages else advantages
-
-    def reference_logprobs(self, rollout: Rollout) -> torch.Tensor:
-        """The starting policy's log-probs of the rollout's tokens, at the sampling temperature."""
-        reference = self.reference[0]
-        ids, width = rollout.input_ids, rollout.input_ids.shape[1]
-        hidden = reference.hidden_states(ids, torch.arange(width, device=ids.device).expand_as(ids))
-        return token_logprobs(hidden, reference.lm_head.weight, rollout.targets, self.grpo.temperature)
 
     def whitened(self, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Advantages whitened with the mean and variance of every data-parallel rank's tokens."""
