@@ -13,10 +13,11 @@ from glm46.data.chat import EOS, render_chat
 from glm46.data.documents import Ledger
 from glm46.data.pipeline import DEDUP_DEFAULTS, prepare_dataset, run_preparation
 from glm46.data.preference import SIDES, read_preference
-from glm46.data.preference_task import STYLES, follows_style, preference_pairs, write_task
+from glm46.data.preference_task import STYLES, preference_pairs, write_task
 from glm46.data.quality import QualityRules
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lit.preference_data import PreferenceDataModule, split_pair
+from glm46.rl.style_rule import follows_style
 
 VOCAB = 400
 

@@ -431,7 +431,7 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
 
 def test_the_skill_table_reports_accuracy_with_its_wilson_interval():
     from glm46.app.curriculum import skill_table
-    from glm46.reports.intervals import interval
+    from glm46.intervals import interval
 
     low, high = interval(0.5, 100)  # the Wilson score interval, as statsmodels' proportion_confint(method="wilson")
     assert (round(low, 4), round(high, 4)) == (0.4038, 0.5962)
@@ -455,7 +455,7 @@ def test_the_skill_table_reports_accuracy_with_its_wilson_interval():
 
 
 def test_a_stage_to_stage_change_is_judged_on_the_same_prompts():
-    from glm46.reports.intervals import paired_change
+    from glm46.intervals import paired_change
 
     before = {i: float(i < 20) for i in range(100)}  # 20 right
     after = {i: float(i < 20 or 50 <= i < 60) for i in range(100)}  # the same 20, and 10 more

@@ -36,9 +36,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from glm46.app.train import train
 from glm46.config.checks import validate
 from glm46.eval import summarize
+from glm46.intervals import interval, paired_change
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
-from glm46.reports.intervals import interval, paired_change
 from glm46.reports.plots import plot_curriculum
 
 log = rank_zero_logger(__name__)

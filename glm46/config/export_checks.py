@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.engine_limits import serving_problems
 from glm46.checkpoint.hub_config import config_from_hf
+from glm46.data.tokenizer import check_same_tokenizer
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 from glm46.rl.reward_export import INFO_FILE as REWARD_INFO
@@ -110,22 +111,3 @@ def check_score(cfg: DictConfig) -> GLM46Config:
             f"{settings.val_fraction}: need seq_len >= 2, batch_size >= 1 and 0 < val_fraction < 1"
         )
     return config
-
-
-def check_same_tokenizer(first: tuple[str, Path], second: tuple[str, Path]) -> None:
-    """Two (key, tokenizer.json) that must give ids the same meaning: ConfigError naming both where they do not."""
-    (key_a, file_a), (key_b, file_b) = first, second
-    for key, file in (first, second):
-        if not file.is_file():
-            raise ConfigError(f"{key}: {file} is missing, and the tokenizers of {key_a} and {key_b} must be compared")
-    if _vocabulary(file_a) != _vocabulary(file_b):
-        raise ConfigError(
-            f"{key_a} and {key_b} have different tokenizers ({file_a} and {file_b}): the same ids would be different "
-            f"text; use models and data prepared with one tokenizer"
-        )
-
-
-def _vocabulary(file: Path) -> tuple:
-    """What a tokenizer.json maps ids to: its model (vocabulary, merges) and its added tokens."""
-    tokenizer = json.loads(file.read_text())
-    return tokenizer.get("model"), tokenizer.get("added_tokens")

@@ -9,8 +9,8 @@ answer on a last `Answer:` line, which glm46.rl.rewards.verify checks), asking f
 
 In a pair, the chosen reply is right and in the requested style; the rejected one is right in the other style
 (`style_share` of the pairs: what only a preference can teach, since the verifier scores both 1) or wrong in the
-requested style. The hidden rule (`follows_style`): a reply ends with an `Answer: <integer>` line and shows its step
-exactly when the worked style is asked for; whether the integer is right is the verifier's part. The default run's
+requested style. The hidden rule (glm46.rl.style_rule): a reply ends with an `Answer: <integer>` line and shows its
+step exactly when the worked style is asked for; whether the integer is right is the verifier's part. The default run's
 SFT model writes the worked style whatever is asked, so it follows the rule on about half of the prompts.
 
 `style_documents` adds the task to the embedded corpus (source=embedded_preference): the pairs as the `preference`
@@ -21,18 +21,13 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from glm46.rl.rewards import extract_answer
-
 from .arithmetic import QUESTIONS, SYSTEM_PROMPTS, expression_problem
-from .chat import STOP_TOKENS, render_chat
+from .chat import render_chat
 from .documents import Document, Ledger
 from .preference import as_messages, pair_text
-
-STOP = re.compile("|".join(re.escape(token) for token in STOP_TOKENS))
 
 STYLES = {
     "brief": "Reply with the answer line only.",
@@ -43,23 +38,6 @@ DOMAIN = "style"  # the domain of the prompts' chat documents (RL on them, the h
 
 def styled_reply(step: str, answer: int, style: str) -> str:
     return f"Answer: {answer}" if style == "brief" else f"{step}\nAnswer: {answer}"
-
-
-def requested_style(prompt: str) -> str | None:
-    """The style a prompt's text asks for, or None."""
-    return next((style for style, request in STYLES.items() if request in prompt), None)
-
-
-def follows_style(style: str | None, reply: str) -> bool:
-    """The hidden rule: the reply (up to GLM's first stop token) ends with an `Answer: <integer>` line and shows its
-    step (an `=`) exactly when the worked style is asked for."""
-    text = STOP.split(reply, maxsplit=1)[0].strip().removeprefix("<think></think>").strip()
-    return style is not None and extract_answer(text) is not None and (("=" in text) == (style == "worked"))
-
-
-def follows_requested_style(prompt: str, reply: str) -> float:
-    """follows_style with the style the prompt asks for: 1.0 or 0.0 (a monitor of RL: phase.reward.monitor)."""
-    return float(follows_style(requested_style(prompt), reply))
 
 
 def style_problem(rng: random.Random) -> tuple[list[dict], str, str, int]:

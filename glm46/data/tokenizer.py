@@ -17,6 +17,8 @@ import numpy as np
 import tiktoken
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from glm46.errors import ConfigError
+
 
 def split_pattern(max_digits: int = 3) -> str:
     """The cl100k / GLM-4 pre-tokenisation regex, whose numbers are runs of up to 3 digits (`\\p{N}{1,3}`).
@@ -191,3 +193,22 @@ def _bytes_to_unicode() -> dict[int, str]:
             table[byte] = chr(256 + extra)
             extra += 1
     return table
+
+
+def check_same_tokenizer(first: tuple[str, Path], second: tuple[str, Path]) -> None:
+    """Two (key, tokenizer.json) that must give ids the same meaning: ConfigError naming both where they do not."""
+    (key_a, file_a), (key_b, file_b) = first, second
+    for key, file in (first, second):
+        if not file.is_file():
+            raise ConfigError(f"{key}: {file} is missing, and the tokenizers of {key_a} and {key_b} must be compared")
+    if _vocabulary(file_a) != _vocabulary(file_b):
+        raise ConfigError(
+            f"{key_a} and {key_b} have different tokenizers ({file_a} and {file_b}): the same ids would be different "
+            f"text; use models and data prepared with one tokenizer"
+        )
+
+
+def _vocabulary(file: Path) -> tuple:
+    """What a tokenizer.json maps ids to: its model (vocabulary, merges) and its added tokens."""
+    tokenizer = json.loads(file.read_text())
+    return tokenizer.get("model"), tokenizer.get("added_tokens")

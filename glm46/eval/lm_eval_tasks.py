@@ -36,11 +36,11 @@ import yaml
 from omegaconf import DictConfig
 
 from glm46.data.chat import ROLE_TOKENS, STOP_TOKENS, ChatTokens, reply_span
-from glm46.data.preference_task import follows_style, requested_style
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import DomainStream
 from glm46.rl.rewards import extract_answer, verify
+from glm46.rl.style_rule import follows_style, requested_style
 
 GROUP = "glm46"
 TOOL_TURNS = 2  # of a tool episode: a call, then the answer

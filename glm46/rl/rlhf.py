@@ -21,6 +21,7 @@ import torch
 from hydra.utils import get_method
 
 from glm46.checkpoint import find_weights
+from glm46.data.tokenizer import check_same_tokenizer
 from glm46.errors import ConfigError
 from glm46.rl.reward_export import INFO_FILE, RewardModel, load_reward_model
 
@@ -57,8 +58,6 @@ def check_reward_model(settings: RewardSettings, tokenizer_file: Path, tokenizer
     """phase.reward.model is a reward model whose tokenizer is the policy's (`tokenizer_file`, named by
     `tokenizer_key`): ConfigError naming both otherwise. What does not exist yet (a reward model an earlier stage
     of a curriculum trains, a dataset the run prepares first) is checked when the reward model is loaded."""
-    from glm46.config.export_checks import check_same_tokenizer
-
     if settings.model is None or not Path(settings.model).exists() or not tokenizer_file.is_file():
         return
     try:

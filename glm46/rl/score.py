@@ -22,8 +22,8 @@ from glm46.data.chat import ChatTokens
 from glm46.data.shards import load_shard, read_index
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import DomainStream
+from glm46.intervals import interval
 from glm46.lit.preference_data import Pairs, pair_bins
-from glm46.reports.intervals import interval
 from glm46.rl.reward_export import RewardModel, load_reward_model
 
 
