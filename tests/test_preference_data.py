@@ -16,7 +16,7 @@ from glm46.data.preference import SIDES, read_preference
 from glm46.data.preference_task import STYLES, preference_pairs, write_task
 from glm46.data.quality import QualityRules
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.lit.preference_data import PreferenceDataModule, split_pair
+from glm46.lit.preference_data import REFERENCE, PreferenceDataModule, split_pair
 from glm46.rl.style_rule import follows_style
 
 VOCAB = 400
@@ -165,18 +165,20 @@ def test_the_hidden_rule(style, reply, follows):
     assert follows_style(style, reply) is follows
 
 
-def test_shuffled_labels_swap_about_half_of_the_training_pairs_and_none_held_out(preference_dataset):
-    def sides(shuffle: bool) -> tuple[list, list]:
+def test_shuffled_labels_swap_every_other_training_draw_and_no_held_out_pair(preference_dataset):
+    def batches(shuffle: bool) -> tuple[dict, dict]:
         data = PreferenceDataModule(str(preference_dataset), seq_len=128, batch_size=64, mixture={"preference": 1},
                                     shuffle_labels=shuffle)  # fmt: skip
         data.setup()
-        train = next(iter(data.train_dataloader()))
-        val = next(iter(data.val_dataloader()))
-        return [train["chosen_ids"], train["rejected_ids"]], [val["chosen_ids"], val["rejected_ids"]]
+        data.reference = {  # DPO's table swaps with its sides
+            "train": {"preference": np.arange(2 * len(data.bins["preference"]), dtype=np.float32).reshape(-1, 2)},
+            "val": {"preference": np.zeros((len(data.val_bins["preference"]), 2), dtype=np.float32)},
+        }
+        return next(iter(data.train_dataloader())), next(iter(data.val_dataloader()))
 
-    (chosen, rejected), val = sides(False)
-    (shuffled_chosen, shuffled_rejected), shuffled_val = sides(True)
-    swapped = [torch.equal(shuffled_chosen[i], rejected[i]) for i in range(64)]
-    kept = [torch.equal(shuffled_chosen[i], chosen[i]) for i in range(64)]
-    assert all(s != k for s, k in zip(swapped, kept)) and 16 < sum(swapped) < 48
-    assert all(torch.equal(a, b) for a, b in zip(val, shuffled_val))
+    (plain, val), (shuffled, shuffled_val) = batches(False), batches(True)
+    odd = torch.arange(64) % 2 == 1  # each batch as many of one orientation as of the other
+    for chosen, rejected in [(f"chosen_{f}", f"rejected_{f}") for f in ("ids", "mask", "length")] + [REFERENCE]:
+        assert torch.equal(shuffled[chosen][odd], plain[rejected][odd])
+        assert torch.equal(shuffled[chosen][~odd], plain[chosen][~odd])
+    assert all(torch.equal(val[key], shuffled_val[key]) for key in val)

@@ -31,6 +31,7 @@ from glm46.data.windows import MixtureWindows
 from glm46.lit.shard_data import ShardDataModule
 
 SIDES = ("chosen", "rejected")
+REFERENCE = ("ref_chosen_logps", "ref_rejected_logps")
 
 
 def split_pair(document: np.ndarray, chat: ChatTokens) -> tuple[np.ndarray, np.ndarray, int]:
@@ -71,15 +72,13 @@ class Pairs(MixtureWindows):
         super().__init__(*args, **kwargs)
         self.chat = chat
         self.reference: list[np.ndarray] | None = None  # per domain: [bins, 2] (chosen, rejected) log-probs
-        self.shuffled = False  # the label control: each pair's sides swapped by a seeded coin
+        self.shuffled = False  # the label control: every other draw's sides swapped (`batch`)
 
     def sample(self, domain: int, item: int) -> dict[str, np.ndarray]:
         ((start, length),) = self.bins[domain][item]
         *sides, prompt_length = split_pair(
             np.asarray(self.streams[domain][start : start + length], dtype=np.int64), self.chat
         )
-        if self.shuffled and np.random.default_rng([self.seed, domain, item]).random() < 0.5:
-            sides.reverse()
         row = {"prompt_length": np.int64(prompt_length)}
         for name, ids in zip(SIDES, sides):
             padded = np.full(self.seq_len, self.pad_id, dtype=np.int64)
@@ -88,8 +87,22 @@ class Pairs(MixtureWindows):
             mask[: len(ids)] = reply_mask(ids, prompt_length, self.chat)
             row |= {f"{name}_ids": padded, f"{name}_mask": mask, f"{name}_length": np.int64(len(ids))}
         if self.reference is not None:
-            row["ref_chosen_logps"], row["ref_rejected_logps"] = self.reference[domain][item]
+            row[REFERENCE[0]], row[REFERENCE[1]] = self.reference[domain][item]
         return row
+
+    def batch(self, number: int) -> dict[str, torch.Tensor]:
+        """MixtureWindows' batch; shuffled, the sides of this rank's odd-numbered draws swapped. Draws pick pairs at
+        random, so which pairs swap carries nothing of their content, and every two draws hold one of each: with a
+        coin per pair instead, the draws' chance excess of one orientation (607 kept to 593 swapped in a 150-step
+        toy run) is learnt along the direction in which every chosen reply differs from its rejected one, and the
+        control ranked held-out pairs 0.68 right, though its mean margin was 0.004."""
+        batch = super().batch(number)
+        if self.shuffled:
+            swap = torch.from_numpy((np.arange(number * self.batch_size, (number + 1) * self.batch_size) % 2) == 1)
+            for chosen, rejected in [(f"chosen_{f}", f"rejected_{f}") for f in ("ids", "mask", "length")] + [REFERENCE]:
+                if chosen in batch:
+                    batch[chosen][swap], batch[rejected][swap] = batch[rejected][swap], batch[chosen][swap]
+        return batch
 
 
 class PreferenceDataModule(ShardDataModule):
