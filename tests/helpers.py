@@ -201,11 +201,11 @@ def require_venv(python: Path | None, what: str, build_script: str, require_vari
     return python
 
 
-def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200) -> GLM46ForCausalLM:
+def train_tiny(dataset: Path, tokenizer: GLMTokenizer, steps: int = 200, domain: str = "sft") -> GLM46ForCausalLM:
     """The tiny model trained on the chat domain (next token and MTP), so that greedy decoding has clear argmaxes
     and the MTP layer drafts tokens worth accepting. Always on 2 threads: a matmul's sums depend on the thread count,
     and the engines' tests compare against this one model (the bounds of tests/test_gguf.py were measured on it)."""
-    tokens, _ = load_shard(dataset / "tokens", "sft")
+    tokens, _ = load_shard(dataset / "tokens", domain)
     torch.manual_seed(0)
     # 1,024 positions: a chat request that lists tools (GLM's tools block) is longer than the tiny default
     model = GLM46ForCausalLM(tiny_config(vocab_size=tokenizer.vocab_size, max_position_embeddings=1024))

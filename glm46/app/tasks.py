@@ -125,6 +125,13 @@ def score_pairs(cfg: DictConfig, config: GLM46Config) -> dict:
     return score(cfg.score, Path(HydraConfig.get().runtime.output_dir))
 
 
+def sample(cfg: DictConfig, config: GLM46Config) -> dict:
+    """Rejection sampling (glm46.sampling.rejection): sample.output and its manifest."""
+    from glm46.sampling.rejection import run_sample
+
+    return run_sample(cfg.sample, cfg.seed)
+
+
 TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "estimate": estimate,
     "plan": plan_job,
@@ -135,6 +142,7 @@ TASKS: dict[str, Callable[[DictConfig, GLM46Config], object]] = {
     "serve": serve,
     "export": export,
     "score": score_pairs,
+    "sample": sample,
 }
 
 

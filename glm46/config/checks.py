@@ -5,7 +5,7 @@ left here is what a type cannot say: values that must be set, ranges and choices
 (divisibility, sequence length vs context, the dataset's domains, memory fit), each checked once.
 The Slurm launcher runs `validate` on every job before `sbatch`; `run.py` before any task. The checks live beside
 what they relate: `values.py` (single keys), `data_checks.py`, `layout_checks.py`, `training_checks.py`,
-`export_checks.py`; CHECKS below is their order.
+`export_checks.py`, `sample_checks.py`; CHECKS below is their order.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from .layout_checks import (
     check_engine,
     check_memory,
 )
+from .sample_checks import check_sample
 from .training_checks import check_budget, check_checkpoints, check_recipe, check_training
 from .values import check_values, model_config, refuse_missing, resolve
 
@@ -77,6 +78,8 @@ def validate(cfg: DictConfig) -> GLM46Config:
         return check_export(cfg)
     if cfg.task == "score":  # the reward model's export and score.*
         return check_score(cfg)
+    if cfg.task == "sample":  # the sampling model's export, its prompts and sample.*
+        return check_sample(cfg)
     refuse_missing(cfg)
     config = model_config(cfg)
     if cfg.task == "prepare":  # reads its source and the prepare settings only; the pipeline checks them

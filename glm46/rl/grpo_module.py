@@ -63,7 +63,7 @@ from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngi
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rewards import verify
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
-from glm46.rl.turns import EngineTurns, ModelTurns, left_padded
+from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
 
 
 @dataclass
@@ -230,7 +230,7 @@ class GRPOLitModule(GLM46LitModule):
     def sample_seeds(self, batch: dict[str, torch.Tensor], samples: int) -> list[int]:
         """One seed per completion, from (seed, the prompt's global sample index, the sample's number): a prompt draws
         the same completions whichever rank, batch or layout samples it, and again after a resume."""
-        return [hash((self.seed, index, j)) % 2**63 for index in batch["index"].tolist() for j in range(samples)]
+        return [completion_seed(self.seed, index, j) for index in batch["index"].tolist() for j in range(samples)]
 
     def generators(self, batch: dict[str, torch.Tensor], samples: int) -> list[torch.Generator]:
         return [torch.Generator(self.device).manual_seed(seed) for seed in self.sample_seeds(batch, samples)]

@@ -18,6 +18,12 @@ if TYPE_CHECKING:
     from glm46.modules import GLM46ForCausalLM
 
 
+def completion_seed(seed: int, index: int, number: int) -> int:
+    """The sampling seed of completion `number` of the prompt with global index `index`: the same whichever rank,
+    batch, layout or task samples it, and again after a resume."""
+    return hash((seed, index, number)) % 2**63
+
+
 def left_padded(contexts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists of different lengths -> left-padded ids and attention mask [N, longest], as `generate` takes them."""
     longest = max(map(len, contexts))

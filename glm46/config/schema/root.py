@@ -28,6 +28,7 @@ class Task(StrEnum):
     serve = "serve"  # print and run the vLLM or SGLang command that serves an export (glm46.serve)
     export = "export"  # write a quantized copy of an export (FP8 for vLLM/SGLang, GGUF for llama.cpp)
     score = "score"  # a reward model's pairwise accuracy on prepared preference pairs (glm46.rl.score)
+    sample = "sample"  # rejection sampling: candidates drawn, filtered, the best written as chat JSONL
 
 
 class Engine(StrEnum):
@@ -135,6 +136,52 @@ class ScoreConfig:
     domains: Optional[List[str]] = None  # the domains of pairs (None: every domain of score.data)
 
 
+class SampleKeep(StrEnum):
+    best = "best"
+    all = "all"
+
+
+class SampleSplit(StrEnum):
+    all = "all"
+    train = "train"
+    val = "val"
+
+
+@dataclass
+class SampleFilters:
+    max_repeated_lines: int = 2
+    ngram: int = 3
+    max_top_ngram_fraction: float = 0.3
+    min_reply_tokens: int = 4
+    min_reward: Optional[float] = None
+
+
+@dataclass
+class SampleConfig:
+    """Settings of task=sample (conf/sample/default.yaml explains each key)."""
+
+    model: Optional[str] = None  # required by task=sample
+    prompts: Optional[str] = None  # required by task=sample
+    output: Optional[str] = None  # required by task=sample
+    n: int = 8
+    keep: SampleKeep = SampleKeep.best
+    split: SampleSplit = SampleSplit.all
+    val_fraction: float = 0.02
+    domains: Optional[List[str]] = None
+    limit: Optional[int] = None
+    temperature: float = 1.0
+    max_new_tokens: int = 256
+    max_turns: int = 2
+    max_turn_tokens: Optional[int] = None
+    batch_size: int = 8
+    reward_model: Optional[str] = None
+    tasks: int = 1
+    task: Optional[int] = None
+    num_workers: int = 1
+    threads: Optional[int] = None
+    filters: SampleFilters = field(default_factory=SampleFilters)
+
+
 @dataclass
 class RunConfig:
     task: Task = Task.train
@@ -159,6 +206,7 @@ class RunConfig:
     serve: ServeConfig = field(default_factory=ServeConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     score: ScoreConfig = field(default_factory=ScoreConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None
