@@ -15,6 +15,7 @@ from glm46.data.documents import Ledger
 from glm46.data.embedded import conversation, generated, offered_tools
 from glm46.data.shards import load_shard, write_shards
 from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
+from glm46.errors import ConfigError
 from glm46.lit.sft_data import ConversationTargets, SFTDataModule
 from glm46.modules.loss import IGNORE_INDEX
 
@@ -123,6 +124,39 @@ def test_batches_label_only_assistant_tokens_and_restart_positions_per_conversat
         text = tokenizer.decode(labels[labels != IGNORE_INDEX].tolist())
         assert "<|assistant|>" not in text and "[gMASK]" not in text and "What is" not in text
         assert "Answer:" in text
+
+
+def text_dataset(root, tokenizer, documents=40):
+    """A prepared dataset of plain text (a `code` domain) in `tokenizer`: pre-training data to replay in SFT."""
+    (root / "documents").mkdir(parents=True)
+    lines = [{"text": f"def f{n}(x):\n    return x * {n} + {n % 7}\n" * 3} for n in range(documents)]
+    (root / "documents" / "code.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    tokenizer.save(root / "tokenizer.json")
+    write_shards(root, tokenizer)
+    return root
+
+
+def test_replayed_text_trains_every_token_beside_the_conversations(dataset, tokenizer, tmp_path):
+    replay = {"path": str(text_dataset(tmp_path / "code", tokenizer)), "mixture": {"code": 1.0}}
+    dm = datamodule(dataset, mixture={"sft": 1.0}, replay=replay, batch_size=16)
+    batch = next(iter(dm.train_dataloader()))
+    gmask = tokenizer.token_id("[gMASK]")
+    rows = {"chat": 0, "code": 0}
+    for ids, mask, positions in zip(batch["input_ids"], batch["loss_mask"], batch["position_ids"]):
+        if ids[0] == gmask:
+            rows["chat"] += 1
+            continue
+        rows["code"] += 1
+        used = len(ids) - int((ids.flip(0) != dm.pad_id).int().argmax())  # the padding after the last document
+        inside = positions[1:used] != 0  # the next token is in the same document
+        assert torch.equal(mask[: used - 1].bool(), inside), "every token of plain text, none across documents"
+    assert rows["chat"] and rows["code"], rows
+    assert dm.fingerprint.count("+") == 1  # a resume checks both datasets
+    other = GLMTokenizer(train_tokenizer(["some other text"] * 20, vocab_size=300))
+    with pytest.raises(ConfigError, match="data.path and data.replay.path have different tokenizers"):
+        datamodule(dataset, replay={"path": str(text_dataset(tmp_path / "other", other)), "mixture": {"code": 1.0}})
+    with pytest.raises(ValueError, match="docs"):
+        datamodule(dataset, replay=replay | {"mixture": {"docs": 1.0}})
 
 
 def test_pad_packing_serves_one_conversation_per_row(dataset):

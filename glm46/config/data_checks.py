@@ -9,6 +9,7 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.data.staged.work import plan_for
+from glm46.data.tokenizer import check_same_tokenizer
 from glm46.data.windows import check_mixture_domains, check_packing_choice
 from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
@@ -56,6 +57,25 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
     domains = _prepared_domains(cfg)
     if domains is not None:
         check_mixture_domains(mixture, domains, data.path)
+    if data.get("replay"):
+        check_replay(data)
+
+
+def check_replay(data: DictConfig) -> None:
+    """data.replay: a prepared dataset in data.path's tokenizer, holding the domains of its mixture (each replay
+    path that exists already; a curriculum's later stages are checked when they read it)."""
+    replay = Path(str(data.replay.path))
+    if not replay.exists() or not Path(str(data.path)).exists():
+        return
+    check_same_tokenizer(
+        ("data.path", Path(str(data.path)) / "tokenizer.json"), ("data.replay.path", replay / "tokenizer.json")
+    )
+    mixture = OmegaConf.to_container(data.replay.mixture, resolve=True)
+    try:
+        domains = json.loads((replay / "tokens" / "shards.json").read_text())["domains"]
+    except (OSError, ValueError, KeyError) as error:
+        raise ConfigError(f"data.replay.path={replay}: no prepared dataset there ({error})") from None
+    check_mixture_domains(mixture, domains, replay)
 
 
 def check_prepare(cfg: DictConfig) -> None:

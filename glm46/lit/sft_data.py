@@ -1,6 +1,8 @@
 """SFT batches: chat conversations from prepared shards (the embedded `sft` domain, or any domain of
 documents rendered with glm46.data.chat.render_chat), packed best-fit (or one per row, padded), with the
-loss on assistant tokens only: labels are IGNORE_INDEX everywhere else.
+loss on assistant tokens only: labels are IGNORE_INDEX everywhere else. A document that is no conversation (it does
+not open with [gMASK]: pre-training text in the mixture, or replayed from another dataset with `replay`) is trained
+on every token, as pre-training trains it, so that SFT can keep what pre-training taught.
 
 Everything else is ShardDataModule's: the mixture over chat domains, sampling from (seed, sample
 index) split across ranks, the held-out documents for validation, the O(1) resumable data position
@@ -31,7 +33,9 @@ class ConversationTargets:
         firsts = self.offsets[np.searchsorted(self.offsets, starts, side="right") - 1]
         used = 0
         for (start, length), first in zip(pieces, firsts):
-            if first != start:
+            if self.tokens[first] != self.chat.gmask:  # plain text (replayed pre-training data): every token
+                mask[used : used + length] = 1
+            elif first != start:
                 mask[used : used + length] = self.span(start, length)
             used += length
         return mask
@@ -64,10 +68,12 @@ class SFTDataModule(ShardDataModule):
         phase: str = "sft",
         packing: str = "best_fit",
         num_workers: int = 0,
+        replay: dict | None = None,
     ):
+        """replay: pre-training data trained beside the conversations (ShardDataModule's `replay`)."""
         check_packing(packing)
         super().__init__(
-            path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing, num_workers
+            path, seq_len, batch_size, mixture, seed, val_fraction, val_windows, phase, packing, num_workers, replay
         )
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
 

@@ -22,6 +22,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from glm46.data.shards import load_shard, read_index
+from glm46.data.tokenizer import check_same_tokenizer
 from glm46.data.windows import (
     DomainStream,
     MixtureWindows,
@@ -37,6 +38,16 @@ from glm46.parallel.data_parallel import data_parallel_rank_and_size
 def samples_consumed(trainer, seq_len: int) -> int:
     """Global samples a run has trained on (tokens seen / seq_len): the data position saved in checkpoints."""
     return (trainer.lightning_module.tokens_seen if trainer else 0) // seq_len
+
+
+REPLAY = "replay/"  # the mixture's name of a domain of the replayed dataset
+
+
+def read_index_of(root: Path, key: str) -> dict:
+    """The shard index of the prepared dataset at `root`; FileNotFoundError naming `key` when there is none."""
+    if not (root / "tokens" / "shards.json").exists():
+        raise FileNotFoundError(f"{key}: {root / 'tokens' / 'shards.json'} not found; run task=prepare first")
+    return read_index(root / "tokens")
 
 
 class DataMismatchError(RuntimeError):
@@ -61,17 +72,28 @@ class ShardDataModule(L.LightningDataModule):
         phase: str = "pretrain",
         packing: str = "truncate",
         num_workers: int = 0,
+        replay: dict | None = None,
     ):
+        """replay: {"path": another prepared dataset in the same tokenizer, "mixture": its domains -> weights}, sampled
+        beside this one's domains as `replay/<domain>` (pre-training data replayed in SFT, so that it is not
+        forgotten, as Megatron blends datasets); its weights are on the same scale as `mixture`'s."""
         super().__init__()
         self.root = Path(path)
         self.path = self.root / "tokens"
-        index_file = self.path / "shards.json"
-        if not index_file.exists():
-            raise FileNotFoundError(f"data.path: {index_file} not found; run task=prepare first")
-        self.index = read_index(self.path)
+        self.index = read_index_of(self.root, "data.path")
         check_mixture_domains(mixture, self.index["domains"], self.root)
         check_packing_choice(packing)
-        self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, dict(mixture), packing
+        self.replay_root, self.replay_index = None, None
+        mixture = dict(mixture)
+        if replay:
+            self.replay_root = Path(replay["path"])
+            self.replay_index = read_index_of(self.replay_root, "data.replay.path")
+            check_same_tokenizer(
+                ("data.path", self.tokenizer_file), ("data.replay.path", self.replay_root / "tokenizer.json")
+            )
+            check_mixture_domains(replay["mixture"], self.replay_index["domains"], self.replay_root)
+            mixture |= {f"{REPLAY}{domain}": weight for domain, weight in replay["mixture"].items()}
+        self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, mixture, packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
         self.num_workers = num_workers
         self.start_sample = 0
@@ -90,7 +112,9 @@ class ShardDataModule(L.LightningDataModule):
 
     @property
     def fingerprint(self) -> str:
-        return self.index["fingerprint"]
+        if self.replay_index is None:
+            return self.index["fingerprint"]
+        return f"{self.index['fingerprint']}+{self.replay_index['fingerprint']}"
 
     @property
     def pad_id(self) -> int:
@@ -116,7 +140,10 @@ class ShardDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         for domain in self.mixture:
             if domain not in self.streams:
-                tokens, offsets = load_shard(self.path, domain)
+                replayed = domain.startswith(REPLAY)
+                tokens, offsets = load_shard(
+                    self.replay_root / "tokens" if replayed else self.path, domain.removeprefix(REPLAY)
+                )
                 self.streams[domain] = stream = DomainStream(tokens, offsets, self.val_fraction)
                 if len(stream.train) <= self.seq_len:
                     raise ValueError(
