@@ -331,6 +331,8 @@ def test_a_mixture_domain_the_dataset_lacks_names_both(dataset):
     cfg = shards_config(dataset, mixture="{general: 0.5, web: 0.5}")
     with pytest.raises(InstantiationException, match=r"\['web'\] that .* does not have \(it has \['general'\]\)"):
         instantiate(cfg.data)  # what train builds; validate() names them earlier, as a ConfigError
+    off = instantiate(shards_config(dataset, mixture="{general: 1.0, web: 0.0}").data)  # 0: a domain turned off
+    assert off.mixture == {"general": 1.0}
 
 
 def truncate(file: Path, by: int) -> None:

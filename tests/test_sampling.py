@@ -21,7 +21,7 @@ from glm46.sampling.draw import candidate
 from glm46.sampling.filters import REASONS, FilterSettings, best, rejection_reason
 from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prompts
 
-from .helpers import run_py, train_tiny
+from .helpers import kill_at, run_py, train_tiny
 from .test_sft import make_chat_dataset
 
 SAMPLE = ["sample.limit=12", "sample.n=4", "sample.batch_size=4", "sample.temperature=0.7", "sample.max_new_tokens=48"]
@@ -195,3 +195,58 @@ def test_what_cannot_sample_is_refused_naming_the_key(setting, compose_config, t
     ]:
         with pytest.raises(ConfigError, match=message):
             validate(compose_config(*base, *overrides))
+
+
+GRAPH = """# @package _global_
+defaults:
+  - toy_stage
+  - override /model: tiny
+  - override /data: sft
+  - override /phase: toy_sft
+  - override /module: causal_lm
+  - override /callbacks: default
+  - _self_
+
+model: {{vocab_size: 400}}
+data: {{path: {data}, batch_size: 2}}
+phase: {{seq_len: 128, mixture: {{sft: 0.0, rl: 1.0}}}}
+trainer: {{max_steps: 3, val_check_interval: 3}}
+callbacks: {{model_checkpoint: {{every_n_train_steps: 2}}}}
+eval: {{after_train: false}}
+init_from: "@unified"
+stages:
+  sample: [task=sample, sample.model={model}, sample.prompts={data}, "sample.domains=[rl]", sample.limit=24, sample.n=6,
+           sample.batch_size=8, sample.keep=all, sample.temperature=0.7, sample.max_new_tokens=48]
+  samples_data: [task=prepare, source=chat, "source.paths=[@sample]", prepare.tokenizer.path={model}/tokenizer.json,
+                 prepare.dedup.near=false]
+  unified: [data.path=@samples_data, trainer.max_steps=6, "+data.replay={{path: {data}, mixture: {{rl: 1.0}}}}"]
+"""
+
+
+@pytest.mark.slow
+def test_a_stage_graph_killed_in_a_stage_resumes_without_sampling_again(setting, tmp_path):
+    """sample -> prepare -> SFT on the samples with the prompts' conversations replayed -> the composition: killed in
+    the SFT stage, then resumed: the finished stages are skipped, their files untouched."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "graph.yaml").write_text(GRAPH.format(data=setting["data"], model=setting["model"]))
+    run_dir = tmp_path / "run"
+    command = ["experiment=graph", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", f"hydra.run.dir={run_dir}"]
+    run_py(*command, *kill_at(3), killed=True)
+    samples = run_dir / "stages" / "sample" / "samples.jsonl"
+    made = {
+        path: path.stat().st_mtime_ns
+        for path in (samples, run_dir / "stages" / "samples_data" / "data" / "prepared.json")
+    }
+    assert not (run_dir / "stages" / "unified" / "hf").exists()
+    assert (run_dir / "stages" / "unified" / "checkpoints" / "last.ckpt").is_file()
+    resumed = run_py(*command, "ckpt_path=last").stdout
+    assert "stage sample: finished before, skipped" in resumed and "stage samples_data: finished before" in resumed
+    assert "1. sample (sample)\n  2. samples_data (prepare)\n  3. unified (train)\n  4. final (train)" in resumed
+    assert {path: path.stat().st_mtime_ns for path in made} == made
+    report = json.loads((run_dir / "curriculum.json").read_text())
+    assert [(r["stage"], r["kind"], r["needs"]) for r in report] == [
+        ("sample", "sample", []), ("samples_data", "prepare", ["sample"]), ("unified", "train", ["samples_data"]),
+        ("toy_sft", "train", ["unified"]),
+    ]  # fmt: skip
+    assert (run_dir / "hf" / "config.json").is_file()

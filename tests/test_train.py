@@ -468,10 +468,11 @@ def test_a_stage_to_stage_change_is_judged_on_the_same_prompts():
 
 
 def test_stages_branch_from_the_stage_they_name_and_are_compared_with_it(tmp_path):
-    from glm46.app.curriculum import compared_stages, resolved_overrides
+    from glm46.app.curriculum import compared_stages
+    from glm46.app.stage_graph import resolved
 
     overrides = ["init_from=@sft", "phase.reward.model=@reward_model", "data=embedded_rl"]
-    assert resolved_overrides(overrides, tmp_path) == [
+    assert resolved(overrides, tmp_path, {}) == [
         f"init_from={tmp_path}/stages/sft/hf",
         f"phase.reward.model={tmp_path}/stages/reward_model/hf",
         "data=embedded_rl",

@@ -33,13 +33,17 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
+from glm46.app.preparation import prepare_cached
+from glm46.app.stage_graph import PRODUCTS, dependencies, format_waves, resolved, stage_kind, teachers, with_output
 from glm46.app.train import train
 from glm46.config.checks import validate
+from glm46.data.cache import RECORD
 from glm46.eval import summarize
 from glm46.intervals import interval, paired_change
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.reports.plots import plot_curriculum
+from glm46.sampling.rejection import run_sample
 
 log = rank_zero_logger(__name__)
 
@@ -56,19 +60,6 @@ def _output_dir(path: Path):
     finally:
         with read_write(runtime):
             runtime.output_dir = previous
-
-
-def stage_reference(value: object, run_dir: Path) -> object:
-    """`@<stage>` -> that stage's hf/ in this run; any other value as it is."""
-    if isinstance(value, str) and value.startswith("@"):
-        return str(run_dir / "stages" / value[1:] / "hf")
-    return value
-
-
-def resolved_overrides(overrides: list[str], run_dir: Path) -> list[str]:
-    """A stage's overrides with each `key=@<stage>` value that stage's hf/ directory."""
-    return [f"{key}={stage_reference(value, run_dir)}" if sign else key for key, sign, value in
-            (override.partition("=") for override in overrides)]  # fmt: skip
 
 
 def compose_stage(overrides: list[str], run_overrides: list[str]) -> DictConfig:
@@ -183,9 +174,12 @@ def compared_stages(stages: list[tuple[str, Path, str | None]], evaluated: set[s
     return pairs
 
 
-def report_skills(run_dir: Path, stages: list[tuple[str, Path, str | None]]) -> None:
+def report_skills(
+    run_dir: Path, stages: list[tuple[str, Path, str | None]], taught: dict[str, list[str]] | None = None
+) -> None:
     """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format), each skill's paired
-    change from the stage it started from, and curriculum.png, when the stages were evaluated (eval.after_train).
+    change from the stage it started from and from each stage whose samples it was trained on (`taught`: a unified
+    model's experts), and curriculum.png, when the stages were evaluated (eval.after_train).
     stages: (name, run directory, init_from) in order."""
     report_reward_models(stages)
     scores = {
@@ -198,6 +192,8 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path, str | None]]) -> 
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
     skills = {}
     pairs = compared_stages(stages, set(scores))
+    pairs += [(teacher, name) for name, those in (taught or {}).items() for teacher in those
+              if {teacher, name} <= set(scores)]  # fmt: skip
     for skill, (task, metric) in SKILLS.items():
         evaluated = {name: outcomes(where, task, metric) for name, where, _ in stages if name in scores}
         for first, second in pairs:
@@ -214,58 +210,97 @@ def report_skills(run_dir: Path, stages: list[tuple[str, Path, str | None]]) -> 
     log.info(f"wrote {plot_curriculum([(n, w) for n, w, _ in stages], skills, run_dir / 'curriculum.png')}")
 
 
+def run_stage(kind: str, cfg: DictConfig, config: GLM46Config) -> object:
+    """One stage in its directory (Hydra's output directory): train it, sample (glm46.sampling) or prepare its
+    dataset."""
+    if kind == "sample":
+        return run_sample(cfg.sample, cfg.seed)
+    if kind == "prepare":
+        return prepare_cached(cfg.source, cfg.prepare)
+    return train(cfg, config)
+
+
+def finished(kind: str, stage_dir: Path) -> bool:
+    """Whether a stage's product is whole: an export's config, a sample's manifest, a dataset's preparation record."""
+    made = stage_dir / PRODUCTS[kind]
+    return {"train": made / "config.json", "sample": Path(f"{made}.manifest.json"), "prepare": made / RECORD}[
+        kind
+    ].is_file()
+
+
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
-    """Train cfg's earlier `stages` in order (a stage set to null is skipped), then cfg itself, each from the previous
-    one's last checkpoint."""
-    stages = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items() if overrides is not None}
-    if not stages:
+    """Run cfg's earlier `stages` in order (a stage set to null is skipped; glm46.app.stage_graph: training, sampling
+    and preparation stages), then train cfg itself, each training stage from the previous one's weights unless it
+    names its own."""
+    listed = {name: list(overrides) for name, overrides in (cfg.get("stages") or {}).items() if overrides is not None}
+    if not listed:
         return train(cfg, config)
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    run_overrides = list(HydraConfig.get().overrides.task)
-    stages = {name: resolved_overrides(overrides, run_dir) for name, overrides in stages.items()}
+    # this run's overrides apply to every stage, and its config search path (a user's own config directory) too
+    hydra_overrides = HydraConfig.get().overrides
+    run_overrides = list(hydra_overrides.task) + [o for o in hydra_overrides.hydra if o.startswith("hydra.searchpath=")]
+    kinds = {name: stage_kind(overrides) for name, overrides in listed.items()}
+    final = [f"init_from={cfg.init_from}"] if str(cfg.init_from).startswith("@") else []
+    needs = dependencies(listed, final)
+    stages = {
+        name: with_output(kinds[name], resolved(overrides, run_dir, kinds), run_dir / "stages" / name)
+        for name, overrides in listed.items()
+    }
+    log.info(format_waves(needs, kinds))
     branches = {name: any(o.startswith("init_from=") for o in overrides) for name, overrides in stages.items()}
     composed = {name: compose_stage(overrides, run_overrides) for name, overrides in stages.items()}
-    configs = {name: validate(stage_cfg) for name, stage_cfg in composed.items()}  # all, before any training
-    init_from, report = stage_reference(cfg.init_from, run_dir), []
-    if isinstance(cfg.init_from, str) and cfg.init_from.startswith("@"):
-        init_from = None  # the composition's own start: the first stage starts afresh
+    # all validated before any runs, but a sample stage's inputs are made by the stages before it: checked then
+    configs = {name: validate(c) if kinds[name] != "sample" else None for name, c in composed.items()}
+    # the first training stage starts from init_from, unless it is the composition's own start (@stage)
+    init_from = None if final else cfg.init_from
+    report = []
     for name, stage_cfg in composed.items():
-        stage_dir = run_dir / "stages" / name
-        if cfg.ckpt_path is not None and (stage_dir / "hf" / "config.json").is_file():
+        stage_dir, kind = run_dir / "stages" / name, kinds[name]
+        if cfg.ckpt_path is not None and finished(kind, stage_dir):
             log.info(f"stage {name}: finished before, skipped ({stage_dir})")
             saved = OmegaConf.load(stage_dir / ".hydra" / "config.yaml")  # where it started, for the report
-            report.append((name, 0.0, stage_dir, saved.get("init_from")))
+            report.append((name, 0.0, stage_dir, saved.get("init_from"), kind))
         else:
             log.info(f"stage {name}: {' '.join(stages[name])} -> {stage_dir}")
             with open_dict(stage_cfg):
-                if not branches[name]:  # else its own init_from=@<stage>
+                if kind == "train" and not branches[name]:  # else its own init_from=@<stage>
                     stage_cfg.init_from = None if init_from is None else str(init_from)
             stage_cfg = _save_hydra_dir(stage_cfg, stage_dir, stages[name] + run_overrides)
             started = time.time()
             with _output_dir(stage_dir):
-                result = train(stage_cfg, configs[name])
-            if not (stage_dir / "hf" / "config.json").is_file():
+                result = run_stage(kind, stage_cfg, configs[name] or validate(stage_cfg))
+            if not finished(kind, stage_dir):
                 log.info(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
                 return result
-            report.append((name, time.time() - started, stage_dir, stage_cfg.init_from))
-        init_from = stage_dir / "hf"
+            report.append((name, time.time() - started, stage_dir, stage_cfg.get("init_from"), kind))
+        if kind == "train":
+            init_from = stage_dir / "hf"
     with open_dict(cfg):
-        cfg.init_from = str(
-            stage_reference(cfg.init_from, run_dir) if str(cfg.init_from).startswith("@") else init_from
-        )
+        cfg.init_from = resolved(final, run_dir, kinds)[0].partition("=")[2] if final else str(init_from)
     started = time.time()
     metrics = train(cfg, config)
-    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from))
+    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from, "train"))
     log.info(
         "curriculum:\n"
-        + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _ in report)
+        + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _, _ in report)
     )
-    report_skills(run_dir, [(name, where, start) for name, _, where, start in report])
+    trained = [(name, where, start) for name, _, where, start, kind in report if kind == "train"]
+    names = {where: name for name, where, _ in trained}
+    taught = {names[where]: teachers(name if name in needs else "final", needs, kinds, listed)
+              for name, _, where, _, kind in report if kind == "train"}  # fmt: skip
+    report_skills(run_dir, trained, taught)
     (run_dir / "curriculum.json").write_text(
         json.dumps(
             [
-                {"stage": name, "seconds": round(seconds, 1), "run_dir": str(where), "init_from": source}
-                for name, seconds, where, source in report
+                {
+                    "stage": name,
+                    "kind": kind,
+                    "seconds": round(seconds, 1),
+                    "run_dir": str(where),
+                    "init_from": source,
+                    "needs": needs.get(name, needs.get("final")),
+                }  # fmt: skip
+                for name, seconds, where, source, kind in report
             ],
             indent=2,
         )

@@ -28,8 +28,9 @@ def check_packing_choice(packing: str) -> None:
 
 def check_mixture_domains(mixture: dict[str, float], domains: list[str], path) -> None:
     """Every domain the mixture weighs is one the prepared dataset at data.path has (checked at composition, when
-    the dataset is on this machine, and by the DataModule)."""
-    unknown = sorted(set(mixture) - set(domains))
+    the dataset is on this machine, and by the DataModule). A weight of 0 turns a domain off, named or not: a phase's
+    mixture merges its parent's, so a child phase drops a domain by weighing it 0."""
+    unknown = sorted(d for d, weight in mixture.items() if weight > 0 and d not in domains)
     if unknown:
         raise ConfigError(
             f"data.mixture (phase.mixture) names domains {unknown} that data.path={path} does not have "

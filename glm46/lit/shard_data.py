@@ -84,7 +84,7 @@ class ShardDataModule(L.LightningDataModule):
         check_mixture_domains(mixture, self.index["domains"], self.root)
         check_packing_choice(packing)
         self.replay_root, self.replay_index = None, None
-        mixture = dict(mixture)
+        mixture = {domain: weight for domain, weight in mixture.items() if weight > 0}  # 0: off
         if replay:
             self.replay_root = Path(replay["path"])
             self.replay_index = read_index_of(self.replay_root, "data.replay.path")
@@ -92,7 +92,7 @@ class ShardDataModule(L.LightningDataModule):
                 ("data.path", self.tokenizer_file), ("data.replay.path", self.replay_root / "tokenizer.json")
             )
             check_mixture_domains(replay["mixture"], self.replay_index["domains"], self.replay_root)
-            mixture |= {f"{REPLAY}{domain}": weight for domain, weight in replay["mixture"].items()}
+            mixture |= {f"{REPLAY}{domain}": weight for domain, weight in replay["mixture"].items() if weight > 0}
         self.seq_len, self.batch_size, self.mixture, self.packing = seq_len, batch_size, mixture, packing
         self.seed, self.val_fraction, self.val_windows, self.phase = seed, val_fraction, val_windows, phase
         self.num_workers = num_workers
