@@ -26,6 +26,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from glm46.checkpoint import find_weights
@@ -34,7 +35,7 @@ from glm46.data.tokenizer import GLMTokenizer
 from glm46.logs import rank_zero_logger
 from glm46.rl.reward_export import load_reward_model
 from glm46.sampling.draw import DrawSettings, draw
-from glm46.sampling.filters import REASONS, Candidate, FilterSettings, best
+from glm46.sampling.filters import REASONS, Candidate, best
 from glm46.sampling.prompt_records import SamplePrompt, read_prompts
 
 log = rank_zero_logger(__name__)
@@ -88,7 +89,7 @@ def sample_part(settings: dict, seed: int, task: int) -> Path:
     prompts = read_prompts(settings["prompts"], tokenizer, settings["split"], settings["val_fraction"],
                            settings["domains"])[: settings["limit"]]  # fmt: skip
     draw_settings = DrawSettings(**{key: settings[key] for key in DrawSettings.__dataclass_fields__})
-    filters = FilterSettings(**settings["filters"])
+    filters = instantiate(settings["filters"])
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = load_hf(weights, device=device).eval()
     reward_model = load_reward_model(settings["reward_model"], device) if settings["reward_model"] else None
@@ -156,7 +157,7 @@ def write_output(settings: dict, parts: list[dict]) -> dict:
         "output": str(output),
         **result,
         "settings": {key: settings[key] for key in ("model", "prompts", "n", "keep", "temperature", "reward_model")},
-        "filters": asdict(FilterSettings(**settings["filters"])),
+        "filters": asdict(instantiate(settings["filters"])),
     }
     Path(f"{output}.manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     drops = ", ".join(f"{reason} {count:,}" for reason, count in result["dropped"].items() if count) or "none"

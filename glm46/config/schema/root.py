@@ -13,7 +13,10 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from glm46.sampling.filters import FilterSettings
+
 from .data import PrepareConfig, SourceData
+from .derive import target_schema
 from .launch import ClusterConfig, PathsConfig
 from .training import GuardConfig, RecipeConfig, ScheduleConfig, TrainerConfig
 
@@ -147,13 +150,7 @@ class SampleSplit(StrEnum):
     val = "val"
 
 
-@dataclass
-class SampleFilters:
-    max_repeated_lines: int = 2
-    ngram: int = 3
-    max_top_ngram_fraction: float = 0.3
-    min_reply_tokens: int = 4
-    min_reward: Optional[float] = None
+SampleFilters = target_schema(FilterSettings, path="glm46.sampling.filters.FilterSettings")
 
 
 @dataclass
