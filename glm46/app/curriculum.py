@@ -223,9 +223,9 @@ def run_stage(kind: str, cfg: DictConfig, config: GLM46Config) -> object:
 def finished(kind: str, stage_dir: Path) -> bool:
     """Whether a stage's product is whole: an export's config, a sample's manifest, a dataset's preparation record."""
     made = stage_dir / PRODUCTS[kind]
-    return {"train": made / "config.json", "sample": Path(f"{made}.manifest.json"), "prepare": made / RECORD}[
-        kind
-    ].is_file()
+    if kind == "sample":
+        return Path(f"{made}.manifest.json").is_file()
+    return (made / ("config.json" if kind == "train" else RECORD)).is_file()
 
 
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
@@ -285,9 +285,7 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _, _ in report)
     )
     trained = [(name, where, start) for name, _, where, start, kind in report if kind == "train"]
-    names = {where: name for name, where, _ in trained}
-    taught = {names[where]: teachers(name if name in needs else "final", needs, kinds, listed)
-              for name, _, where, _, kind in report if kind == "train"}  # fmt: skip
+    taught = {name: teachers(name if name in listed else "final", needs, kinds, listed) for name, _, _ in trained}
     report_skills(run_dir, trained, taught)
     (run_dir / "curriculum.json").write_text(
         json.dumps(
