@@ -488,3 +488,21 @@ def test_stages_branch_from_the_stage_they_name_and_are_compared_with_it(tmp_pat
     ]
     evaluated = {"pretrain", "sft", "rlhf", "dpo"}
     assert compared_stages(stages, evaluated) == [("pretrain", "sft"), ("sft", "rlhf"), ("sft", "dpo")]
+
+
+def test_a_unified_stage_is_compared_with_its_experts_and_their_cold_start(tmp_path):
+    from glm46.app.curriculum import taught_pairs
+
+    where = {name: tmp_path / name for name in ("mid", "cold", "expert_a", "expert_b", "unified")}
+    stages = [
+        ("mid", where["mid"], None),
+        ("cold", where["cold"], str(where["mid"] / "hf")),
+        ("expert_a", where["expert_a"], str(where["cold"] / "hf")),
+        ("expert_b", where["expert_b"], str(where["cold"] / "hf")),
+        ("unified", where["unified"], str(where["mid"] / "hf")),
+    ]
+    taught = {"unified": ["expert_a", "expert_b"]}
+    evaluated = {"cold", "expert_a", "expert_b", "unified", "mid"}
+    pairs = [("expert_a", "unified"), ("expert_b", "unified"), ("cold", "unified")]  # not mid: unified starts there
+    assert taught_pairs(stages, taught, evaluated) == pairs
+    assert taught_pairs(stages, taught, evaluated - {"expert_b"}) == [("expert_a", "unified"), ("cold", "unified")]

@@ -174,13 +174,29 @@ def compared_stages(stages: list[tuple[str, Path, str | None]], evaluated: set[s
     return pairs
 
 
+def taught_pairs(
+    stages: list[tuple[str, Path, str | None]], taught: dict[str, list[str]], evaluated: set[str]
+) -> list[tuple[str, str]]:
+    """(before, after) pairs of evaluated stages for a stage taught by experts (`taught`: stage -> the stages whose
+    samples it learnt from): each expert, and where the experts started (a cold start), unless the stage started there
+    itself (compared_stages has that pair)."""
+    exports = {str(where / "hf"): name for name, where, _ in stages}
+    starts = {name: exports.get(str(start)) for name, _, start in stages}
+    pairs = []
+    for name, experts in taught.items():
+        for before in dict.fromkeys([*experts, *(starts.get(expert) for expert in experts)]):
+            if before is not None and before != starts.get(name) and {before, name} <= evaluated:
+                pairs.append((before, name))
+    return pairs
+
+
 def report_skills(
     run_dir: Path, stages: list[tuple[str, Path, str | None]], taught: dict[str, list[str]] | None = None
 ) -> None:
     """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format), each skill's paired
-    change from the stage it started from and from each stage whose samples it was trained on (`taught`: a unified
-    model's experts), and curriculum.png, when the stages were evaluated (eval.after_train).
-    stages: (name, run directory, init_from) in order."""
+    change from the stage it started from, from each stage whose samples it was trained on (`taught`: a unified
+    model's experts) and from where those started, and curriculum.png, when the stages were evaluated
+    (eval.after_train). stages: (name, run directory, init_from) in order."""
     report_reward_models(stages)
     scores = {
         name: summarize(json.loads((where / "eval" / "results.json").read_text()))
@@ -192,8 +208,7 @@ def report_skills(
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
     skills = {}
     pairs = compared_stages(stages, set(scores))
-    pairs += [(teacher, name) for name, those in (taught or {}).items() for teacher in those
-              if {teacher, name} <= set(scores)]  # fmt: skip
+    pairs += taught_pairs(stages, taught or {}, set(scores))
     for skill, (task, metric) in SKILLS.items():
         evaluated = {name: outcomes(where, task, metric) for name, where, _ in stages if name in scores}
         for first, second in pairs:
