@@ -71,7 +71,10 @@ def prepared_prompts(
                 continue  # no reply to a user turn: not a prompt
             reply, last = reply_span(document, chat)
             answer = extract_answer(tokenizer.decode(document[last:-1].tolist()))
-            messages, tools = parse_chat(tokenizer.decode(document[: reply - 1].tolist()))
+            try:
+                messages, tools = parse_chat(tokenizer.decode(document[: reply - 1].tolist()))
+            except ValueError as error:
+                raise ValueError(f"{data}: document {number} of domain {domain!r} is no chat prompt: {error}") from None
             prompts.append(
                 SamplePrompt(
                     len(prompts), f"{domain}/{number}", domain, document[:reply].tolist(), messages, tools, answer
