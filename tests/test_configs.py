@@ -174,8 +174,7 @@ def test_inconsistent_composition_is_rejected_before_the_task(compose_config):
         compose_config("task=nope")  # the schema's Task enum
     assert (
         "Invalid value 'nope', expected one of "
-        "[train, prepare, estimate, plan, dryrun, eval, serve, export, score, sample]"
-        in str(error.value.__cause__)
+        "[train, prepare, estimate, plan, dryrun, eval, serve, export, score, sample]" in str(error.value.__cause__)
     )
 
 
