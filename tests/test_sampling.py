@@ -20,11 +20,13 @@ from glm46.rl.rewards import verify
 from glm46.sampling.draw import candidate
 from glm46.sampling.filters import REASONS, FilterSettings, best, rejection_reason
 from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prompts
+from glm46.sampling.rejection import judged
 
 from .helpers import kill_at, run_py, train_tiny
 from .test_sft import make_chat_dataset
 
-SAMPLE = ["sample.limit=12", "sample.n=4", "sample.batch_size=4", "sample.temperature=0.7", "sample.max_new_tokens=48"]
+SAMPLE = ["sample.limit=12", "sample.n=4", "sample.batch_size=4", "sample.temperature=0.7", "sample.max_new_tokens=48",
+          "sample.pass_rate=[0.25,1.0]"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +63,7 @@ def planted(tokenizer, reply: str, answer: int | None = 4, ended: str = "answere
     """A candidate whose episode wrote `reply` (then <|endoftext|> when it answered) to `What is 2 + 2?`."""
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     prompt = SamplePrompt(0, "p", "rl", tokenizer.encode(render_chat(messages, add_generation_prompt=True)),
-                          messages, None, answer)  # fmt: skip
+                          messages, None, answer, [])  # fmt: skip
     tokens = tokenizer.encode(reply) + ([tokenizer.token_id(EOS)] if ended == "answered" else [])
     reward = verify({"answer": answer}, reply) if answer is not None and ended == "answered" else 0.0
     episode = Episode(prompt.ids, tokens, [1] * len(tokens), ended=ended, reward=reward)
@@ -114,6 +116,24 @@ def test_best_of_k_ranks_by_verifier_then_reward_model_then_draw(setting):
         made.score = None
     assert best(drawn).number == 1
     assert best(drawn[:1]) is None
+
+
+def test_the_difficulty_filter_selects_prompts_by_their_share_of_right_candidates(setting):
+    tokenizer = setting["tokenizer"]
+    right, wrong = "\n<think></think>\n2 + 2 = 4.\nAnswer: 4", "\n<think></think>\n2 + 2 = 5.\nAnswer: 5"
+    drawn = [[planted(tokenizer, right)] + [planted(tokenizer, wrong) for _ in range(3)],
+             [planted(tokenizer, wrong) for _ in range(4)], [planted(tokenizer, right) for _ in range(4)]]  # fmt: skip
+    prompts = []
+    for index, candidates in enumerate(drawn):
+        prompts.append(SamplePrompt(index, f"p{index}", "rl", [], [{"role": "user", "content": "What is 2 + 2?"}],
+                                    None, 4, [{"role": "assistant", "content": "Answer: 4"}]))  # fmt: skip
+        for c in candidates:
+            c.prompt, c.reason = index, rejection_reason(c, FilterSettings())
+    result = judged(prompts, drawn, "best", pass_rate=[0.2, 0.5])
+    assert result["solved"] == {"1": 1, "0": 1, "4": 1}
+    assert [index for index, _, _ in result["selected"]] == [0]  # 1 of 4 right: within; 0 and 4 of 4: not
+    assert result["selected"][0][2]["messages"][-1] == {"role": "assistant", "content": "Answer: 4"}
+    assert len(result["records"]) == 2 and result["prompts_without_sample"] == 1
 
 
 def test_jsonl_prompts_take_the_reference_answer_and_name_a_bad_line(setting, tmp_path):
@@ -169,6 +189,21 @@ def test_samples_are_chat_that_source_chat_reads_and_the_manifest_adds_up(settin
         prompt = prompts[line["id"].split("#")[0]]
         assert line["messages"][: len(prompt.messages)] == prompt.messages
         assert verify({"answer": prompt.answer}, line["messages"][-1]["content"]) == line["reward"] == 1.0
+    # the difficulty filter: the prompts with at least 1 right candidate of 4, with their reference replies
+    selected = [
+        json.loads(line) for line in run["output"].with_name("samples.jsonl.prompts.jsonl").read_text().splitlines()
+    ]
+    assert (
+        len(selected)
+        == manifest["selected_prompts"]
+        == sum(n for right, n in manifest["solved"].items() if right != "0")
+    )
+    assert sum(manifest["solved"].values()) == 12 and len(
+        list(read_chat([str(run["output"]) + ".prompts.jsonl"], Ledger()))
+    ) == len(selected)
+    for record in selected:
+        assert record["messages"] == prompts[record["id"]].messages + prompts[record["id"]].reference
+        assert verify({"answer": prompts[record["id"]].answer}, record["messages"][-1]["content"]) == 1.0
 
 
 @pytest.mark.slow

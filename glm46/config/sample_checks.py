@@ -59,4 +59,10 @@ def check_sample(cfg: DictConfig) -> GLM46Config:
             f"sample.temperature={settings.temperature} and max_new_tokens={settings.max_new_tokens}: need "
             f"temperature >= 0 and max_new_tokens >= 1"
         )
+    if settings.pass_rate is not None and not (
+        len(settings.pass_rate) == 2 and 0 <= settings.pass_rate[0] <= settings.pass_rate[1] <= 1
+    ):
+        raise ConfigError(
+            f"sample.pass_rate={list(settings.pass_rate)}: expected [low, high] with 0 <= low <= high <= 1"
+        )
     return config

@@ -39,6 +39,7 @@ class SamplePrompt:
     messages: list[dict]  # the conversation before the reply
     tools: list[dict] | None
     answer: int | None  # the reference's final integer; None: an open prompt
+    reference: list[dict]  # the reference reply's messages (none: a prompt without one)
 
 
 def read_prompts(
@@ -72,14 +73,13 @@ def prepared_prompts(
             reply, last = reply_span(document, chat)
             answer = extract_answer(tokenizer.decode(document[last:-1].tolist()))
             try:
-                messages, tools = parse_chat(tokenizer.decode(document[: reply - 1].tolist()))
+                messages, tools = parse_chat(tokenizer.decode(document.tolist()))
             except ValueError as error:
                 raise ValueError(f"{data}: document {number} of domain {domain!r} is no chat prompt: {error}") from None
-            prompts.append(
-                SamplePrompt(
-                    len(prompts), f"{domain}/{number}", domain, document[:reply].tolist(), messages, tools, answer
-                )  # fmt: skip
-            )
+            last_user = max(n for n, message in enumerate(messages) if message["role"] == "user")
+            prompt, reference = messages[: last_user + 1], messages[last_user + 1 :]
+            name, ids = f"{domain}/{number}", document[:reply].tolist()
+            prompts.append(SamplePrompt(len(prompts), name, domain, ids, prompt, tools, answer, reference))
     return prompts
 
 
@@ -95,13 +95,13 @@ def jsonl_prompts(file: Path, tokenizer: GLMTokenizer) -> list[SamplePrompt]:
             raise ValueError(f"{where}: not JSON ({error})") from None
         if not isinstance(record, dict) or "messages" not in record:
             raise ValueError(f"{where}: not an object with a field 'messages'")
-        messages, tools, answer = list(record["messages"]), record.get("tools"), record.get("answer")
+        messages, tools, answer, reference = list(record["messages"]), record.get("tools"), record.get("answer"), []
         problem = conversation_problem(messages, tools)
         if problem:
             raise ValueError(f"{where}: {problem[1]}")
         if messages[-1]["role"] == "assistant":  # the reference reply
-            reference = messages.pop()
-            answer = answer if answer is not None else extract_answer(visible_text(reference.get("content")))
+            reference = [messages.pop()]
+            answer = answer if answer is not None else extract_answer(visible_text(reference[0].get("content")))
         if not messages or messages[-1]["role"] != "user":
             raise ValueError(f"{where}: the conversation does not end with a user turn (or one and its reply)")
         if answer is not None and not isinstance(answer, int):
@@ -109,6 +109,6 @@ def jsonl_prompts(file: Path, tokenizer: GLMTokenizer) -> list[SamplePrompt]:
         text = render_chat(messages, tools) + ROLE_TOKENS["assistant"]
         prompts.append(
             SamplePrompt(len(prompts), str(record.get("id", f"{file.name}:{line_number}")),
-                         str(record.get("domain", "sft")), tokenizer.encode(text), messages, tools, answer)
+                         str(record.get("domain", "sft")), tokenizer.encode(text), messages, tools, answer, reference)
         )  # fmt: skip
     return prompts

@@ -7,8 +7,11 @@ best kept candidate of each prompt (or every kept one) written as chat JSONL tha
     sampled 400 prompts x 8: 3,200 candidates, 1,912 kept; wrote 371 conversations to FILE
       dropped: wrong_answer 1,020, truncated 180, ...
 
-Beside FILE, FILE.manifest.json counts prompts, candidates, what was kept and written, and each reason's drops
-with examples; `candidates == kept + sum(dropped)` always.
+Beside FILE, FILE.manifest.json counts prompts, candidates, what was kept and written, each reason's drops
+with examples (`candidates == kept + sum(dropped)` always), and the verifiable prompts by how many of their
+candidates were right (`solved`). With `sample.pass_rate=[low, high]`, FILE.prompts.jsonl holds the verifiable
+prompts, with their reference replies, whose share of right candidates lies within: GLM-4.5's difficulty filter for
+RL's prompts (moderate ones first, then those the policy rarely solves), prepared with source=chat for data=rl.
 
 Over several tasks (`sample.tasks=T`), task t samples the prompt batches b with b % T == t into
 FILE.parts/part-<t>-of-<T>.json; with `sample.task` unset the missing parts run here, sample.num_workers processes
@@ -54,11 +57,27 @@ def conversation(prompt: SamplePrompt, chosen: Candidate) -> dict:
     return record | {"reward": chosen.reward, "score": chosen.score}
 
 
-def judged(prompts: list[SamplePrompt], candidates: list[list[Candidate]], keep: str) -> dict:
+def prompt_record(prompt: SamplePrompt) -> dict:
+    """A prompt with its reference reply, as the chat JSONL record that source=chat prepares for RL (data=rl)."""
+    record = {"id": prompt.id, "domain": prompt.domain, "messages": prompt.messages + prompt.reference}
+    return record | ({"tools": prompt.tools} if prompt.tools else {})
+
+
+def judged(
+    prompts: list[SamplePrompt], candidates: list[list[Candidate]], keep: str, pass_rate: list[float] | None = None
+) -> dict:
     """The part's result: the records to write and the counts, as lists and dicts that merge by concatenation and
-    sums (each record and example tagged with its prompt and candidate, for the merge's order)."""
+    sums (each record and example tagged with its prompt and candidate, for the merge's order). `solved` counts the
+    verifiable prompts by how many of their candidates were right; with `pass_rate` [low, high], the verifiable
+    prompts whose share of right candidates lies within are `selected` (a difficulty filter for RL's prompts)."""
     records, dropped, examples = [], dict.fromkeys(REASONS, 0), {reason: [] for reason in REASONS}
+    solved, selected = {}, []
     for prompt, drawn in zip(prompts, candidates):
+        if prompt.answer is not None:
+            right = sum(c.reward >= 1 for c in drawn)
+            solved[str(right)] = solved.get(str(right), 0) + 1
+            if pass_rate is not None and pass_rate[0] <= right / len(drawn) <= pass_rate[1]:
+                selected.append([prompt.index, 0, prompt_record(prompt)])
         for c in drawn:
             if c.reason is not None:
                 dropped[c.reason] += 1
@@ -76,7 +95,9 @@ def judged(prompts: list[SamplePrompt], candidates: list[list[Candidate]], keep:
         "prompts_without_sample": sum(all(c.reason for c in drawn) for drawn in candidates),
         "dropped": dropped,
         "examples": examples,
+        "solved": solved,
         "records": records,
+        "selected": selected,
     }
 
 
@@ -98,7 +119,7 @@ def sample_part(settings: dict, seed: int, task: int) -> Path:
     results = []
     for number, batch in enumerate(batches, start=1):
         candidates = draw(model, tokenizer, batch, draw_settings, filters, seed, reward_model)
-        results.append(judged(batch, candidates, settings["keep"]))
+        results.append(judged(batch, candidates, settings["keep"], settings["pass_rate"]))
         kept = sum(r["kept"] for r in results)
         drawn = sum(r["candidates"] for r in results)
         log.info(f"task {task}/{tasks}: batch {number}/{len(batches)}, {kept} of {drawn} candidates kept")
@@ -122,7 +143,13 @@ def merged(results: list[dict]) -> dict:
         ]
         for reason in REASONS
     }
-    total["records"] = sorted((r for result in results for r in result["records"]), key=lambda r: r[:2])
+    total["solved"] = {}
+    for result in results:
+        for right, count in result["solved"].items():
+            total["solved"][right] = total["solved"].get(right, 0) + count
+    total["solved"] = dict(sorted(total["solved"].items(), key=lambda item: int(item[0])))
+    for key in ("records", "selected"):
+        total[key] = sorted((r for result in results for r in result[key]), key=lambda r: r[:2])
     return total
 
 
@@ -149,14 +176,20 @@ def write_output(settings: dict, parts: list[dict]) -> dict:
     result = merged(parts)
     output = Path(settings["output"])
     output.parent.mkdir(parents=True, exist_ok=True)
-    records = result.pop("records")
+    records, selected = result.pop("records"), result.pop("selected")
     with open(output, "w") as file:
         file.writelines(json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in records)
     result["written"] = len(records)
+    if settings["pass_rate"] is not None:
+        with open(f"{output}.prompts.jsonl", "w") as file:
+            file.writelines(json.dumps(record, ensure_ascii=False) + "\n" for _, _, record in selected)
+        result["selected_prompts"] = len(selected)
     manifest = {
         "output": str(output),
         **result,
-        "settings": {key: settings[key] for key in ("model", "prompts", "n", "keep", "temperature", "reward_model")},
+        "settings": {
+            key: settings[key] for key in ("model", "prompts", "n", "keep", "temperature", "reward_model", "pass_rate")
+        },
         "filters": asdict(instantiate(settings["filters"])),
     }
     Path(f"{output}.manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -166,4 +199,10 @@ def write_output(settings: dict, parts: list[dict]) -> dict:
         f"{result['kept']:,} kept; wrote {result['written']:,} conversations to {output}\n  dropped: {drops}",
         flush=True,
     )
+    if result["solved"]:
+        counts = ", ".join(f"{right}: {count:,}" for right, count in result["solved"].items())
+        print(f"  verifiable prompts by right candidates of {settings['n']}: {counts}", flush=True)
+    if settings["pass_rate"] is not None:
+        low, high = settings["pass_rate"]
+        print(f"  {len(selected):,} prompts right in {low:.0%}-{high:.0%} of their candidates: {output}.prompts.jsonl")
     return manifest

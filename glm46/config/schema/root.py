@@ -176,6 +176,7 @@ class SampleConfig:
     task: Optional[int] = None
     num_workers: int = 1
     threads: Optional[int] = None
+    pass_rate: Optional[List[float]] = None  # [low, high]: the difficulty filter's bounds
     filters: SampleFilters = field(default_factory=SampleFilters)
 
 
