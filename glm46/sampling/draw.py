@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from glm46.data.chat import EOS, STOP_TOKENS
+from glm46.data.chat import EOS, ROLE_TOKENS, STOP_TOKENS
 from glm46.data.chat_parse import parse_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.tools import ToolEnvironment, environment
@@ -72,7 +72,7 @@ def candidate(prompt: SamplePrompt, number: int, episode: Episode, tokenizer: GL
     turns = model_runs(episode, tokenizer)
     whole = tokenizer.decode(prompt.ids + episode.tokens)
     if episode.ended == "answered":
-        whole = whole.removesuffix(EOS).removesuffix("<|user|>")
+        whole = whole.removesuffix(EOS).removesuffix(ROLE_TOKENS["user"])
     try:
         messages, _ = parse_chat(whole)
     except ValueError:
