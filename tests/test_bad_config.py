@@ -71,7 +71,8 @@ TABLE = [
      [r"Value 'high' of type 'str' could not be converted to Float", r"full_key: cluster\.mfu"]),
     # -- the task, missing values and the data's sizes
     ("unknown-task", [], ["task=nope"], COMPOSE,
-     [r"Invalid value 'nope', expected one of \[train, prepare, estimate, plan, dryrun, eval, serve, export, score\]",
+     [r"Invalid value 'nope', expected one of \[train, prepare, estimate, plan, dryrun, eval, serve, export, score, "
+      r"sample\]",
       r"full_key: task"]),
     ("serve-without-a-model", [], ["task=serve"], VALIDATE,
      [r"^serve\.model: no model to serve; set serve\.model=<a run directory or an HF directory>$"]),
