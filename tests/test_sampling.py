@@ -5,6 +5,7 @@ import json
 import random
 
 import pytest
+import torch
 
 from glm46.config.checks import validate
 from glm46.data.chat import EOS, render_chat
@@ -14,10 +15,11 @@ from glm46.data.embedded import conversation, render, rl_prompt, tool_conversati
 from glm46.data.sources import read_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
-from glm46.hf import save_hf
+from glm46.hf import load_hf, save_hf
 from glm46.rl.episodes import Episode
+from glm46.rl.reward_export import RewardModel
 from glm46.rl.rewards import verify
-from glm46.sampling.draw import candidate
+from glm46.sampling.draw import DrawSettings, candidate, draw
 from glm46.sampling.filters import REASONS, FilterSettings, best, rejection_reason
 from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prompts
 from glm46.sampling.rejection import judged
@@ -98,6 +100,22 @@ def test_each_filter_drops_its_planted_candidate_and_nothing_else(setting):
         assert rejection_reason(made, settings) == reason, made.text
     assert {reason for _, reason in cases} - {None} == set(REASONS)
     assert rejection_reason(planted(tokenizer, good, score=-2.0), FilterSettings()) is None  # no threshold set
+
+
+def test_a_reward_model_scores_each_whole_candidate_at_its_last_token(setting):
+    tokenizer = setting["tokenizer"]
+    model = load_hf(setting["model"]).eval()
+    torch.manual_seed(0)
+    scorer = RewardModel(model, torch.randn(1, model.config.hidden_size), mean=0.5, std=2.0, path=setting["model"])
+    prompts = read_prompts(setting["data"], tokenizer, domains=["rl"])[:3]
+    settings = DrawSettings(n=2, temperature=1.0, max_new_tokens=24, max_turns=1)
+    judged = draw(model, tokenizer, prompts, settings, FilterSettings(), 0, scorer)
+    drawn = [c for candidates in judged for c in candidates]
+    for c in drawn:
+        ids = prompts[c.prompt].ids + c.episode.tokens
+        alone = scorer.score(torch.tensor([ids]), torch.tensor([len(ids)]))
+        assert c.score == pytest.approx(float((alone - 0.5) / 2.0), abs=1e-5)
+    assert len({round(c.score, 4) for c in drawn}) > 1
 
 
 def test_best_of_k_ranks_by_verifier_then_reward_model_then_draw(setting):

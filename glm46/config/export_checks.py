@@ -88,15 +88,21 @@ def llama_cpp(key: str) -> Path | None:
         raise ConfigError(f"{key}: {error}") from None
 
 
+def reward_model_export(key: str, path: str | None, what: str) -> tuple[Path, GLM46Config]:
+    """exported_model's, for a reward model: ConfigError naming `key` when the export holds no reward head."""
+    weights, _, config = exported_model(key, path, what)
+    if not (weights / REWARD_INFO).is_file():
+        raise ConfigError(
+            f"{key}={path}: {weights} holds no reward model ({REWARD_INFO} is missing): train one with "
+            f"module=reward_model"
+        )
+    return weights, config
+
+
 def check_score(cfg: DictConfig) -> GLM46Config:
     """task=score: a reward model's export, a prepared preference dataset in the same tokenizer."""
     settings = cfg.score
-    weights, _, config = exported_model("score.model", settings.model, "score")
-    if not (weights / REWARD_INFO).is_file():
-        raise ConfigError(
-            f"score.model={settings.model}: {weights} holds no reward model ({REWARD_INFO} is missing): train one with "
-            f"module=reward_model"
-        )
+    weights, config = reward_model_export("score.model", settings.model, "score")
     if settings.data is None:
         raise ConfigError("score.data: no pairs to score; set score.data=<a dataset prepared with source=preference>")
     data = Path(settings.data)

@@ -10,9 +10,8 @@ from omegaconf import DictConfig
 from glm46.data.tokenizer import check_same_tokenizer
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
-from glm46.rl.reward_export import INFO_FILE as REWARD_INFO
 
-from .export_checks import exported_model
+from .export_checks import exported_model, reward_model_export
 
 
 def check_sample(cfg: DictConfig) -> GLM46Config:
@@ -34,12 +33,7 @@ def check_sample(cfg: DictConfig) -> GLM46Config:
     if settings.output is None:
         raise ConfigError("sample.output: where to write the samples; set sample.output=<a .jsonl file>")
     if settings.reward_model is not None:
-        scorer, _, _ = exported_model("sample.reward_model", settings.reward_model, "rank with")
-        if not (scorer / REWARD_INFO).is_file():
-            raise ConfigError(
-                f"sample.reward_model={settings.reward_model}: {scorer} holds no reward model ({REWARD_INFO} is "
-                f"missing): train one with module=reward_model"
-            )
+        scorer, _ = reward_model_export("sample.reward_model", settings.reward_model, "rank with")
         check_same_tokenizer(
             ("sample.model", weights / "tokenizer.json"), ("sample.reward_model", scorer / "tokenizer.json")
         )

@@ -19,9 +19,10 @@ from glm46.data.chat_parse import parse_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.tools import ToolEnvironment, environment
 from glm46.modules import GLM46ForCausalLM
-from glm46.rl.episodes import Episode, run_episodes
+from glm46.rl.episodes import Episode, episode_rows, run_episodes
 from glm46.rl.reward_export import RewardModel
 from glm46.rl.rewards import verify
+from glm46.rl.rlhf import row_lengths
 from glm46.rl.turns import ModelTurns, completion_seed
 from glm46.sampling.filters import TOOL_ERROR, Candidate, FilterSettings, rejection_reason
 from glm46.sampling.prompt_records import SamplePrompt
@@ -109,21 +110,11 @@ def draw(
         turn_tokens=settings.max_turn_tokens,
     )  # fmt: skip
     candidates = [candidate(p, k, e, tokenizer) for (p, k), e in zip(rows, episodes)]
-    if reward_model is not None:
-        scores = reward_model.normalized(
-            score_rows(reward_model, [p.ids + e.tokens for (p, _), e in zip(rows, episodes)])
-        )
+    if reward_model is not None:  # each row read at its last token of the model's, as RLHF scores its rollouts
+        input_ids, _, mask, _ = episode_rows(episodes, tokenizer.token_id(EOS), reward_model.head.device)
+        scores = reward_model.normalized(reward_model.score(input_ids, row_lengths(mask)))
         for c, s in zip(candidates, scores.tolist()):
             c.score = s
     for c in candidates:
         c.reason = rejection_reason(c, filters)
     return [candidates[i * settings.n : (i + 1) * settings.n] for i in range(len(prompts))]
-
-
-def score_rows(reward_model: RewardModel, rows: list[list[int]]) -> torch.Tensor:
-    """The reward model's raw scores of whole conversations, each read at its last token."""
-    device = reward_model.head.device
-    ids = torch.zeros(len(rows), max(map(len, rows)), dtype=torch.long, device=device)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-    return reward_model.score(ids, torch.tensor([len(row) for row in rows], device=device)).cpu()
