@@ -246,6 +246,10 @@ TABLE = [
      [r"phase\.grpo\.max_turn_tokens=0 must be >= 1 \(or null\)"]),
     ("rl-kl-without-a-start", RL, ["phase.grpo.kl_coef=0.1"], VALIDATE,
      [r"phase\.grpo\.kl_coef=0\.1: the KL is against the starting policy, and no init_from names it"]),
+    ("rl-no-draw-per-update", RL, ["phase.grpo.dynamic_sampling=true", "phase.grpo.max_draws=0"], VALIDATE,
+     [r"phase\.grpo\.max_draws=0 must be >= 1 \(rollout batches per update\)"]),
+    ("ppo-dynamic-sampling", RL, ["module=ppo", "phase.grpo.dynamic_sampling=true"], VALIDATE,
+     [r"phase\.grpo\.dynamic_sampling=true with module=ppo: PPO's advantages come from its critic's values"]),
     ("rl-a-group-of-one", RL, ["phase.grpo.samples_per_prompt=1"], VALIDATE,
      [r"phase\.grpo\.samples_per_prompt=1 leaves no group to normalise over"]),
     # -- RL rollouts from an inference engine (phase.rollout)

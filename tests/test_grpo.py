@@ -1,6 +1,7 @@
 """The GRPO stage (glm46.rl.grpo_module.GRPOLitModule) on a tiny model: rollouts laid out right, the reward rises on an
 easy task, a resumed run equals an uninterrupted one, and the data position counts data-parallel ranks."""
 
+import itertools
 from functools import partial
 
 import lightning as L
@@ -12,6 +13,7 @@ from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.rl import grpo_module
 from glm46.rl.core_algos import token_logprobs, width_groups
+from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
 from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.turns import ModelTurns
@@ -254,3 +256,166 @@ def test_rows_of_different_lengths_score_as_one_full_width_forward(dataset):
     assert len(split) == len(whole) > 0
     for a, b in zip(split, whole):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def scripted(model: GRPOLitModule) -> tuple[list, list]:
+    """A scripted policy's rewards: a prompt whose answer is divisible by 3 earns 1, 0, 1, 0, ... over its group (a
+    varied group), any other prompt 0 throughout (a flat one). Returns the lists that record each rollout batch drawn
+    and each update's rows."""
+    drawn, trained = [], []
+    rollout, update = model.rollout, model.update
+
+    def rewards(completions, lengths, answers):
+        return ((answers % 3 == 0) & (torch.arange(len(answers)) % 2 == 0)).float()
+
+    def recorded_rollout(batch):
+        drawn.append(rollout(batch))
+        return drawn[-1]
+
+    def recorded_update(part):
+        trained.append(part)
+        return update(part)
+
+    model.rewards, model.rollout, model.update = rewards, recorded_rollout, recorded_update
+    return drawn, trained
+
+
+def groups(rollout, size=8) -> list:
+    """The rollout's groups, each its rows cut after its widest completion (a refilled batch pads to its widest)."""
+    out = []
+    for g in range(len(rollout.rewards) // size):
+        rows = rollout.select(slice(g * size, (g + 1) * size))
+        width = int(torch.nonzero(rows.mask.any(0)).max()) + 2  # the last target's position, then its token
+        out.append((rows.input_ids[:, :width], rows.rewards))
+    return out
+
+
+def logged_by_batch(root, key: str) -> dict[int, float]:
+    import csv
+
+    with open(root / "metrics.csv") as f:
+        return {int(row["step"]): float(row[key]) for row in csv.DictReader(f) if row.get(key)}
+
+
+def test_dynamic_sampling_trains_the_first_varied_groups_drawn_and_counts_every_prompt(dataset, tmp_path):
+    """phase.grpo.dynamic_sampling: each update takes 4 groups (a rollout batch's), the first varied ones in the order
+    drawn, after as many rollout batches as they need; at max_draws flat groups fill the rest; the data position
+    counts every prompt drawn."""
+    model = module(dataset, dynamic_sampling=True, max_draws=2)
+    drawn, trained = scripted(model)
+    fit(model, dataset, tmp_path, max_steps=5)
+    expected, varied, flat, draws = [], [], [], []
+    for rollout in drawn:  # the refill's rule, replayed on what was drawn
+        for group in groups(rollout):
+            (flat if bool((group[1] == group[1][0]).all()) else varied).append(group)
+        draws.append(rollout)
+        if len(varied) >= 4 or len(draws) == 2:
+            expected.append(((varied + flat)[:4], len(draws)))
+            varied, flat, draws = [], [], []
+    assert not draws and len(trained) == len(expected) == 5
+    assert sorted({n for _, n in expected}) == [1, 2], "updates after one rollout batch and after max_draws"
+    for part, (chosen, _) in zip(trained, expected):
+        assert len(part.rewards) == 32
+        for (ids, rewards), (want_ids, want_rewards) in zip(groups(part), chosen):
+            assert torch.equal(ids, want_ids) and torch.equal(rewards, want_rewards)
+    # logged at each update's batch (a batch that only draws repeats the last update's: Lightning keeps step values)
+    at_updates = list(itertools.accumulate(n for _, n in expected))
+    logged = {key: logged_by_batch(tmp_path, key) for key in ("rl/draws", "rl/filled_flat")}
+    assert [logged["rl/draws"][b - 1] for b in at_updates] == [n for _, n in expected]
+    filled = [sum(bool((r == r[0]).all()) for _, r in chosen) / 4 for chosen, _ in expected]
+    assert [logged["rl/filled_flat"][b - 1] for b in at_updates] == filled and max(filled) > 0
+    assert model.prompts_seen == 4 * len(drawn)
+
+
+def test_dynamic_sampling_stopped_between_draws_resumes_as_the_uninterrupted_run(dataset, tmp_path):
+    """Stopped while the refill holds groups (a preemption's checkpoint between updates): the data position is the
+    last update's, so the resumed run draws the same groups again and ends with the uninterrupted run's weights."""
+
+    class StopBetweenDraws(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step >= 2 and pl_module.refill.draws and not trainer.should_stop:
+                trainer.save_checkpoint(tmp_path / "between.ckpt")
+                trainer.should_stop = True
+
+    straight = module(dataset, dynamic_sampling=True, max_draws=3)
+    scripted(straight)
+    fit(straight, dataset, tmp_path / "straight", max_steps=4)
+    first = module(dataset, dynamic_sampling=True, max_draws=3)
+    scripted(first)
+    fit(first, dataset, tmp_path / "first", max_steps=4, callbacks=[StopBetweenDraws()])
+    assert first.trainer.global_step < 4 and first.refill.draws > 0
+    resumed = module(dataset, dynamic_sampling=True, max_draws=3)
+    scripted(resumed)
+    fit(resumed, dataset, tmp_path / "resumed", max_steps=4, ckpt_path=str(tmp_path / "between.ckpt"))
+    assert resumed.prompts_seen == straight.prompts_seen
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_plateaus_and_the_highest_temperature_within_the_held_out_bound():
+    assert not plateaued([0.1, 0.2, 0.3], window=2, min_gain=0.01)  # fewer than two windows
+    assert plateaued([0.1, 0.3, 0.2, 0.205], window=2, min_gain=0.01)  # 0.2025 after 0.2
+    assert not plateaued([0.1, 0.3, 0.3, 0.3], window=2, min_gain=0.01)  # 0.3 after 0.2
+    accuracies = {0.7: 0.50, 0.8: 0.49, 1.0: 0.47, 1.2: 0.52}
+    assert highest_within(accuracies, 0.7, max_drop=0.05) == 1.2  # 0.52 >= 0.475
+    assert highest_within(accuracies | {1.2: 0.30}, 0.7, max_drop=0.05) == 0.8  # 1.0's 0.47 falls 6%
+    assert highest_within({0.7: 0.0, 1.0: 0.0}, 0.7, max_drop=0.01) == 1.0  # nothing to lose
+    for bad, key in (({"window": 0}, "window=0"), ({"max_drop": 1.0}, "max_drop=1.0"),
+                     ({"candidates": [1.0, 0.8]}, r"candidates=\[1\.0, 0\.8\]")):  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"^phase\.grpo\.dynamic_temperature\.{key}"):
+            TemperatureSettings(**bad)
+
+
+def test_dynamic_temperature_rises_at_a_plateau_and_resumes_with_its_history(dataset, tmp_path):
+    """A scripted policy whose rewards are flat from the start: after two windows of two rollout batches the held-out
+    accuracies (scripted too) are probed at the current and each higher candidate, the highest within max_drop of the
+    current's is taken, and the next rollouts sample at it. Stopped after 3 updates and resumed, the run probes at the
+    same update: the history of rewards is in the checkpoint."""
+    settings = TemperatureSettings(enabled=True, window=2, candidates=[0.8, 1.0, 1.2], max_drop=0.05, prompts=4)
+    accuracy = {0.7: 0.50, 0.8: 0.49, 1.0: 0.47, 1.2: 0.30}  # within 5% of 0.50: 0.8, not 1.0
+
+    def scripted_run(root, max_steps, ckpt_path=None, every=None):
+        model = module(dataset, temperature=0.7, dynamic_temperature=settings)
+        probed, sampled, sample = [], [], model.sample
+        model.rewards = lambda completions, lengths, answers: torch.zeros(len(answers))
+
+        def held_out_accuracy(temperature, prompts):
+            probed.append((model.global_step, temperature, prompts))
+            return accuracy[temperature]
+
+        def recorded_sample(batch, samples, temperature, generator):
+            sampled.append(temperature)
+            return sample(batch, samples, temperature, generator)
+
+        model.held_out_accuracy, model.sample = held_out_accuracy, recorded_sample
+        fit(model, dataset, root, max_steps, ckpt_path=ckpt_path, every=every)
+        return model, probed, sampled
+
+    straight, probed, sampled = scripted_run(tmp_path / "straight", 6)
+    assert probed == [(4, t, 4) for t in (0.7, 0.8, 1.0, 1.2)]
+    assert sampled == [0.7] * 4 + [0.8] * 2 and straight.temperature == 0.8
+    logged = logged_by_batch(tmp_path / "straight", "rl/temperature")  # float32 in the logs
+    assert logged == pytest.approx(dict(enumerate([0.7] * 3 + [0.8] * 3)))
+    scripted_run(tmp_path / "resumed", 3, every=3)
+    resumed, probed, sampled = scripted_run(
+        tmp_path / "resumed", 6, ckpt_path=str(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    )
+    assert probed == [(4, t, 4) for t in (0.7, 0.8, 1.0, 1.2)] and sampled == [0.7, 0.8, 0.8]
+
+
+def test_held_out_accuracy_samples_the_first_held_out_prompts_alike_at_every_temperature(dataset, tmp_path):
+    model = module(dataset)
+    fit(model, dataset, tmp_path, max_steps=1)
+    seen, verified = [], model.verified
+
+    def counted(batch, temperature, generators):
+        seen.append((len(batch["answer"]), [g.initial_seed() for g in generators]))
+        return verified(batch, temperature, generators)
+
+    model.verified, model.reward = counted, lambda record, text: float(len(text) % 2 == 0)  # about half
+    first, again = model.held_out_accuracy(1.0, 10), model.held_out_accuracy(1.0, 10)
+    model.held_out_accuracy(1.5, 10)
+    model.held_out_accuracy(1.0, 3)
+    assert first == again and 0 < first < 1
+    assert [n for n, _ in seen] == [4, 4, 4, 3]  # every held-out prompt (4 here), or the first 3
+    assert seen[0] == seen[1] == seen[2] and seen[3][1] == seen[0][1][:3]  # the same seeds at every temperature

@@ -152,6 +152,12 @@ def test_the_difficulty_filter_selects_prompts_by_their_share_of_right_candidate
     assert [index for index, _, _ in result["selected"]] == [0]  # 1 of 4 right: within; 0 and 4 of 4: not
     assert result["selected"][0][2]["messages"][-1] == {"role": "assistant", "content": "Answer: 4"}
     assert len(result["records"]) == 2 and result["prompts_without_sample"] == 1
+    # the hard stage: pass@k = 0 and pass@n > 0. Prompt 0's one right candidate is its first; moved last, it counts
+    hard = judged(prompts, drawn, "best", pass_rate=[0.01, 1.0], fail_first_k=2)
+    assert [index for index, _, _ in hard["selected"]] == []  # prompt 0: right first; 2: all right; 1: none
+    drawn[0] = drawn[0][1:] + drawn[0][:1]
+    hard = judged(prompts, drawn, "best", pass_rate=[0.01, 1.0], fail_first_k=2)
+    assert [index for index, _, _ in hard["selected"]] == [0]
 
 
 def test_jsonl_prompts_take_the_reference_answer_and_name_a_bad_line(setting, tmp_path):
@@ -245,6 +251,8 @@ def test_what_cannot_sample_is_refused_naming_the_key(setting, compose_config, t
         ([f"sample.reward_model={setting['model']}"], "sample.reward_model=.*holds no reward model"),
         (["sample.tasks=2", "sample.task=2"], "sample.task=2"),
         (["sample.n=0"], "sample.n=0"),
+        (["sample.fail_first_k=2"], r"sample\.fail_first_k=2: expected 1 <= k <= sample\.n=8, with sample\.pass_rate"),
+        (["sample.pass_rate=[0.1,1]", "sample.fail_first_k=9"], r"sample\.fail_first_k=9: expected 1 <= k"),
     ]:
         with pytest.raises(ConfigError, match=message):
             validate(compose_config(*base, *overrides))

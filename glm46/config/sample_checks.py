@@ -59,4 +59,10 @@ def check_sample(cfg: DictConfig) -> GLM46Config:
         raise ConfigError(
             f"sample.pass_rate={list(settings.pass_rate)}: expected [low, high] with 0 <= low <= high <= 1"
         )
+    k = settings.fail_first_k
+    if k is not None and (settings.pass_rate is None or not 1 <= k <= settings.n):
+        raise ConfigError(
+            f"sample.fail_first_k={k}: expected 1 <= k <= sample.n={settings.n}, with sample.pass_rate set (it narrows "
+            f"the prompts the difficulty filter selects)"
+        )
     return config

@@ -205,6 +205,16 @@ def check_rl(cfg: DictConfig) -> None:
             f"phase.grpo.updates_per_rollout={settings.updates_per_rollout} must divide the prompts of a "
             f"step (data.batch_size={cfg.data.batch_size}): each update takes whole prompt groups"
         )
+    if settings.dynamic_temperature.enabled and not cfg.data.val_fraction:
+        raise ConfigError(
+            "phase.grpo.dynamic_temperature.enabled=true with data.val_fraction=0: the temperature is chosen on "
+            "held-out prompts; hold some out"
+        )
+    if settings.dynamic_sampling and ppo(cfg):
+        raise ConfigError(
+            "phase.grpo.dynamic_sampling=true with module=ppo: PPO's advantages come from its critic's values, not "
+            "from prompt groups, so no group is flat; dynamic sampling is GRPO's (module=grpo)"
+        )
     if cfg.phase.rollout.engine == "vllm":
         check_rollout_engine(cfg)
 

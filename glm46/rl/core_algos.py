@@ -38,6 +38,13 @@ def group_advantages(
     return advantages.view(-1)
 
 
+def flat_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups' rewards are all equal [prompts]: their advantages are 0 and give no gradient (DAPO's dynamic
+    sampling, arXiv:2503.14476, drops them). rewards [N] lie group by group, as group_advantages takes them."""
+    groups = rewards.view(-1, group_size)
+    return (groups == groups[:, :1]).all(dim=1)
+
+
 def _chunk_logprobs(
     hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, temperature: float
 ) -> tuple[torch.Tensor, torch.Tensor]:

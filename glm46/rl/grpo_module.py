@@ -10,6 +10,11 @@ in slime (github.com/THUDM/slime). One rollout batch per training step:
 3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
    against the rollout policy's log-probs (glm46.rl.core_algos.policy_loss), token mean over completion tokens.
 
+With `phase.grpo.dynamic_sampling=true` (DAPO's dynamic sampling, glm46.rl.dynamic_sampling), groups whose rewards
+are all equal are dropped and refilled from the next rollout batches before an update: a batch that only draws
+takes no optimizer step, and the data position advances at the update. Lightning keeps a step metric's last value,
+so such a batch's row in the logs repeats the last update's `train/loss` and `rl/draws`.
+
 Rollouts and updates alternate within a step, so the module optimizes manually (Lightning's
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
 router's correction bias stays frozen (balancer rate 0) and the sequence-aux loss is off during RL: the
@@ -32,7 +37,7 @@ from __future__ import annotations
 import shutil
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -48,56 +53,27 @@ from glm46.data.tools import ToolEnvironment
 from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
+from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
 from glm46.rl.core_algos import (
     AGGREGATIONS,
+    flat_groups,
     group_advantages,
     policy_loss,
     token_logprobs,
     truncated_importance_weights,
     width_groups,
 )
+from glm46.rl.dynamic_sampling import Refill
+from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rewards import verify
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
+from glm46.rl.rollout import Rollout
 from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
-
-
-@dataclass
-class Rollout:
-    """Sampled completions laid out for training: row i is [prompt | completion | padding] at positions 0..T-1."""
-
-    input_ids: torch.Tensor  # [N, T]
-    targets: torch.Tensor  # [N, T] the next token at completion positions, IGNORE_INDEX elsewhere
-    mask: torch.Tensor  # [N, T] 1 where targets holds a completion token
-    advantages: torch.Tensor  # [N]
-    old_logprobs: torch.Tensor | None = None  # [N, T] under the rollout policy (the updates after the first)
-    engine_logprobs: torch.Tensor | None = None  # [N, T] the inference engine's, of the tokens it sampled
-    old_values: torch.Tensor | None = None  # [N, T] the critic's at the rollout (PPO)
-    returns: torch.Tensor | None = None  # [N, T] the critic's targets (PPO)
-
-    def split(self, parts: int) -> list[Rollout]:
-        """`parts` slices of whole prompt groups (the rows are laid out group by group)."""
-        rows = self.input_ids.shape[0] // parts
-        fields = (
-            "input_ids",
-            "targets",
-            "mask",
-            "advantages",
-            "old_logprobs",
-            "engine_logprobs",
-            "old_values",
-            "returns",
-        )
-        return [
-            Rollout(
-                **{f: None if getattr(self, f) is None else getattr(self, f)[i * rows : (i + 1) * rows] for f in fields}
-            )
-            for i in range(parts)
-        ]
 
 
 def starting_policy(config, init_from: str | None, device: torch.device) -> GLM46ForCausalLM:
@@ -108,6 +84,9 @@ def starting_policy(config, init_from: str | None, device: torch.device) -> GLM4
     reference = GLM46ForCausalLM(config).to(device)
     load_weights(reference, init_from)
     return reference.eval().requires_grad_(False)
+
+
+log = rank_zero_logger(__name__)
 
 
 @dataclass
@@ -126,6 +105,9 @@ class GRPOSettings:
     scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean
     kl_coef: float = 0.0  # > 0: TRL's k3 KL term against the starting policy (init_from), held whole on each rank
+    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from the next prompts (DAPO)
+    max_draws: int = 4  # dynamic sampling: rollout batches drawn per update at most, then flat groups fill the batch
+    dynamic_temperature: TemperatureSettings = field(default_factory=TemperatureSettings)  # raised at a plateau
 
     def __post_init__(self):
         if self.loss_aggregation not in AGGREGATIONS:
@@ -142,6 +124,8 @@ class GRPOSettings:
             raise ConfigError(f"phase.grpo.updates_per_rollout={self.updates_per_rollout} must be >= 1")
         if self.max_turns < 1:
             raise ConfigError(f"phase.grpo.max_turns={self.max_turns} must be >= 1")
+        if self.max_draws < 1:
+            raise ConfigError(f"phase.grpo.max_draws={self.max_draws} must be >= 1 (rollout batches per update)")
         if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
             raise ConfigError(f"phase.grpo.max_turn_tokens={self.max_turn_tokens} must be >= 1 (or null)")
 
@@ -180,6 +164,10 @@ class GRPOLitModule(GLM46LitModule):
         self.monitor = get_method(self.reward_mix.monitor) if self.reward_mix.monitor else None
         self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
+        self.prompts_drawn = 0  # since the last update, over all ranks: added to prompts_seen at the next update
+        self.refill = Refill(grpo.samples_per_prompt, self.pad_id) if grpo.dynamic_sampling else None
+        self.temperature = grpo.temperature  # raised at a plateau by dynamic_temperature
+        self.reward_history: list[float] = []  # each rollout batch's mean reward since the last plateau's probe
         self.val_rewards: list[torch.Tensor] = []
         self.val_watched: dict[str, list[torch.Tensor]] = {"monitor": [], "rm_reward": []}  # single-turn validation
 
@@ -211,9 +199,7 @@ class GRPOLitModule(GLM46LitModule):
         reference = self.reference[0]
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         hidden = reference.hidden_states(input_ids, positions)
-        return token_logprobs(
-            hidden, reference.lm_head.weight, targets, self.grpo.temperature, self.model.loss_chunk_size
-        )
+        return token_logprobs(hidden, reference.lm_head.weight, targets, self.temperature, self.model.loss_chunk_size)
 
     # -- rollout
     def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
@@ -324,7 +310,7 @@ class GRPOLitModule(GLM46LitModule):
         """`sample`'s (prompt lengths, completions, lengths) from the engine, with its log-probs of the completion
         tokens [N, M]: the first turn of each sample's episode (glm46.rl.turns.EngineTurns)."""
         rows = len(batch["prompt_ids"]) * samples
-        turns = EngineTurns(self, self.sample_seeds(batch, samples), self.grpo.temperature)
+        turns = EngineTurns(self, self.sample_seeds(batch, samples), self.temperature)
         completions, logprobs = zip(*turns(self.prompts(batch, samples), self.grpo.max_new_tokens, list(range(rows))))
         width = max(map(len, completions))
         tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
@@ -359,7 +345,7 @@ class GRPOLitModule(GLM46LitModule):
             prompt_lengths, completions, lengths, engine_logprobs = self.engine_sample(batch, samples)
         else:
             prompt_lengths, completions, lengths = self.sample(
-                batch, samples, self.grpo.temperature, self.generators(batch, samples)
+                batch, samples, self.temperature, self.generators(batch, samples)
             )
         rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(samples))
         rollout = Rollout(*self.layout(batch, prompt_lengths, completions, lengths), advantages=None)
@@ -385,7 +371,7 @@ class GRPOLitModule(GLM46LitModule):
         samples, engine, temperature = (
             self.grpo.samples_per_prompt,
             self.rollout_settings.engine == "vllm",
-            self.grpo.temperature,
+            self.temperature,
         )
         if engine:
             turns = EngineTurns(self, self.sample_seeds(batch, samples), temperature)
@@ -416,7 +402,7 @@ class GRPOLitModule(GLM46LitModule):
         rollout, verified = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
         seconds = time.perf_counter() - started
         rewards, parts = self.mixed_reward(verified, rollout.input_ids, row_lengths(rollout.mask))
-        rollout.advantages = self.estimate_advantages(rollout, rewards)
+        rollout.rewards, rollout.advantages = rewards, self.estimate_advantages(rollout, rewards)
         lengths = rollout.mask.sum(1)  # the model's own tokens
         # Over the data-parallel ranks (each holds as many prompts): means, and the throughput summed.
         self.log("rl/reward_mean", rewards.mean(), prog_bar=True, sync_dist=True)
@@ -426,11 +412,27 @@ class GRPOLitModule(GLM46LitModule):
         if self.monitor is not None:
             monitored = monitor_scores(self.monitor, self.tokenizer, rollout.input_ids, rollout.mask)
             self.log("rl/monitor", monitored.mean().to(self.device), sync_dist=True)
-        # Groups whose rewards are all equal have advantages 0: no gradient (slime's dynamic sampling drops them).
-        flat = rewards.view(-1, self.grpo.samples_per_prompt).std(dim=1) == 0
+        # Groups whose rewards are all equal have advantages 0: no gradient (dynamic sampling drops them).
+        flat = flat_groups(rewards, self.grpo.samples_per_prompt)
         self.log("rl/flat_groups", flat.float().mean(), sync_dist=True)
         self.log("rl/completion_length", lengths.float().mean(), sync_dist=True)
         self.log("perf/rollout_tokens_per_sec", float(lengths.sum()) / seconds, sync_dist=True, reduce_fx="sum")
+        return rollout
+
+    def refilled(self, rollout: Rollout, groups: int) -> Rollout | None:
+        """Dynamic sampling (glm46.rl.dynamic_sampling): the update's `groups` groups once every data-parallel rank
+        holds that many varied ones or has drawn max_draws rollout batches; None before."""
+        self.refill.add(rollout)
+        varied = torch.tensor(len(self.refill.varied), device=self.device)
+        if data_parallel_rank_and_size(self.trainer)[1] > 1:  # ranks draw in step: the same count of batches
+            group = data_parallel_group(self.trainer.strategy)
+            torch.distributed.all_reduce(varied, op=torch.distributed.ReduceOp.MIN, group=group)
+        if varied < groups and self.refill.draws < self.grpo.max_draws:
+            return None
+        draws = self.refill.draws
+        rollout, filled = self.refill.take(groups)
+        self.log("rl/draws", float(draws), sync_dist=True)  # rollout batches this update drew
+        self.log("rl/filled_flat", filled / groups, sync_dist=True)  # its share of flat groups (max_draws reached)
         return rollout
 
     def estimate_advantages(self, rollout: Rollout, rewards: torch.Tensor) -> torch.Tensor:
@@ -457,7 +459,7 @@ class GRPOLitModule(GLM46LitModule):
             ids = input_ids[rows, :length]
             hidden = self.model.hidden_states(ids, torch.arange(length, device=ids.device).expand_as(ids))
             logprobs, entropy = token_logprobs(
-                hidden, weight, targets[rows, :length], self.grpo.temperature, chunk, return_entropy=True
+                hidden, weight, targets[rows, :length], self.temperature, chunk, return_entropy=True
             )
             parts.append([F.pad(part, (0, width - length)) for part in (logprobs, entropy)])
         order = torch.argsort(torch.cat([rows for rows, _ in groups]))
@@ -526,6 +528,13 @@ class GRPOLitModule(GLM46LitModule):
             rollout = self.rollout(batch)
         except RolloutEngineError as error:
             raise self.checkpointed(error) from None
+        self.prompts_drawn += len(batch["prompt_ids"]) * ranks
+        if self.grpo.dynamic_temperature.enabled:
+            self.reward_history.append(self.rank_mean(rollout.rewards.float().mean()))
+        if self.refill is not None:
+            rollout = self.refilled(rollout, len(batch["prompt_ids"]))
+            if rollout is None:
+                return  # too few varied groups yet: the next rollout batch refills
         started = time.perf_counter()
         parts = rollout.split(self.grpo.updates_per_rollout)
         self.old_logprobs(parts)
@@ -534,24 +543,75 @@ class GRPOLitModule(GLM46LitModule):
             # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
             self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout
         seconds = time.perf_counter() - started
-        self.prompts_seen += len(batch["prompt_ids"]) * ranks
+        self.prompts_seen, self.prompts_drawn = self.prompts_seen + self.prompts_drawn, 0
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
         for name in ("clip_fraction", "entropy", "kl", "engine_logprob_gap", "tis_weight"):  # PPO's warm-up: none
             if name in stats:
                 self.log(f"rl/{name}", stats[name], sync_dist=True)
         if "engine_gap_max" in stats:
             self.log("rl/engine_logprob_gap_max", stats["engine_gap_max"], sync_dist=True, reduce_fx="max")
+        if self.grpo.dynamic_temperature.enabled:
+            self.adjust_temperature()
+        self.log("rl/temperature", self.temperature)
         self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
         tokens_per_sec = float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds
         self.log("perf/train_tokens_per_sec", tokens_per_sec, sync_dist=True, reduce_fx="sum")
 
+    # -- dynamic temperature
+    def rank_mean(self, value: torch.Tensor) -> float:
+        """A scalar's mean over the data-parallel ranks."""
+        if data_parallel_rank_and_size(self.trainer)[1] > 1:
+            value = value.clone()
+            group = data_parallel_group(self.trainer.strategy)
+            torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.AVG, group=group)
+        return float(value)
+
+    def adjust_temperature(self) -> None:
+        """At a plateau of the mean reward, the highest candidate temperature whose held-out accuracy stays within
+        max_drop of the current one's (glm46.rl.dynamic_temperature)."""
+        settings = self.grpo.dynamic_temperature
+        if not plateaued(self.reward_history, settings.window, settings.min_gain):
+            return
+        tried = [self.temperature] + [t for t in settings.candidates if t > self.temperature]
+        accuracies = {t: self.held_out_accuracy(t, settings.prompts) for t in tried}
+        chosen = highest_within(accuracies, self.temperature, settings.max_drop)
+        log.info(
+            f"step {self.global_step}: mean reward plateaued; held-out accuracy by temperature "
+            + ", ".join(f"{t:g}: {a:.3f}" for t, a in accuracies.items())
+            + f" -> temperature {chosen:g}"
+        )
+        self.temperature, self.reward_history = chosen, []
+
+    @torch.no_grad()
+    def held_out_accuracy(self, temperature: float, prompts: int) -> float:
+        """The verifier's mean reward on the first `prompts` held-out prompts (validation's), one completion each at
+        `temperature`, the i-th seeded by i alone: each temperature draws with the same random numbers."""
+        rewards, done = [], 0
+        for batch in self.trainer.datamodule.val_dataloader():
+            batch = {key: value[: prompts - done].to(self.device) for key, value in batch.items()}
+            seeds = range(done, done + len(batch["answer"]))
+            generators = [torch.Generator(self.device).manual_seed(completion_seed(self.seed, i, 0)) for i in seeds]
+            rewards.append(self.verified(batch, temperature, generators))
+            done += len(batch["answer"])
+            if done >= prompts:
+                break
+        return self.rank_mean(torch.cat(rewards).float().mean())
+
+    def verified(self, batch: dict[str, torch.Tensor], temperature: float, generators) -> torch.Tensor:
+        """One completion (or episode, tool calls served) per prompt at `temperature`, and the verifier's rewards."""
+        if self.grpo.max_turns > 1:
+            turns = ModelTurns(
+                self.model, self.stop_ids, self.pad_id, self.device, temperature, generators, self.all_finished
+            )
+            return torch.tensor([e.reward for e in self.play(batch, 1, turns)], device=self.device)
+        _, completions, lengths = self.sample(batch, 1, temperature, generators)
+        return self.rewards(completions, lengths, batch["answer"])
+
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         if self.grpo.max_turns > 1:  # tool calls served, as in training
-            greedy = ModelTurns(self.model, self.stop_ids, self.pad_id, self.device, all_finished=self.all_finished)
-            played = self.play(batch, 1, greedy)
-            self.val_rewards.append(torch.tensor([e.reward for e in played], device=self.device))
+            self.val_rewards.append(self.verified(batch, 0.0, None))
             return
         prompt_lengths, completions, lengths = self.sample(batch, 1, 0.0, None)
         self.val_rewards.append(self.rewards(completions, lengths, batch["answer"]))
@@ -576,8 +636,14 @@ class GRPOLitModule(GLM46LitModule):
     # -- checkpoint
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["rl"] = {"prompts_seen": self.prompts_seen}
+        checkpoint["rl"] = {
+            "prompts_seen": self.prompts_seen,
+            "temperature": self.temperature,
+            "reward_history": self.reward_history,
+        }
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self.prompts_seen = checkpoint["rl"]["prompts_seen"]
+        self.temperature = checkpoint["rl"].get("temperature", self.grpo.temperature)  # older checkpoints: none
+        self.reward_history = checkpoint["rl"].get("reward_history", [])

@@ -11,7 +11,11 @@ Beside FILE, FILE.manifest.json counts prompts, candidates, what was kept and wr
 with examples (`candidates == kept + sum(dropped)` always), and the verifiable prompts by how many of their
 candidates were right (`solved`). With `sample.pass_rate=[low, high]`, FILE.prompts.jsonl holds the verifiable
 prompts, with their reference replies, whose share of right candidates lies within: GLM-4.5's difficulty filter for
-RL's prompts (moderate ones first, then those the policy rarely solves), prepared with source=chat for data=rl.
+RL's prompts, prepared with source=chat for data=rl. The report's two stages: moderate prompts first
+(`pass_rate=[0.1, 0.9]`), then the hard ones, pass@8 = 0 and pass@512 > 0 (`n=512 fail_first_k=8
+pass_rate=[0.001, 1]`). `sample.fail_first_k=k` keeps the prompts none of whose first k candidates is right: the
+candidates are seeded by (seed, prompt, number), so the first k are what sampling k alone draws, and pass@k is
+measured exactly, not estimated.
 
 Over several tasks (`sample.tasks=T`), task t samples the prompt batches b with b % T == t into
 FILE.parts/part-<t>-of-<T>.json; with `sample.task` unset the missing parts run here, sample.num_workers processes
@@ -64,19 +68,25 @@ def prompt_record(prompt: SamplePrompt) -> dict:
 
 
 def judged(
-    prompts: list[SamplePrompt], candidates: list[list[Candidate]], keep: str, pass_rate: list[float] | None = None
+    prompts: list[SamplePrompt],
+    candidates: list[list[Candidate]],
+    keep: str,
+    pass_rate: list[float] | None = None,
+    fail_first_k: int | None = None,
 ) -> dict:
     """The part's result: the records to write and the counts, as lists and dicts that merge by concatenation and
     sums (each record and example tagged with its prompt and candidate, for the merge's order). `solved` counts the
     verifiable prompts by how many of their candidates were right; with `pass_rate` [low, high], the verifiable
-    prompts whose share of right candidates lies within are `selected` (a difficulty filter for RL's prompts)."""
+    prompts whose share of right candidates lies within (and, with `fail_first_k`, none of whose first k candidates is
+    right) are `selected` (a difficulty filter for RL's prompts)."""
     records, dropped, examples = [], dict.fromkeys(REASONS, 0), {reason: [] for reason in REASONS}
     solved, selected = {}, []
     for prompt, drawn in zip(prompts, candidates):
         if prompt.answer is not None:
             right = sum(c.reward >= 1 for c in drawn)
             solved[str(right)] = solved.get(str(right), 0) + 1
-            if pass_rate is not None and pass_rate[0] <= right / len(drawn) <= pass_rate[1]:
+            unsolved = not any(c.reward >= 1 for c in drawn[: fail_first_k or 0])  # pass@k = 0
+            if pass_rate is not None and pass_rate[0] <= right / len(drawn) <= pass_rate[1] and unsolved:
                 selected.append([prompt.index, 0, prompt_record(prompt)])
         for c in drawn:
             if c.reason is not None:
@@ -119,7 +129,7 @@ def sample_part(settings: dict, seed: int, task: int) -> Path:
     results = []
     for number, batch in enumerate(batches, start=1):
         candidates = draw(model, tokenizer, batch, draw_settings, filters, seed, reward_model)
-        results.append(judged(batch, candidates, settings["keep"], settings["pass_rate"]))
+        results.append(judged(batch, candidates, settings["keep"], settings["pass_rate"], settings["fail_first_k"]))
         kept = sum(r["kept"] for r in results)
         drawn = sum(r["candidates"] for r in results)
         log.info(f"task {task}/{tasks}: batch {number}/{len(batches)}, {kept} of {drawn} candidates kept")
@@ -188,7 +198,8 @@ def write_output(settings: dict, parts: list[dict]) -> dict:
         "output": str(output),
         **result,
         "settings": {
-            key: settings[key] for key in ("model", "prompts", "n", "keep", "temperature", "reward_model", "pass_rate")
+            key: settings[key]
+            for key in ("model", "prompts", "n", "keep", "temperature", "reward_model", "pass_rate", "fail_first_k")
         },
         "filters": asdict(instantiate(settings["filters"])),
     }
@@ -204,5 +215,9 @@ def write_output(settings: dict, parts: list[dict]) -> dict:
         print(f"  verifiable prompts by right candidates of {settings['n']}: {counts}", flush=True)
     if settings["pass_rate"] is not None:
         low, high = settings["pass_rate"]
-        print(f"  {len(selected):,} prompts right in {low:.0%}-{high:.0%} of their candidates: {output}.prompts.jsonl")
+        first = f", none of their first {settings['fail_first_k']} right" if settings["fail_first_k"] else ""
+        print(
+            f"  {len(selected):,} prompts right in {low:.0%}-{high:.0%} of their candidates{first}: "
+            f"{output}.prompts.jsonl"
+        )
     return manifest

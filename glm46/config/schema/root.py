@@ -177,6 +177,7 @@ class SampleConfig:
     num_workers: int = 1
     threads: Optional[int] = None
     pass_rate: Optional[List[float]] = None  # [low, high]: the difficulty filter's bounds
+    fail_first_k: Optional[int] = None  # with pass_rate: none of the first k candidates right (pass@k = 0)
     filters: SampleFilters = field(default_factory=SampleFilters)
 
 
