@@ -25,6 +25,7 @@ from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prom
 from glm46.sampling.rejection import judged
 
 from .helpers import kill_at, run_py, train_tiny
+from .slurm import require_slurm
 from .test_sft import make_chat_dataset
 
 SAMPLE = ["sample.limit=12", "sample.n=4", "sample.batch_size=4", "sample.temperature=0.7", "sample.max_new_tokens=48",
@@ -236,6 +237,25 @@ def test_two_processes_write_what_one_writes(sampled):
     assert two["output"].read_bytes() == one["output"].read_bytes()
     assert {**two["manifest"], "output": None} == {**one["manifest"], "output": None}
     assert len(list(two["output"].parent.glob("samples.jsonl.parts/part-*-of-00002.json"))) == 2
+
+
+@pytest.mark.slurm
+def test_on_slurm_the_parts_run_as_an_array_and_merge_to_what_one_process_writes(setting, sampled, tmp_path):
+    """`-m 'sample.task=range(2)' cluster=local_slurm`: each part is a job of an array; the same command without
+    sample.task merges the parts (sampling none again): the file and manifest equal one process's."""
+    require_slurm()
+    output = tmp_path / "samples.jsonl"
+    command = ["task=sample", f"sample.model={setting['model']}", f"sample.prompts={setting['data']}",
+               f"sample.output={output}", "sample.tasks=2", *SAMPLE]  # fmt: skip
+    run_py("-m", *command, "sample.task=range(2)", "cluster=local_slurm", f"paths.sweep_dir={tmp_path / 'sweeps'}",
+           "hydra.launcher.wait=true")  # fmt: skip
+    assert len(list(tmp_path.glob("samples.jsonl.parts/part-*-of-00002.json"))) == 2 and not output.exists()
+    merged = run_py(*command, f"hydra.run.dir={tmp_path / 'merge'}")
+    assert "2 of 2 parts sampled before; sampling 0" in merged.stdout + merged.stderr
+    one = sampled[1]
+    assert output.read_bytes() == one["output"].read_bytes()
+    manifest = json.loads(output.with_name("samples.jsonl.manifest.json").read_text())
+    assert {**manifest, "output": None} == {**one["manifest"], "output": None}
 
 
 def test_what_cannot_sample_is_refused_naming_the_key(setting, compose_config, tmp_path):

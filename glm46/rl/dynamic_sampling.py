@@ -13,7 +13,7 @@ update's prompts and draws the same groups again (each completion is seeded by i
 from __future__ import annotations
 
 from glm46.rl.core_algos import flat_groups
-from glm46.rl.rollout import Rollout
+from glm46.rl.rollout_batch import Rollout
 
 
 class Refill:

@@ -72,7 +72,7 @@ from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngi
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rewards import verify
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
-from glm46.rl.rollout import Rollout
+from glm46.rl.rollout_batch import Rollout
 from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
 
 

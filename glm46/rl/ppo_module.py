@@ -44,7 +44,7 @@ from glm46.parallel.materialize import has_meta_tensors, materialize
 from glm46.rl.core_algos import KL_ESTIMATORS, gae_advantages, kl_estimate, masked_whiten, value_loss
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.reward_export import reward_head
-from glm46.rl.rollout import Rollout
+from glm46.rl.rollout_batch import Rollout
 
 
 @dataclass
