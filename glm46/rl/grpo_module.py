@@ -168,6 +168,7 @@ class GRPOLitModule(GLM46LitModule):
         self.refill = Refill(grpo.samples_per_prompt, self.pad_id) if grpo.dynamic_sampling else None
         self.temperature = grpo.temperature  # raised at a plateau by dynamic_temperature
         self.reward_history: list[float] = []  # each rollout batch's mean reward since the last plateau's probe
+        self.drawn_rewards: list[float] = []  # those since the last update: added to the history at the next update
         self.val_rewards: list[torch.Tensor] = []
         self.val_watched: dict[str, list[torch.Tensor]] = {"monitor": [], "rm_reward": []}  # single-turn validation
 
@@ -530,7 +531,7 @@ class GRPOLitModule(GLM46LitModule):
             raise self.checkpointed(error) from None
         self.prompts_drawn += len(batch["prompt_ids"]) * ranks
         if self.grpo.dynamic_temperature.enabled:
-            self.reward_history.append(self.rank_mean(rollout.rewards.float().mean()))
+            self.drawn_rewards.append(self.rank_mean(rollout.rewards.float().mean()))
         if self.refill is not None:
             rollout = self.refilled(rollout, len(batch["prompt_ids"]))
             if rollout is None:
@@ -544,6 +545,7 @@ class GRPOLitModule(GLM46LitModule):
             self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout
         seconds = time.perf_counter() - started
         self.prompts_seen, self.prompts_drawn = self.prompts_seen + self.prompts_drawn, 0
+        self.reward_history, self.drawn_rewards = self.reward_history + self.drawn_rewards, []  # as the data position
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
         for name in ("clip_fraction", "entropy", "kl", "engine_logprob_gap", "tis_weight"):  # PPO's warm-up: none
             if name in stats:
