@@ -260,7 +260,7 @@ def test_the_tools_recipe_runs_the_copy_drill_first_on_the_clock(compose_config)
 
 def test_the_tools_recipe_plays_calculator_episodes_in_rl_after_an_sft_that_leaves_room(compose_config):
     """experiment=toy_recipe_tools's last stage: GRPO on arithmetic and two-turn calculator episodes (whose prompts
-    fit), each turn bounded; its SFT sees fewer tool chats than the default corpus's tenth."""
+    fit), each turn bounded; its SFT sees fewer tool chats than the default corpus's tenth, and pre-training text."""
     default, tools = compose_config("experiment=toy_recipe"), compose_config("experiment=toy_recipe_tools")
     assert dict(tools.phase.mixture) == {"rl": 0.5, "tool": 0.5} and dict(default.phase.mixture) == {"rl": 1.0}
     assert tools.phase.grpo.max_turns == 2 and default.phase.grpo.max_turns == 1
@@ -269,3 +269,6 @@ def test_the_tools_recipe_plays_calculator_episodes_in_rl_after_an_sft_that_leav
     assert 0 < tools.source.options.sft_tool_share < default.source.options.sft_tool_share == 0.1
     sft = compose_config("experiment=toy_recipe_tools", *tools.stages["sft"])
     assert sft.phase.name == "toy_sft" and dict(sft.phase.mixture) == {"sft": 1.0}
+    # pre-training text replayed beside the conversations, from the same corpus, so that SFT does not forget it
+    assert sft.data.replay.path == sft.data.path == tools.source.output_dir
+    assert set(sft.data.replay.mixture) == {"code", "docs", "math", "reasoning"}

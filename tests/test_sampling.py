@@ -3,6 +3,7 @@ reads back, two processes equal to one, and what cannot run refused naming the k
 
 import json
 import random
+import sys
 
 import pytest
 import torch
@@ -24,7 +25,8 @@ from glm46.sampling.filters import REASONS, FilterSettings, best, rejection_reas
 from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prompts
 from glm46.sampling.rejection import judged
 
-from .helpers import kill_at, run_py, train_tiny
+from . import forked
+from .helpers import ROOT, kill_at, run_py, train_tiny
 from .slurm import require_slurm
 from .test_sft import make_chat_dataset
 
@@ -331,3 +333,24 @@ def test_a_stage_graph_killed_in_a_stage_resumes_without_sampling_again(setting,
         ("toy_sft", "train", ["unified"]),
     ]  # fmt: skip
     assert (run_dir / "hf" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_a_sample_stage_that_keeps_nothing_ends_the_graph_naming_why(setting, tmp_path):
+    """Every candidate too short: the graph stops at the sample stage, naming it, the drop and an example, before the
+    preparation after it reads an empty file."""
+    conf = tmp_path / "conf" / "experiment"
+    conf.mkdir(parents=True)
+    (conf / "graph.yaml").write_text(GRAPH.format(data=setting["data"], model=setting["model"]))
+    run_dir = tmp_path / "run"
+    result = forked.run(
+        [sys.executable, "run.py", "experiment=graph", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+         f"hydra.run.dir={run_dir}", "sample.limit=2", "sample.n=2", "sample.filters.min_reply_tokens=1000"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    manifest = run_dir / "stages" / "sample" / "samples.jsonl.manifest.json"
+    assert result.returncode != 0 and manifest.is_file()
+    assert "stage sample sampled no conversation: 4 of 4 candidates dropped as too_short, e.g. prompt " in " ".join(
+        result.stderr.split()
+    ), result.stderr[-2000:]
+    assert str(manifest) in result.stderr and not (run_dir / "stages" / "samples_data" / "data").exists()

@@ -38,12 +38,13 @@ from glm46.app.stage_graph import PRODUCTS, dependencies, format_waves, resolved
 from glm46.app.train import train
 from glm46.config.checks import validate
 from glm46.data.cache import RECORD
+from glm46.errors import ConfigError
 from glm46.eval import summarize
 from glm46.intervals import interval, paired_change
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.reports.plots import plot_curriculum
-from glm46.sampling.rejection import run_sample
+from glm46.sampling.rejection import emptiness, run_sample
 
 log = rank_zero_logger(__name__)
 
@@ -243,6 +244,17 @@ def finished(kind: str, stage_dir: Path) -> bool:
     return (made / ("config.json" if kind == "train" else RECORD)).is_file()
 
 
+def check_sampled(name: str, stage_dir: Path) -> None:
+    """A sample stage that made nothing ends the graph there, with why: the stages after it would fail on an empty
+    dataset, far from the cause."""
+    manifest = Path(f"{stage_dir / PRODUCTS['sample']}.manifest.json")
+    if (why := emptiness(manifest)) is not None:
+        raise ConfigError(
+            f"stage {name} sampled {why}; the stages after it need its output. Change its settings, delete "
+            f"{stage_dir} and resume with ckpt_path=last"
+        )
+
+
 def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
     """Run cfg's earlier `stages` in order (a stage set to null is skipped; glm46.app.stage_graph: training, sampling
     and preparation stages), then train cfg itself, each training stage from the previous one's weights unless it
@@ -288,6 +300,8 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
                 log.info(f"stage {name} stopped before its end: resume with hydra.run.dir={run_dir} ckpt_path=last")
                 return result
             report.append((name, time.time() - started, stage_dir, stage_cfg.get("init_from"), kind))
+        if kind == "sample":
+            check_sampled(name, stage_dir)
         if kind == "train":
             init_from = stage_dir / "hf"
     with open_dict(cfg):

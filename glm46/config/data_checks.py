@@ -67,9 +67,10 @@ def check_replay(data: DictConfig) -> None:
     replay = Path(str(data.replay.path))
     if not replay.exists() or not Path(str(data.path)).exists():
         return
-    check_same_tokenizer(
-        ("data.path", Path(str(data.path)) / "tokenizer.json"), ("data.replay.path", replay / "tokenizer.json")
-    )
+    if replay.resolve() != Path(str(data.path)).resolve():  # else its own pre-training text (data=embedded_sft)
+        check_same_tokenizer(
+            ("data.path", Path(str(data.path)) / "tokenizer.json"), ("data.replay.path", replay / "tokenizer.json")
+        )
     mixture = OmegaConf.to_container(data.replay.mixture, resolve=True)
     try:
         domains = json.loads((replay / "tokens" / "shards.json").read_text())["domains"]

@@ -182,6 +182,23 @@ def run_sample(settings: DictConfig, seed: int) -> dict:
     return write_output(plain, [json.loads(part_file(output, t, tasks).read_text()) for t in range(tasks)])
 
 
+def emptiness(manifest_file: Path) -> str | None:
+    """Why a sampling run's output is empty (no conversation written, or with pass_rate no prompt selected), naming
+    its most frequent drop with an example; None when it holds something."""
+    manifest = json.loads(Path(manifest_file).read_text())
+    if manifest["written"] and manifest.get("selected_prompts") != 0:
+        return None
+    made = "no conversation" if not manifest["written"] else "no prompt within sample.pass_rate"
+    reason, count = max(manifest["dropped"].items(), key=lambda item: item[1])
+    if not count:
+        return f"{made} from {manifest['prompts']:,} prompts ({manifest['candidates']:,} candidates, none dropped)"
+    example = manifest["examples"][reason][0]
+    return (
+        f"{made}: {count:,} of {manifest['candidates']:,} candidates dropped as {reason}, e.g. prompt "
+        f"{example['prompt']}, candidate {example['candidate']}: {example['text'][-200:]!r} ({manifest_file})"
+    )
+
+
 def write_output(settings: dict, parts: list[dict]) -> dict:
     result = merged(parts)
     output = Path(settings["output"])
