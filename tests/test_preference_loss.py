@@ -69,14 +69,15 @@ def test_bradley_terry_loss_accuracy_and_margin_match_trl(tmp_path):
     assert 0 < logged["accuracy"][-1] < 1  # a mix of right and wrong rankings
 
 
-def dpo_trainer(model_dir, tmp_path, loss_type: str, beta: float) -> DPOTrainer:
+def dpo_trainer(model_dir, tmp_path, loss_type: str, beta: float, sft_weight: float = 0.0) -> DPOTrainer:
     args = DPOConfig(
         output_dir=str(tmp_path / "trl"),
         bf16=False,
         use_cpu=True,
         report_to="none",
         beta=beta,
-        loss_type=[loss_type],
+        loss_type=[loss_type, "sft"] if sft_weight else [loss_type],
+        loss_weights=[1.0, sft_weight] if sft_weight else None,
         precompute_ref_log_probs=True,  # as glm46's DPO: the reference log-probs come with the batch
         per_device_train_batch_size=PAIRS,
     )
@@ -91,9 +92,12 @@ def dpo_trainer(model_dir, tmp_path, loss_type: str, beta: float) -> DPOTrainer:
     return trainer
 
 
-@pytest.mark.parametrize(("loss_type", "beta"), [("sigmoid", 0.1), ("ipo", 0.5)])
-def test_dpo_loss_and_gradients_match_trl(hf_model_dir, tmp_path, loss_type, beta):
-    trainer = dpo_trainer(hf_model_dir, tmp_path, loss_type, beta)
+@pytest.mark.parametrize(
+    ("loss_type", "beta", "sft_weight"), [("sigmoid", 0.1, 0.0), ("ipo", 0.5, 0.0), ("sigmoid", 0.1, 0.7)]
+)
+def test_dpo_loss_and_gradients_match_trl(hf_model_dir, tmp_path, loss_type, beta, sft_weight):
+    """DPO, IPO, and DPO with the chosen replies' NLL (RPO; TRL's loss_type [sigmoid, sft] with loss_weights)."""
+    trainer = dpo_trainer(hf_model_dir, tmp_path, loss_type, beta, sft_weight)
     model, generator = trainer.model, torch.Generator().manual_seed(1)
     inputs = pair_inputs(generator)
     reference = {"ref_chosen_logps": -20 + torch.randn(PAIRS, generator=generator) * 3}
@@ -108,7 +112,7 @@ def test_dpo_loss_and_gradients_match_trl(hf_model_dir, tmp_path, loss_type, bet
     chosen_tokens, rejected_tokens = mask.sum(dim=1).chunk(2)
     loss, stats = dpo_loss(
         *logps.chunk(2), reference["ref_chosen_logps"], reference["ref_rejected_logps"], beta, loss_type,
-        chosen_tokens, rejected_tokens,
+        chosen_tokens, rejected_tokens, sft_weight,
     )  # fmt: skip
     grads = gradients(model, loss)
     assert abs(loss.item() - trl_loss.item()) <= TOLERANCE * max(1.0, abs(trl_loss.item()))
@@ -126,3 +130,5 @@ def test_dpo_loss_refuses_what_it_cannot_compute():
         dpo_loss(logps, logps, logps, logps, 0.1, "hinge")
     with pytest.raises(ValueError, match="token count"):
         dpo_loss(logps, logps, logps, logps, 0.1, "ipo")
+    with pytest.raises(ValueError, match="sft_weight=0.5 needs each reply's token count"):
+        dpo_loss(logps, logps, logps, logps, 0.1, "sigmoid", sft_weight=0.5)

@@ -32,15 +32,27 @@ log = rank_zero_logger(__name__)
 
 
 class DPOLitModule(PreferenceLitModule):
-    def __init__(self, *args, beta: float = 0.1, loss_type: str = "sigmoid", reference_batch_size: int = 16, **kwargs):
+    def __init__(
+        self,
+        *args,
+        beta: float = 0.1,
+        loss_type: str = "sigmoid",
+        sft_weight: float = 0.0,
+        reference_batch_size: int = 16,
+        **kwargs,
+    ):
         """The GLM46LitModule arguments, plus DPO's `beta` (the strength of the pull to the reference), `loss_type`
-        (sigmoid: DPO; ipo: IPO) and the pairs per forward when the reference log-probs are computed."""
+        (sigmoid: DPO; ipo: IPO), `sft_weight` (the weight of the chosen replies' negative log-likelihood added to the
+        loss: RPO's alpha; 0: none) and the pairs per forward when the reference log-probs are computed."""
         if loss_type not in DPO_LOSSES:
             raise ValueError(f"module.loss_type={loss_type!r}: expected one of {', '.join(DPO_LOSSES)}")
         if not beta > 0:
             raise ValueError(f"module.beta={beta} must be > 0")
+        if not sft_weight >= 0:
+            raise ValueError(f"module.sft_weight={sft_weight} must be >= 0")
         super().__init__(*args, **kwargs)
-        self.beta, self.loss_type, self.reference_batch_size = beta, loss_type, reference_batch_size
+        self.beta, self.loss_type, self.sft_weight = beta, loss_type, sft_weight
+        self.reference_batch_size = reference_batch_size
         self.val_metrics = nn.ModuleDict({name: MeanMetric() for name in ("loss", "accuracies", "margins")})
 
     def sequence_logps(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,6 +74,7 @@ class DPOLitModule(PreferenceLitModule):
             self.loss_type,
             batch["chosen_mask"].sum(dim=1),
             batch["rejected_mask"].sum(dim=1),
+            self.sft_weight,
         )
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
