@@ -272,3 +272,5 @@ def test_the_tools_recipe_plays_calculator_episodes_in_rl_after_an_sft_that_leav
     # pre-training text replayed beside the conversations, from the same corpus, so that SFT does not forget it
     assert sft.data.replay.path == sft.data.path == tools.source.output_dir
     assert set(sft.data.replay.mixture) == {"code", "docs", "math", "reasoning"}
+    # a batch with more replayed text than the mean is no loss spike (conf/guard/mixed_loss.yaml)
+    assert sft.guard.spike_factor == 10 and tools.guard.spike_factor == 3
