@@ -58,9 +58,9 @@ def dpo_loss(
     sigmoid: -logsigmoid(beta * (chosen log-ratio - rejected log-ratio)), DPO's; ipo: (the same difference with each
     log-ratio divided by its reply's token count (`*_tokens` [B]) - 1 / (2 beta))^2; plus `sft_weight` x the chosen
     replies' negative log-likelihood per token over the batch (TRL's "sft" loss with that weight). The statistics
-    (detached), as TRL
-    logs them: `rewards/chosen` and `rewards/rejected` (beta * log-ratio, the implicit rewards), `rewards/accuracies`
-    (the share of pairs whose chosen reward is higher) and `rewards/margins` (their mean difference)."""
+    (detached), as TRL logs them: `rewards/chosen` and `rewards/rejected` (beta * log-ratio, the implicit rewards),
+    `rewards/accuracies` (the share of pairs whose chosen reward is higher) and `rewards/margins` (their mean
+    difference)."""
     if loss_type not in DPO_LOSSES:
         raise ValueError(f"loss_type={loss_type!r}: expected one of {', '.join(DPO_LOSSES)}")
     chosen_ratio, rejected_ratio = chosen_logps - ref_chosen_logps, rejected_logps - ref_rejected_logps
