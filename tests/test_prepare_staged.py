@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEDUP = {"exact": True, "url": True, "near": True, "threshold": 0.8, "num_perm": 128, "shingle_size": 5, "seed": 1}
 VOCAB = 600
 PER_FILE_KEYS = ("documents_in", "documents_out", "dropped", "bytes_in", "bytes_out", "bytes_dropped")
-MANIFEST_KEYS = PER_FILE_KEYS + ("bytes_trimmed", "files", "empty_files", "domains", "stages", "examples")
+MANIFEST_KEYS = PER_FILE_KEYS + ("bytes_trimmed", "files", "empty_files", "domains", "stages", "examples", "excluded")
 
 
 def _prose(rng: random.Random, words: int) -> str:
@@ -83,25 +83,38 @@ def write_jsonl(records: list[list[object]], folder: Path) -> Path:
 
 def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: str | None = None) -> Path:
     prepare_dataset(
-        reader, [str(source)], output, dedup=DEDUP, quality=QualityRules(), tokenizer_path=tokenizer, vocab_size=VOCAB
+        reader,
+        [str(source)],
+        output,
+        dedup=DEDUP,
+        quality=QualityRules(),
+        tokenizer_path=tokenizer,
+        vocab_size=VOCAB,
+        keep_excluded=True,
     )
     return output
 
 
-def staged(source: Path, output: Path, tasks: int, workers: int = 1, reader: str = "jsonl", tokenizer=None) -> Path:
-    plan = make_plan(*_nodes(source, output, tasks, reader, tokenizer), threads=1)
+def staged(
+    source: Path, output: Path, tasks: int, workers: int = 1, reader: str = "jsonl", tokenizer=None, perplexity=None
+) -> Path:
+    plan = make_plan(*_nodes(source, output, tasks, reader, tokenizer, perplexity), threads=1)
     plan.save()
     run_local(plan, workers)
     return output
 
 
-def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None):
+def _nodes(
+    source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None, perplexity=None
+):
     source_node = {"reader": reader, "paths": [str(source)], "output_dir": str(output), "default_domain": "general"}
     settings = {
         "tasks": tasks,
         "dedup": DEDUP,
         "quality": vars(QualityRules()),
         "tokenizer": {"path": tokenizer, "vocab_size": VOCAB, "max_digits": 3},
+        "keep_excluded": True,
+        "perplexity": perplexity,
     }
     return source_node, settings, prepare_fingerprint(source_node, settings)
 
@@ -135,6 +148,26 @@ def test_the_planted_corpus_exercises_every_reason(jsonl_corpus):
     for reason in ("exact_duplicate", "url_duplicate", "near_duplicate", "empty", "malformed", "quality/min_chars"):
         assert manifest["dropped"].get(reason, 0) >= 4, reason
     assert set(manifest["domains"]) == {"code", "general"}
+
+
+def test_each_dropped_input_is_kept_with_its_reason_source_and_text(jsonl_corpus):
+    """prepare.keep_excluded: a line per dropped input, counted as the manifest counts its drops, each pointing at
+    the input line it came from (the staged runs below compare these files with the one process's too)."""
+    folder, output = jsonl_corpus
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["excluded"] == manifest["dropped"]
+    inputs = {f"{f}:{n}": line for f in sorted(folder.glob("*.jsonl")) for n, line in enumerate(f.open(), 1)}
+    for reason in manifest["dropped"]:
+        records = [json.loads(line) for line in (output / "excluded" / f"{reason}.jsonl").open()]
+        assert {r["reason"] for r in records} == {reason} and len(records) == manifest["dropped"][reason]
+        for record in records:
+            line = inputs[record["source"]]
+            if reason == "malformed":
+                assert record["text"] is None and record["detail"]
+            elif reason != "empty":  # normalised: an empty one is trimmed to ""
+                assert record["text"].split() == json.loads(line)["text"].split(), (reason, record)
+    near = [json.loads(line)["text"].split() for line in (output / "excluded" / "near_duplicate.jsonl").open()]
+    assert any(words[5] == "changed" and words[15] == "words" for words in near)  # a planted edit
 
 
 @pytest.mark.parametrize(("tasks", "workers"), [(1, 1), (2, 1), (4, 1), (4, 2)])
@@ -181,13 +214,14 @@ def test_merge_tasks_hash_their_own_pieces_of_the_fingerprint(jsonl_corpus, tmp_
 def test_the_embedded_corpus_split_into_slices_equals_one_process(tmp_path):
     options = {"math_problems": 300, "reasoning_problems": 200, "sft_conversations": 100, "rl_prompts": 300, "seed": 0}
     reference = tmp_path / "one"
-    prepare_dataset("embedded", [], reference, options=options, dedup=DEDUP, vocab_size=VOCAB)
+    prepare_dataset("embedded", [], reference, options=options, dedup=DEDUP, vocab_size=VOCAB, keep_excluded=True)
     source = {"reader": "embedded", "paths": [], "output_dir": str(tmp_path / "staged"), "options": options}
     settings = {
         "tasks": 3,
         "dedup": DEDUP,
         "quality": vars(QualityRules()),
         "tokenizer": {"path": None, "vocab_size": VOCAB, "max_digits": 3},
+        "keep_excluded": True,
     }
     plan = make_plan(source, settings, prepare_fingerprint(source, settings))
     plan.save()
@@ -283,7 +317,8 @@ def _run_py(*overrides: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_run_py_prepares_over_tasks_here_and_refuses_bad_counts(jsonl_corpus, tmp_path):
     folder, reference = jsonl_corpus
     common = ["task=prepare", "source=jsonl", f"source.paths=[{folder}]", f"prepare.tokenizer.vocab_size={VOCAB}"]
-    done = _run_py(*common, f"source.output_dir={tmp_path / 'out'}", "prepare.tasks=2", cwd=tmp_path)
+    output = [f"source.output_dir={tmp_path / 'out'}", "prepare.tasks=2", "prepare.keep_excluded=true"]
+    done = _run_py(*common, *output, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert_same_dataset(tmp_path / "out", reference)
     assert re.search(r"every stage done\n.*\nread +2/2 +280 ", done.stdout), done.stdout

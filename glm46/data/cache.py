@@ -38,10 +38,19 @@ def source_signature(reader: str, paths: list[str]) -> str:
     return digest.hexdigest()
 
 
+def perplexity_on(settings: dict | None) -> bool:
+    """Whether prepare.perplexity asks for the filter: a reference to fit its model on, or a model."""
+    return bool(settings and (settings.get("reference_domains") or settings.get("model")))
+
+
 def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `source=embedded|jsonl|...` node) with `settings` (`prepare`)."""
     source = {k: v for k, v in source.items() if k != "output_dir"}
     settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks", "dry", "estimate")}
+    if not settings.get("keep_excluded"):  # off: the fingerprint of a preparation from before the setting
+        settings.pop("keep_excluded", None)
+    if not perplexity_on(settings.get("perplexity")):
+        settings.pop("perplexity", None)
     key = {
         "source": source,
         "prepare": settings,

@@ -26,6 +26,12 @@ class Document:
         return len(self.text.encode("utf-8"))
 
 
+def excluded_record(reason: str, source: str, text: str | None = None, **fields) -> dict:
+    """One dropped input as `prepare.keep_excluded` writes it (glm46.data.staged.excluded): its reason, source
+    (file:line), text and whatever else is known (id, score, detail, count), None fields left out."""
+    return {"reason": reason, "source": source, "text": text} | {k: v for k, v in fields.items() if v is not None}
+
+
 @dataclass
 class Ledger:
     """Counts documents and bytes in, out and dropped per reason; keeps examples of unreadable input.
@@ -44,6 +50,7 @@ class Ledger:
     max_examples: int = 20
     files: int = 0  # input files read
     empty_files: list[str] = field(default_factory=list)  # the first few of them that held no input at all
+    excluded: list[dict] | None = None  # a list to receive every drop's excluded_record (prepare.keep_excluded)
 
     def admit(self, doc: Document) -> Document:
         self.documents_in += 1
@@ -56,6 +63,9 @@ class Ledger:
         self.documents_in += count
         self.bytes_in += nbytes
         self._drop(reason, nbytes, f"{where}: {detail}" if detail else where, count)
+        if self.excluded is not None:
+            block = count if count > 1 else None
+            self.excluded.append(excluded_record(reason, where, detail=detail or None, count=block))
 
     def read_file(self, file: object, inputs_before: int) -> None:
         """Count a file read; remember it if it held no input (`inputs_before`: documents_in before it)."""
@@ -65,6 +75,8 @@ class Ledger:
 
     def drop(self, doc: Document, reason: str) -> None:
         self._drop(reason, doc.nbytes, doc.source)
+        if self.excluded is not None:
+            self.excluded.append(excluded_record(reason, doc.source, doc.text, id=doc.id or None))
 
     def _drop(self, reason: str, nbytes: int, example: str, count: int = 1) -> None:
         self.dropped[reason] += count

@@ -23,6 +23,7 @@ from .prepare import READERS
 from .quality import QualityRules
 from .shards import load_tokenizer
 from .staged.executors import run_local
+from .staged.perplexity import check_perplexity
 from .staged.work import WORK, plan_for
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,8 @@ def prepare_dataset(
     vocab_size: int = 8192,
     max_digits: int = 3,
     num_workers: int = 2,
+    keep_excluded: bool = False,
+    perplexity: dict | None = None,
 ) -> dict:
     """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
     manifest. Whatever `output_dir` held before is replaced.
@@ -59,7 +62,9 @@ def prepare_dataset(
     reader: one of READERS (embedded, jsonl, chat, text, parquet); dedup: the stages' switches and MinHash settings
     (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
     read), else a byte-level BPE of `vocab_size` whose tokens hold at most `max_digits` digits is trained on the kept
-    documents; num_workers: threads for MinHash and tokenization."""
+    documents; num_workers: threads for MinHash and tokenization; keep_excluded: every dropped input written to
+    `output_dir/excluded/<reason>.jsonl` (glm46.data.staged.excluded); perplexity: CCNet's filter, the keys of
+    conf/prepare/default.yaml's `perplexity` (glm46.data.staged.perplexity; None: off)."""
     source = {
         "reader": reader,
         "paths": list(paths),
@@ -73,6 +78,8 @@ def prepare_dataset(
         "quality": vars(quality or QualityRules()),
         "tokenizer": {"path": tokenizer_path, "vocab_size": vocab_size, "max_digits": max_digits},
         "num_workers": num_workers,
+        "keep_excluded": keep_excluded,
+        "perplexity": perplexity,
     }
     return run_preparation(source, settings)
 
@@ -88,6 +95,7 @@ def run_preparation(source: dict, settings: dict) -> dict:
         )
     if settings["tokenizer"]["path"]:
         load_tokenizer(settings["tokenizer"]["path"])  # before any document is read
+    check_perplexity(settings.get("perplexity"))
     output_dir, inline = Path(source["output_dir"]), settings["tasks"] == 1
     if inline:  # one task starts afresh, as one process always has
         shutil.rmtree(output_dir / WORK, ignore_errors=True)

@@ -113,6 +113,17 @@ QualitySettings = target_schema(QualityRules, path="glm46.data.quality.QualityRu
 
 
 @dataclass
+class PerplexitySettings:
+    reference_domains: List[str] = field(default_factory=list)
+    model: Optional[str] = None
+    order: int = MISSING
+    domains: List[str] = MISSING
+    max: Optional[float] = None
+    buckets: List[float] = MISSING
+    bucket_sample: int = MISSING
+
+
+@dataclass
 class PrepareEstimate:
     corpus_tokens: Optional[float] = None
     bytes_per_token: float = MISSING
@@ -127,8 +138,10 @@ class PrepareConfig:
 
     num_workers: int = MISSING
     tasks: int = MISSING
+    keep_excluded: bool = MISSING
     dry: bool = MISSING
     estimate: PrepareEstimate = field(default_factory=PrepareEstimate)
     tokenizer: TokenizerSettings = field(default_factory=TokenizerSettings)
     dedup: DedupSettings = field(default_factory=DedupSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
+    perplexity: PerplexitySettings = field(default_factory=PerplexitySettings)

@@ -9,6 +9,9 @@ stages whose tasks run side by side, on this machine or as dependent Slurm job a
     bands     [N]  per owned LSH bucket, among the documents still kept: the documents that share it (edges)
     clusters  [1]  connected components of those edges, dealt out over N groups
     near      [N]  per group, in input order, MinHashLSH's keep-first check (glm46.data.dedup.near_duplicates)
+    perplexity_model [1], perplexity [N]
+                   with prepare.perplexity: CCNet's filter, an n-gram model fitted (or given) and every kept prose
+                   document scored (glm46.data.staged.perplexity)
     tokenizer [1]  trains the BPE on the kept documents in the one-process order, or checks the given one
     tokenize  [N]  each read task's kept documents -> token and document parts, per domain
     merge     [N]  each part written into the one-process files at its offset, all tasks at once; the digests

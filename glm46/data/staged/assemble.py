@@ -23,7 +23,8 @@ from ..prepare import (
 )
 from ..shards import CHUNK_TOKENS, chunk_digest, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer
-from .work import DEDUP_REASONS, StagedPlan
+from .excluded import join_excluded
+from .work import DEDUP_REASONS, DROP_REASONS, FILTER_REASONS, StagedPlan
 
 
 def _merged_ledger(plan: StagedPlan) -> Ledger:
@@ -55,12 +56,13 @@ def _stage_report(plan: StagedPlan, ledger: Ledger) -> list[dict]:
     reads = [plan.stats("read", reader) for reader in range(plan.tasks)]
     documents, nbytes = (sum(r["normalised"][i] for r in reads) for i in (0, 1))
     at_read = Counter(
-        {r: n for r, n in ledger.dropped.items() if not r.startswith("quality/") and r not in DEDUP_REASONS.values()}
+        {r: n for r, n in ledger.dropped.items() if not r.startswith("quality/") and r not in DROP_REASONS.values()}
     )
     report = [{"stage": "read+normalise", "documents_out": documents, "dropped": dict(at_read)}]
     stages = [("max_chars", lambda r: r == "quality/max_chars")]
     stages += [(f"{s}_dedup", lambda r, s=s: r == DEDUP_REASONS[s]) for s in DEDUP_REASONS if s in plan.stages]
     stages += [("quality", lambda r: r.startswith("quality/") and r != "quality/max_chars")]
+    stages += [(s, lambda r, s=s: r == FILTER_REASONS[s]) for s in FILTER_REASONS if s in plan.stages]
     for name, belongs in stages:
         dropped = Counter({r: n for r, n in ledger.dropped.items() if belongs(r) and n})
         dropped_bytes = Counter({r: n for r, n in ledger.dropped_bytes.items() if belongs(r) and n})
@@ -137,6 +139,13 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
     kept = {d: {k: sum(p[k] for p in parts) for k in ("documents", "bytes")} for d, parts in layout.items()}
     settings = {"dedup": plan.dedup, "quality": plan.quality, "tasks": plan.tasks, "threads": plan.threads}
     manifest = build_manifest(ledger, _stage_report(plan, ledger), kept, settings)
+    if "perplexity_model" in plan.stages:  # what the filter's model was, to tell two preparations apart
+        fitted = plan.stats("perplexity_model", 0)
+        manifest["models"] = {"perplexity": {k: fitted[k] for k in ("sha256", "ngrams", "documents", "cutoffs")}}
+    tasks = [plan.task_dir(stage, task) for stage in ("read", "tokenize") for task in range(plan.tasks)]
+    excluded = join_excluded(tasks, output)  # even where nothing was kept; replaces an earlier preparation's
+    if plan.keep_excluded:
+        manifest["excluded"] = excluded
     (output / "manifest.json").write_text(json.dumps(manifest, indent=2))
     if not layout:  # before any token file is written: the counts say why
         raise EmptyDatasetError(empty_dataset_message(manifest, output))

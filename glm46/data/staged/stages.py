@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..dedup import band_keys, content_key, lsh_bands, minhash_signatures, near_duplicates, normalize_url
-from ..documents import Document, Ledger
+from ..documents import Document, Ledger, excluded_record
 from ..prepare import (
     READERS,
     document_line,
@@ -28,7 +28,11 @@ from ..quality import QualityRules, violation
 from ..shards import encode_documents, load_tokenizer, token_dtype
 from ..tokenizer import GLMTokenizer, train_tokenizer
 from .assemble import finish, merge
-from .work import DEDUP_REASONS, KEY_BITS, StagedPlan, write_task
+from .excluded import write_excluded
+from .perplexity import perplexity, perplexity_model, with_perplexity
+from .perplexity import scores as perplexity_scores
+from .verdicts import domain_lines, dropped_keys, save_drops, verdicts
+from .work import KEY_BITS, StagedPlan, write_task
 
 MAX_EXAMPLES = Ledger.max_examples
 
@@ -53,6 +57,8 @@ class _Inputs(Ledger):
 def _read_inputs(plan: StagedPlan, task: int) -> tuple[Ledger, list[tuple[int, Document]]]:
     """(this task's ledger, its documents with their positions): its files, or its slice of the embedded corpus."""
     everything = _Inputs()
+    if plan.keep_excluded and plan.shards:
+        everything.excluded = []
     documents = READERS[plan.reader](
         plan.shards[task] if plan.shards else [], everything, plan.default_domain, **plan.options
     )
@@ -61,7 +67,7 @@ def _read_inputs(plan: StagedPlan, task: int) -> tuple[Ledger, list[tuple[int, D
     for _ in documents:
         pass
     count = len(everything.inputs)
-    ledger, inputs = Ledger(), []
+    ledger, inputs = Ledger(excluded=[] if plan.keep_excluded else None), []
     for position, item in enumerate(everything.inputs[count * task // plan.tasks : count * (task + 1) // plan.tasks]):
         if isinstance(item, Document):
             inputs.append((position, ledger.admit(item)))
@@ -76,8 +82,13 @@ def _digests(keys: list[bytes]) -> np.ndarray:
 
 
 def _ledger_state(ledger: Ledger) -> dict:
-    """The ledger's fields as JSON (dataclasses.asdict would rebuild its Counters from (key, count) pairs)."""
-    return {f.name: dict(v) if isinstance(v := getattr(ledger, f.name), Counter) else v for f in fields(ledger)}
+    """The ledger's counts as JSON (dataclasses.asdict would rebuild its Counters from (key, count) pairs); its
+    excluded records go to their own files."""
+    return {
+        f.name: dict(v) if isinstance(v := getattr(ledger, f.name), Counter) else v
+        for f in fields(ledger)
+        if f.name != "excluded"
+    }
 
 
 def read(plan: StagedPlan, task: int, folder: Path) -> dict:
@@ -105,6 +116,8 @@ def read(plan: StagedPlan, task: int, folder: Path) -> dict:
         nbytes=np.array([doc.nbytes for doc in kept], np.int64),
         quality=np.array([rule_names.index(r) + 1 if r else 0 for r in rules_broken], np.int32),
     )
+    if plan.keep_excluded:
+        write_excluded(folder, ledger.excluded)
     (folder / "docs").mkdir()
     for domain in domains:
         with open(folder / "docs" / f"{domain}.jsonl", "w") as f:
@@ -154,18 +167,6 @@ def _parts(plan: StagedPlan, owner: int, *names: str) -> list[np.ndarray]:
     return [np.concatenate([part[name] for part in parts]) for name in names]
 
 
-def _drops(plan: StagedPlan, stages: list[str], reader: int | None = None) -> np.ndarray:
-    """Sorted keys dropped by `stages` (those of the plan), all or only those of one read task's documents."""
-    found = []
-    for stage in (s for s in stages if s in plan.stages):
-        for index in range(plan.size(stage)):
-            keys = np.load(plan.task_dir(stage, index) / "drops.npy", mmap_mode="r")
-            if reader is not None:
-                keys = keys[np.searchsorted(keys, reader << KEY_BITS) : np.searchsorted(keys, (reader + 1) << KEY_BITS)]
-            found.append(np.asarray(keys))
-    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
-
-
 def _later_copies(docs: np.ndarray, *columns: np.ndarray) -> np.ndarray:
     """Sorted keys of the documents whose value (the columns) an earlier document in input order has."""
     order = np.lexsort((docs, *reversed(columns)))
@@ -174,26 +175,21 @@ def _later_copies(docs: np.ndarray, *columns: np.ndarray) -> np.ndarray:
     return np.sort(docs[order][1:][repeat])
 
 
-def _save_drops(folder: Path, drops: np.ndarray, examined: int) -> dict:
-    np.save(folder / "drops.npy", drops.astype(np.int64))
-    return {"documents": examined, "dropped": len(drops)}
-
-
 def exact(plan: StagedPlan, owner: int, folder: Path) -> dict:
     docs, digests = _parts(plan, owner, "exact_doc", "exact_hash")
-    return _save_drops(folder, _later_copies(docs, digests[:, 0], digests[:, 1]), len(docs))
+    return save_drops(folder, _later_copies(docs, digests[:, 0], digests[:, 1]), len(docs))
 
 
 def url(plan: StagedPlan, owner: int, folder: Path) -> dict:
     docs, digests = _parts(plan, owner, "url_doc", "url_hash")
-    alive = ~np.isin(docs, _drops(plan, ["exact"]))
-    return _save_drops(folder, _later_copies(docs[alive], digests[alive, 0], digests[alive, 1]), int(alive.sum()))
+    alive = ~np.isin(docs, dropped_keys(plan, ["exact"]))
+    return save_drops(folder, _later_copies(docs[alive], digests[alive, 0], digests[alive, 1]), int(alive.sum()))
 
 
 def bands(plan: StagedPlan, owner: int, folder: Path) -> dict:
     """Edges (first document of a bucket, another of it) of the owned LSH buckets holding two or more documents."""
     docs, band, value = _parts(plan, owner, "band_doc", "band_id", "band_hash")
-    alive = ~np.isin(docs, _drops(plan, ["exact", "url"]))
+    alive = ~np.isin(docs, dropped_keys(plan, ["exact", "url"]))
     docs, band, value = docs[alive], band[alive], value[alive]
     order = np.lexsort((docs, value, band))
     docs, band, value = docs[order], band[order], value[order]
@@ -231,34 +227,16 @@ def near(plan: StagedPlan, group: int, folder: Path) -> dict:
     signatures = np.concatenate(signatures) if signatures else np.zeros((0, plan.dedup["num_perm"]), np.uint32)
     bands_ = lsh_bands(plan.dedup["threshold"], plan.dedup["num_perm"])
     dropped = near_duplicates(signatures, np.arange(len(candidates)), bands_, plan.dedup["threshold"])
-    return _save_drops(folder, candidates[sorted(dropped)], len(candidates))
-
-
-def _verdicts(plan: StagedPlan, reader: int) -> tuple[dict, np.ndarray]:
-    """(read task's meta, per document "" when kept, else the reason it is dropped)."""
-    meta, stats = dict(np.load(plan.task_dir("read", reader) / "meta.npz")), plan.stats("read", reader)
-    verdict = np.array([""] + [f"quality/{rule}" for rule in stats["quality_rules"]], object)[meta["quality"]]
-    for stage, reason in DEDUP_REASONS.items():
-        verdict[np.isin(meta["keys"], _drops(plan, [stage], reader))] = reason
-    return meta, verdict
-
-
-def _domain_lines(plan: StagedPlan, reader: int, meta: dict, domain: str) -> tuple[np.ndarray, list[str]]:
-    """(a domain's rows in the read task's order, their document lines); none where the task read no such domain."""
-    domains = plan.stats("read", reader)["domains"]
-    if domain not in domains:
-        return np.zeros(0, np.int64), []
-    with open(plan.task_dir("read", reader) / "docs" / f"{domain}.jsonl") as f:
-        return np.flatnonzero(meta["domain"] == domains.index(domain)), f.readlines()
+    return save_drops(folder, candidates[sorted(dropped)], len(candidates))
 
 
 def _kept_texts(plan: StagedPlan):
     """The kept documents' texts in the one-process order: domains sorted, then input order."""
-    verdicts = [_verdicts(plan, reader) for reader in range(plan.tasks)]
+    judged = [verdicts(plan, reader) for reader in range(plan.tasks)]
     domains = sorted({d for reader in range(plan.tasks) for d in plan.stats("read", reader)["domains"]})
     for domain in domains:
-        for reader, (meta, verdict) in enumerate(verdicts):
-            rows, lines = _domain_lines(plan, reader, meta, domain)
+        for reader, (meta, verdict) in enumerate(judged):
+            rows, lines = domain_lines(plan, reader, meta, domain)
             yield from (json.loads(line)["text"] for row, line in zip(rows, lines) if not verdict[row])
 
 
@@ -284,11 +262,17 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
     """A read task's kept documents -> per domain, their document lines and tokens; what was dropped and why."""
     tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
     dtype = token_dtype(tokenizer_)
-    meta, verdict = _verdicts(plan, reader)
+    meta, verdict = verdicts(plan, reader)
+    perplexities, cutoffs = perplexity_scores(plan, reader)
     domains, dropped = {}, {}
     for domain in plan.stats("read", reader)["domains"]:
-        rows, lines = _domain_lines(plan, reader, meta, domain)
-        kept = [line for row, line in zip(rows, lines) if not verdict[row]]
+        rows, lines = domain_lines(plan, reader, meta, domain)
+        keys = meta["keys"][rows].tolist()
+        kept = [
+            with_perplexity(line, perplexities.get(key), cutoffs)
+            for row, key, line in zip(rows, keys, lines)
+            if not verdict[row]
+        ]
         for row, line in zip(rows, lines):
             if verdict[row]:
                 dropped.setdefault(verdict[row], []).append((int(meta["keys"][row]), int(meta["nbytes"][row]), line))
@@ -308,11 +292,17 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
             "tokens": int(len(tokens)),
             "line_bytes": line_bytes,
         }
-    reasons = {}
+    reasons, excluded = {}, []
     for reason, items in dropped.items():
         items.sort()
+        if plan.keep_excluded:
+            excluded += [
+                excluded_record(reason, d["source"], d["text"], id=d["id"] or None, score=perplexities.get(key))
+                for key, d in ((key, json.loads(line)) for key, _, line in items)
+            ]
         examples = [json.loads(line)["source"] for _, _, line in items[:MAX_EXAMPLES]]
         reasons[reason] = {"count": len(items), "bytes": sum(b for _, b, _ in items), "examples": examples}
+    write_excluded(folder, excluded)
     return {
         "documents": sum(d["documents"] for d in domains.values()),
         "bytes": sum(d["bytes"] for d in domains.values()),
@@ -328,6 +318,8 @@ STAGES = {
     "bands": bands,
     "clusters": clusters,
     "near": near,
+    "perplexity_model": perplexity_model,
+    "perplexity": perplexity,
     "tokenizer": tokenizer,
     "tokenize": tokenize,
     "merge": merge,

@@ -13,16 +13,18 @@ import numpy as np
 
 from glm46.errors import ConfigError
 
-from ..cache import RECORD, prepare_fingerprint
+from ..cache import RECORD, perplexity_on, prepare_fingerprint
 from ..sources import input_files
 
 WORK = ".staged"
-SINGLE = {"clusters", "tokenizer", "finish"}  # stages of one task; the others have one task per prepare.tasks
+SINGLE = {"clusters", "perplexity_model", "tokenizer", "finish"}  # stages of one task; the others: prepare.tasks
 KEY_BITS = 40  # a document's key: read task << KEY_BITS | its position among that task's inputs (input order)
 
 
-# The ledger reason of the documents each dedup stage drops
+# The ledger reason of the documents each dedup stage drops, and each model-based filter
 DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
+FILTER_REASONS = {"perplexity": "perplexity"}
+DROP_REASONS = DEDUP_REASONS | FILTER_REASONS
 
 
 @dataclass
@@ -41,6 +43,8 @@ class StagedPlan:
     fingerprint: str
     threads: int = 1  # per task
     stages: list[str] = field(default_factory=list)
+    keep_excluded: bool = False  # every dropped input written to excluded/<reason>.jsonl (glm46.data.staged.excluded)
+    perplexity: dict = field(default_factory=dict)  # prepare.perplexity (glm46.data.staged.perplexity); {}: off
 
     @property
     def work(self) -> Path:
@@ -70,12 +74,13 @@ class StagedPlan:
         return cls(**json.loads((Path(output_dir) / WORK / "plan.json").read_text()))
 
 
-def stage_names(dedup: dict) -> list[str]:
-    """The stages, without those of a switched-off deduplication."""
+def stage_names(dedup: dict, perplexity: dict | None = None) -> list[str]:
+    """The stages, without those of a switched-off deduplication or filter."""
     names = ["read"]
     names += ["exact"] if dedup.get("exact", True) else []
     names += ["url"] if dedup.get("url", True) else []
     names += ["bands", "clusters", "near"] if dedup.get("near", True) else []
+    names += ["perplexity_model", "perplexity"] if perplexity_on(perplexity) else []
     return names + ["tokenizer", "tokenize", "merge", "finish"]
 
 
@@ -122,7 +127,9 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         max_digits=int(settings["tokenizer"]["max_digits"]),
         fingerprint=fingerprint,
         threads=threads,
-        stages=stage_names(settings["dedup"]),
+        stages=stage_names(settings["dedup"], settings.get("perplexity")),
+        keep_excluded=bool(settings.get("keep_excluded", False)),
+        perplexity=dict(settings["perplexity"]) if perplexity_on(settings.get("perplexity")) else {},
     )
 
 

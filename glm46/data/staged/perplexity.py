@@ -1,0 +1,135 @@
+"""CCNet's perplexity filter (Wenzek et al., 2019, arXiv:1911.00359) as two stages of a preparation
+(`prepare.perplexity`, docs/data.md):
+
+    perplexity_model [1]  fits a word n-gram model (glm46.data.scorers.ngram) on the kept documents of
+                          `reference_domains`, or reads the ARPA file `model`; and the bucket cutoffs: the
+                          `buckets` quantiles of the perplexity of the first `bucket_sample` scored documents
+                          (input order), as CCNet cuts its head, middle and tail on a sample
+    perplexity       [N]  per read task, the perplexity of each kept document of the scored `domains`; those
+                          above `max` dropped (reason `perplexity`)
+
+The scores travel with the documents: a kept one's line gets `perplexity` and `perplexity_bucket`, an excluded one
+its `score`. Documents of other domains are not scored (code under a prose model would all be "tail")."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from glm46.errors import ConfigError
+
+from ..cache import perplexity_on
+from ..scorers.ngram import KenLMScorer, NGramModel, fit_kneser_ney
+from .verdicts import domain_lines, save_drops, verdicts
+from .work import StagedPlan
+
+BUCKETS = ("head", "middle", "tail")
+
+
+def load_model(path: str) -> NGramModel:
+    """The ARPA file `prepare.perplexity.model`, or a ConfigError naming the key."""
+    try:
+        return NGramModel.read_arpa(path)
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"prepare.perplexity.model={path}: cannot be read as an ARPA model ({error})") from None
+
+
+def check_perplexity(settings: dict | None) -> None:
+    """prepare.perplexity, before anything runs: an order of at least 1, two bucket quantiles, a positive `max`, a
+    model that reads as ARPA; a ConfigError naming the key otherwise."""
+    if not perplexity_on(settings):
+        return
+    if settings["order"] < 1:
+        raise ConfigError(f"prepare.perplexity.order={settings['order']}: an n-gram model's order is at least 1")
+    buckets = list(settings["buckets"])
+    if len(buckets) != 2 or not 0 < buckets[0] < buckets[1] < 1:
+        raise ConfigError(
+            f"prepare.perplexity.buckets={buckets}: two quantiles 0 < a < b < 1 (head below a, tail above b)"
+        )
+    if settings.get("max") is not None and settings["max"] <= 0:
+        raise ConfigError(f"prepare.perplexity.max={settings['max']}: a perplexity is positive (or null: no drop)")
+    if settings.get("model"):
+        load_model(settings["model"])
+
+
+def _kept(plan: StagedPlan, domains: list[str], before: str) -> Iterator[str]:
+    """The texts of the documents of `domains` kept by the stages before `before`, in input order."""
+    for reader in range(plan.tasks):
+        meta, verdict = verdicts(plan, reader, before)
+        found = []
+        for domain in domains:
+            rows, lines = domain_lines(plan, reader, meta, domain)
+            keys = meta["keys"][rows].tolist()
+            found += [(key, json.loads(line)["text"]) for r, key, line in zip(rows, keys, lines) if not verdict[r]]
+        yield from (text for _, text in sorted(found))
+
+
+def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
+    settings = plan.perplexity
+    if settings.get("model"):
+        model, reference = load_model(settings["model"]), 0
+        shutil.copyfile(settings["model"], folder / "model.arpa")
+    else:
+        texts = list(_kept(plan, list(settings["reference_domains"]), "perplexity_model"))
+        if not texts:
+            raise ConfigError(
+                f"prepare.perplexity.reference_domains={list(settings['reference_domains'])}: no document of these "
+                f"domains is left to fit the model on"
+            )
+        model, reference = fit_kneser_ney(texts, int(settings["order"])), len(texts)
+        model.write_arpa(folder / "model.arpa")
+    scorer, sample = KenLMScorer(folder / "model.arpa"), []
+    for text in _kept(plan, list(settings["domains"]), "perplexity_model"):
+        if len(sample) == int(settings["bucket_sample"]):
+            break
+        sample.append(scorer.perplexity(text))
+    cutoffs = np.quantile(sample, list(settings["buckets"])).tolist() if sample else []
+    (folder / "cutoffs.json").write_text(json.dumps(cutoffs))
+    return {
+        "documents": reference,
+        "ngrams": len(model.logprob),
+        "sha256": hashlib.sha256((folder / "model.arpa").read_bytes()).hexdigest(),
+        "cutoffs": cutoffs,
+    }
+
+
+def perplexity(plan: StagedPlan, reader: int, folder: Path) -> dict:
+    model = KenLMScorer(plan.task_dir("perplexity_model", 0) / "model.arpa")
+    meta, verdict = verdicts(plan, reader, "perplexity")
+    scored = []
+    for domain in plan.perplexity["domains"]:
+        rows, lines = domain_lines(plan, reader, meta, domain)
+        scored += [
+            (int(meta["keys"][r]), model.perplexity(json.loads(line)["text"]))
+            for r, line in zip(rows, lines)
+            if not verdict[r]
+        ]
+    scored.sort()
+    keys = np.array([k for k, _ in scored], np.int64)
+    values = np.array([v for _, v in scored], np.float64)
+    np.savez(folder / "scores.npz", keys=keys, perplexity=values)
+    limit = plan.perplexity.get("max")
+    return save_drops(folder, keys[values > limit] if limit is not None else keys[:0], len(keys))
+
+
+def scores(plan: StagedPlan, reader: int) -> tuple[dict[int, float], list[float]]:
+    """(key -> perplexity of a read task's scored documents, the bucket cutoffs); empty without the filter."""
+    if "perplexity" not in plan.stages:
+        return {}, []
+    found = np.load(plan.task_dir("perplexity", reader) / "scores.npz")
+    cutoffs = json.loads((plan.task_dir("perplexity_model", 0) / "cutoffs.json").read_text())
+    return dict(zip(found["keys"].tolist(), found["perplexity"].tolist())), cutoffs
+
+
+def with_perplexity(line: str, value: float | None, cutoffs: list[float]) -> str:
+    """A kept document's line with its perplexity and CCNet's bucket (head below the first cutoff, tail above the
+    second); as it was where it was not scored."""
+    if value is None:
+        return line
+    bucket = BUCKETS[int(np.searchsorted(cutoffs, value, side="right"))] if cutoffs else None
+    return json.dumps(json.loads(line) | {"perplexity": round(value, 3), "perplexity_bucket": bucket}) + "\n"

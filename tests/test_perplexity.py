@@ -1,0 +1,137 @@
+"""CCNet's perplexity filter (prepare.perplexity): the Kneser-Ney model is a distribution in every context, its ARPA
+file reads back (and scores as kenlm does), word salad scores above the prose it was shuffled from, and the
+preparation drops gibberish above prepare.perplexity.max while it keeps held-out prose, the same over 2 tasks as in
+one process; a model file that cannot be read is refused naming the key."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from glm46.data.documents import Ledger
+from glm46.data.embedded import python_docs
+from glm46.data.pipeline import prepare_dataset
+from glm46.data.scorers.ngram import BOS, NGramModel, fit_kneser_ney, words
+from glm46.errors import ConfigError
+
+from .test_prepare_staged import DEDUP, VOCAB, assert_same_dataset, staged
+
+PERPLEXITY = {"order": 3, "domains": ["general"], "buckets": [0.33, 0.66], "bucket_sample": 10000}
+
+
+def _paragraphs() -> list[str]:
+    """Python's documentation in paragraphs of 40 words or more (technical prose, code in places), shuffled."""
+    found = [p for doc in python_docs(Ledger()) for p in doc.text.split("\n\n") if len(p.split()) >= 40]
+    found = list(dict.fromkeys(found))  # topics repeat paragraphs
+    random.Random(0).shuffle(found)
+    return found
+
+
+PARAGRAPHS = _paragraphs()
+REFERENCE, HELD_OUT = PARAGRAPHS[:-120], PARAGRAPHS[-120:]
+
+
+def _salad(text: str, rng: random.Random) -> str:
+    words = text.split()
+    rng.shuffle(words)
+    return " ".join(words)
+
+
+def _gibberish(text: str, rng: random.Random) -> str:
+    return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in text.split())
+
+
+@pytest.fixture(scope="module")
+def model() -> NGramModel:
+    return fit_kneser_ney(REFERENCE, order=3)
+
+
+def test_kneser_ney_gives_every_context_a_distribution(model, tmp_path):
+    vocabulary = [gram[0] for gram in model.logprob if len(gram) == 1 and gram[0] != BOS]
+    contexts = [(), (BOS,), (BOS, "the"), ("of", "the"), ("the", "zzz"), ("qqq", "zzz")]
+    contexts += [gram for gram in list(model.backoff)[:20] if len(gram) == 2]
+    for context in contexts:
+        total = sum(10 ** model.log10_prob(context, word) for word in vocabulary)
+        assert total == pytest.approx(1.0, abs=1e-9), context
+    model.write_arpa(tmp_path / "model.arpa")
+    read = NGramModel.read_arpa(tmp_path / "model.arpa")
+    for text in HELD_OUT[:20]:
+        assert read.perplexity(text) == pytest.approx(model.perplexity(text), rel=1e-5)
+
+
+def test_kenlm_scores_the_arpa_file_as_the_model_does(model, tmp_path):
+    """KenLM (kenlm-ex's prebuilt wheel of it, a dev dependency) loads the written file and scores every sentence
+    as the model does, to float32's rounding."""
+    import kenlm
+
+    model.write_arpa(tmp_path / "model.arpa")
+    theirs = kenlm.Model(str(tmp_path / "model.arpa"))
+    for text in HELD_OUT[:20] + [_salad(HELD_OUT[0], random.Random(0)), "zzz qqq"]:
+        for line in text.split("\n"):
+            if tokens := words(line):
+                assert theirs.score(" ".join(tokens)) == pytest.approx(model.sentence_log10(tokens), abs=1e-4)
+
+
+def test_word_salad_scores_above_the_prose_it_was_shuffled_from(model):
+    rng = random.Random(1)
+    prose = np.array([model.perplexity(text) for text in HELD_OUT])
+    salad = np.array([model.perplexity(_salad(text, rng)) for text in HELD_OUT])
+    gibberish = np.array([model.perplexity(_gibberish(text, rng)) for text in HELD_OUT])
+    assert (salad > prose).all() and np.median(salad / prose) > 2
+    assert gibberish.min() > 4 * prose.max()
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Reference prose (domain docs) and a pool (general): held-out prose, its gibberish and its word salad."""
+    rng, folder = random.Random(2), tmp_path_factory.mktemp("perplexity") / "in"
+    folder.mkdir()
+    pool = [{"text": text, "id": f"prose-{i}"} for i, text in enumerate(HELD_OUT[:60])]
+    pool += [{"text": _gibberish(text, rng), "id": f"gibberish-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
+    pool += [{"text": _salad(text, rng), "id": f"salad-{i}"} for i, text in enumerate(HELD_OUT[:60])]
+    rng.shuffle(pool)
+    reference = [{"text": text, "domain": "docs"} for text in REFERENCE]
+    for part, records in enumerate((reference[::2] + pool[::2], reference[1::2] + pool[1::2])):
+        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def _prepare(source, output, tasks: int = 1, **settings):
+    perplexity = PERPLEXITY | {"reference_domains": ["docs"], "max": 3000.0} | settings
+    if tasks == 1:
+        prepare_dataset(
+            "jsonl", [str(source)], output, dedup=DEDUP, vocab_size=VOCAB, keep_excluded=True, perplexity=perplexity
+        )
+        return output
+    return staged(source, output, tasks, perplexity=perplexity)
+
+
+def test_the_stage_drops_gibberish_keeps_held_out_prose_and_scores_salad_above_its_source(planted, tmp_path):
+    output = _prepare(planted, tmp_path / "one")
+    manifest = json.loads((output / "manifest.json").read_text())
+    excluded = [json.loads(line) for line in (output / "excluded" / "perplexity.jsonl").open()]
+    assert {r["id"] for r in excluded} >= {f"gibberish-{i}" for i in range(20)}  # every one
+    assert not any(r["id"].startswith("prose-") for r in excluded)
+    assert manifest["dropped"]["perplexity"] == len(excluded) and all(r["score"] > 3000 for r in excluded)
+    kept = [json.loads(line) for line in (output / "documents" / "general.jsonl").open()]
+    score = {d["id"]: d["perplexity"] for d in kept} | {r["id"]: r["score"] for r in excluded}
+    both = [i for i in range(60) if {f"prose-{i}", f"salad-{i}"} <= score.keys()]  # the others failed a rule
+    assert len(both) > 50 and all(score[f"salad-{i}"] > score[f"prose-{i}"] for i in both)
+    assert {d["perplexity_bucket"] for d in kept} == {"head", "middle", "tail"}
+    assert not any("perplexity" in json.loads(line) for line in (output / "documents" / "docs.jsonl").open())
+    fitted = manifest["models"]["perplexity"]
+    assert fitted["documents"] == manifest["domains"]["docs"]["documents"]  # fitted on the kept reference
+    assert len(fitted["sha256"]) == 64 and len(fitted["cutoffs"]) == 2
+    assert_same_dataset(_prepare(planted, tmp_path / "two", tasks=2), output)
+
+
+def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp_path):
+    bad = tmp_path / "model.arpa"
+    bad.write_text("this is not an ARPA file\n")
+    for path in (bad, tmp_path / "missing.arpa"):
+        with pytest.raises(ConfigError, match=rf"prepare\.perplexity\.model={path}: cannot be read as an ARPA model"):
+            _prepare(planted, tmp_path / "out", model=str(path), reference_domains=[])
+    assert not (tmp_path / "out" / "manifest.json").exists()  # refused before a document was read
