@@ -107,6 +107,8 @@ TABLE = [
      ["task=prepare", "source=embedded", "prepare.perplexity.reference_domains=[docs]",
       "prepare.perplexity.buckets=[0.7,0.3]"],
      VALIDATE, [r"^prepare\.perplexity\.buckets=\[0\.7, 0\.3\]: two quantiles 0 < a < b < 1"]),
+    ("toxicity-max-above-one", [], ["task=prepare", "source=embedded", "prepare.toxicity.max=1.5"], VALIDATE,
+     [r"^prepare\.toxicity\.max=1\.5: a probability from 0 to below 1 \(or null: no filter\)$"]),
     ("embedded-tool-share-above-one", [], ["task=prepare", "source=embedded", "source.options.sft_tool_share=1.5"],
      VALIDATE, [r"^source\.options\.sft_tool_share=1\.5: a share of the sft conversations, from 0 to 1$"]),
     ("prepare-glob-matching-nothing", [], ["task=prepare", "source=jsonl", "source.paths=['/nonexistent/*.jsonl']",

@@ -95,18 +95,15 @@ def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: st
     return output
 
 
-def staged(
-    source: Path, output: Path, tasks: int, workers: int = 1, reader: str = "jsonl", tokenizer=None, perplexity=None
-) -> Path:
-    plan = make_plan(*_nodes(source, output, tasks, reader, tokenizer, perplexity), threads=1)
+def staged(source: Path, output: Path, tasks: int, workers: int = 1, reader: str = "jsonl", tokenizer=None, **filters):
+    """The staged preparation over `tasks` tasks; `filters`: perplexity=..., toxicity=... (prepare's nodes)."""
+    plan = make_plan(*_nodes(source, output, tasks, reader, tokenizer, **filters), threads=1)
     plan.save()
     run_local(plan, workers)
     return output
 
 
-def _nodes(
-    source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None, perplexity=None
-):
+def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None, **filters):
     source_node = {"reader": reader, "paths": [str(source)], "output_dir": str(output), "default_domain": "general"}
     settings = {
         "tasks": tasks,
@@ -114,7 +111,7 @@ def _nodes(
         "quality": vars(QualityRules()),
         "tokenizer": {"path": tokenizer, "vocab_size": VOCAB, "max_digits": 3},
         "keep_excluded": True,
-        "perplexity": perplexity,
+        **filters,
     }
     return source_node, settings, prepare_fingerprint(source_node, settings)
 

@@ -43,6 +43,11 @@ def perplexity_on(settings: dict | None) -> bool:
     return bool(settings and (settings.get("reference_domains") or settings.get("model")))
 
 
+def toxicity_on(settings: dict | None) -> bool:
+    """Whether prepare.toxicity asks for the filter: a threshold."""
+    return bool(settings and settings.get("max") is not None)
+
+
 def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `source=embedded|jsonl|...` node) with `settings` (`prepare`)."""
     source = {k: v for k, v in source.items() if k != "output_dir"}
@@ -51,6 +56,8 @@ def prepare_fingerprint(source: dict, settings: dict) -> str:
         settings.pop("keep_excluded", None)
     if not perplexity_on(settings.get("perplexity")):
         settings.pop("perplexity", None)
+    if not toxicity_on(settings.get("toxicity")):
+        settings.pop("toxicity", None)
     key = {
         "source": source,
         "prepare": settings,

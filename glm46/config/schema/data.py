@@ -124,6 +124,12 @@ class PerplexitySettings:
 
 
 @dataclass
+class ToxicitySettings:
+    max: Optional[float] = None
+    domains: List[str] = MISSING
+
+
+@dataclass
 class PrepareEstimate:
     corpus_tokens: Optional[float] = None
     bytes_per_token: float = MISSING
@@ -145,3 +151,4 @@ class PrepareConfig:
     dedup: DedupSettings = field(default_factory=DedupSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
     perplexity: PerplexitySettings = field(default_factory=PerplexitySettings)
+    toxicity: ToxicitySettings = field(default_factory=ToxicitySettings)

@@ -21,6 +21,7 @@ from ..prepare import (
     empty_dataset_message,
     stage_entry,
 )
+from ..scorers.toxicity import classifier as toxicity_classifier
 from ..shards import CHUNK_TOKENS, chunk_digest, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer
 from .excluded import join_excluded
@@ -142,6 +143,8 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
     if "perplexity_model" in plan.stages:  # what the filter's model was, to tell two preparations apart
         fitted = plan.stats("perplexity_model", 0)
         manifest["models"] = {"perplexity": {k: fitted[k] for k in ("sha256", "ngrams", "documents", "cutoffs")}}
+    if "toxicity" in plan.stages:
+        manifest.setdefault("models", {})["toxicity"] = toxicity_classifier()
     tasks = [plan.task_dir(stage, task) for stage in ("read", "tokenize") for task in range(plan.tasks)]
     excluded = join_excluded(tasks, output)  # even where nothing was kept; replaces an earlier preparation's
     if plan.keep_excluded:

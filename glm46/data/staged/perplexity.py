@@ -25,7 +25,7 @@ from glm46.errors import ConfigError
 
 from ..cache import perplexity_on
 from ..scorers.ngram import KenLMScorer, NGramModel, fit_kneser_ney
-from .verdicts import domain_lines, save_drops, verdicts
+from .verdicts import judge, kept_documents
 from .work import StagedPlan
 
 BUCKETS = ("head", "middle", "tail")
@@ -57,16 +57,10 @@ def check_perplexity(settings: dict | None) -> None:
         load_model(settings["model"])
 
 
-def _kept(plan: StagedPlan, domains: list[str], before: str) -> Iterator[str]:
-    """The texts of the documents of `domains` kept by the stages before `before`, in input order."""
+def _kept(plan: StagedPlan, domains: list[str]) -> Iterator[str]:
+    """The texts of every read task's documents of `domains` kept before the filter, in input order."""
     for reader in range(plan.tasks):
-        meta, verdict = verdicts(plan, reader, before)
-        found = []
-        for domain in domains:
-            rows, lines = domain_lines(plan, reader, meta, domain)
-            keys = meta["keys"][rows].tolist()
-            found += [(key, json.loads(line)["text"]) for r, key, line in zip(rows, keys, lines) if not verdict[r]]
-        yield from (text for _, text in sorted(found))
+        yield from (text for _, text in kept_documents(plan, reader, domains, "perplexity_model"))
 
 
 def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
@@ -75,7 +69,7 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
         model, reference = load_model(settings["model"]), 0
         shutil.copyfile(settings["model"], folder / "model.arpa")
     else:
-        texts = list(_kept(plan, list(settings["reference_domains"]), "perplexity_model"))
+        texts = list(_kept(plan, list(settings["reference_domains"])))
         if not texts:
             raise ConfigError(
                 f"prepare.perplexity.reference_domains={list(settings['reference_domains'])}: no document of these "
@@ -84,7 +78,7 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
         model, reference = fit_kneser_ney(texts, int(settings["order"])), len(texts)
         model.write_arpa(folder / "model.arpa")
     scorer, sample = KenLMScorer(folder / "model.arpa"), []
-    for text in _kept(plan, list(settings["domains"]), "perplexity_model"):
+    for text in _kept(plan, list(settings["domains"])):
         if len(sample) == int(settings["bucket_sample"]):
             break
         sample.append(scorer.perplexity(text))
@@ -100,30 +94,14 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
 
 def perplexity(plan: StagedPlan, reader: int, folder: Path) -> dict:
     model = KenLMScorer(plan.task_dir("perplexity_model", 0) / "model.arpa")
-    meta, verdict = verdicts(plan, reader, "perplexity")
-    scored = []
-    for domain in plan.perplexity["domains"]:
-        rows, lines = domain_lines(plan, reader, meta, domain)
-        scored += [
-            (int(meta["keys"][r]), model.perplexity(json.loads(line)["text"]))
-            for r, line in zip(rows, lines)
-            if not verdict[r]
-        ]
-    scored.sort()
-    keys = np.array([k for k, _ in scored], np.int64)
-    values = np.array([v for _, v in scored], np.float64)
-    np.savez(folder / "scores.npz", keys=keys, perplexity=values)
-    limit = plan.perplexity.get("max")
-    return save_drops(folder, keys[values > limit] if limit is not None else keys[:0], len(keys))
+    return judge(plan, reader, folder, "perplexity", plan.perplexity, lambda texts: list(map(model.perplexity, texts)))
 
 
-def scores(plan: StagedPlan, reader: int) -> tuple[dict[int, float], list[float]]:
-    """(key -> perplexity of a read task's scored documents, the bucket cutoffs); empty without the filter."""
+def cutoffs(plan: StagedPlan) -> list[float]:
+    """The bucket cutoffs of the plan's perplexity filter; none without it."""
     if "perplexity" not in plan.stages:
-        return {}, []
-    found = np.load(plan.task_dir("perplexity", reader) / "scores.npz")
-    cutoffs = json.loads((plan.task_dir("perplexity_model", 0) / "cutoffs.json").read_text())
-    return dict(zip(found["keys"].tolist(), found["perplexity"].tolist())), cutoffs
+        return []
+    return json.loads((plan.task_dir("perplexity_model", 0) / "cutoffs.json").read_text())
 
 
 def with_perplexity(line: str, value: float | None, cutoffs: list[float]) -> str:

@@ -29,10 +29,11 @@ from ..shards import encode_documents, load_tokenizer, token_dtype
 from ..tokenizer import GLMTokenizer, train_tokenizer
 from .assemble import finish, merge
 from .excluded import write_excluded
+from .perplexity import cutoffs as perplexity_cutoffs
 from .perplexity import perplexity, perplexity_model, with_perplexity
-from .perplexity import scores as perplexity_scores
-from .verdicts import domain_lines, dropped_keys, save_drops, verdicts
-from .work import KEY_BITS, StagedPlan, write_task
+from .toxicity import toxicity
+from .verdicts import domain_lines, dropped_keys, save_drops, stage_scores, verdicts
+from .work import FILTER_REASONS, KEY_BITS, StagedPlan, write_task
 
 MAX_EXAMPLES = Ledger.max_examples
 
@@ -263,7 +264,8 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
     tokenizer_ = GLMTokenizer.from_file(plan.task_dir("tokenizer", 0) / "tokenizer.json")
     dtype = token_dtype(tokenizer_)
     meta, verdict = verdicts(plan, reader)
-    perplexities, cutoffs = perplexity_scores(plan, reader)
+    scores = {FILTER_REASONS[stage]: stage_scores(plan, stage, reader) for stage in FILTER_REASONS}
+    perplexities, cutoffs = scores["perplexity"], perplexity_cutoffs(plan)
     domains, dropped = {}, {}
     for domain in plan.stats("read", reader)["domains"]:
         rows, lines = domain_lines(plan, reader, meta, domain)
@@ -296,8 +298,9 @@ def tokenize(plan: StagedPlan, reader: int, folder: Path) -> dict:
     for reason, items in dropped.items():
         items.sort()
         if plan.keep_excluded:
+            scored = scores.get(reason, {})
             excluded += [
-                excluded_record(reason, d["source"], d["text"], id=d["id"] or None, score=perplexities.get(key))
+                excluded_record(reason, d["source"], d["text"], id=d["id"] or None, score=scored.get(key))
                 for key, d in ((key, json.loads(line)) for key, _, line in items)
             ]
         examples = [json.loads(line)["source"] for _, _, line in items[:MAX_EXAMPLES]]
@@ -320,6 +323,7 @@ STAGES = {
     "near": near,
     "perplexity_model": perplexity_model,
     "perplexity": perplexity,
+    "toxicity": toxicity,
     "tokenizer": tokenizer,
     "tokenize": tokenize,
     "merge": merge,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -46,3 +48,41 @@ def domain_lines(plan: StagedPlan, reader: int, meta: dict, domain: str) -> tupl
         return np.zeros(0, np.int64), []
     with open(plan.task_dir("read", reader) / "docs" / f"{domain}.jsonl") as f:
         return np.flatnonzero(meta["domain"] == domains.index(domain)), f.readlines()
+
+
+def kept_documents(plan: StagedPlan, reader: int, domains: list[str], before: str) -> list[tuple[int, str]]:
+    """(key, text) of a read task's documents of `domains` kept by the stages before `before`, in input order."""
+    meta, verdict = verdicts(plan, reader, before)
+    found = []
+    for domain in domains:
+        rows, lines = domain_lines(plan, reader, meta, domain)
+        keys = meta["keys"][rows].tolist()
+        found += [(key, json.loads(line)["text"]) for r, key, line in zip(rows, keys, lines) if not verdict[r]]
+    return sorted(found)
+
+
+def judge(
+    plan: StagedPlan,
+    reader: int,
+    folder: Path,
+    stage: str,
+    settings: dict,
+    score: Callable[[list[str]], list[float]],
+) -> dict:
+    """A model-based filter's task for one read task: the documents of `settings["domains"]` kept before `stage`,
+    scored by `score(texts)`, those above `settings["max"]` dropped; their keys and scores saved (scores.npz) for
+    the lines that carry them."""
+    found = kept_documents(plan, reader, list(settings["domains"]), stage)
+    keys = np.array([key for key, _ in found], np.int64)
+    values = np.asarray(score([text for _, text in found]), np.float64).reshape(-1)
+    np.savez(folder / "scores.npz", keys=keys, scores=values)
+    limit = settings.get("max")
+    return save_drops(folder, keys[values > limit] if limit is not None else keys[:0], len(keys))
+
+
+def stage_scores(plan: StagedPlan, stage: str, reader: int) -> dict[int, float]:
+    """key -> score of a read task's documents that filter `stage` scored; empty where the plan has no such stage."""
+    if stage not in plan.stages:
+        return {}
+    found = np.load(plan.task_dir(stage, reader) / "scores.npz")
+    return dict(zip(found["keys"].tolist(), found["scores"].tolist()))

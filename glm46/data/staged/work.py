@@ -13,7 +13,7 @@ import numpy as np
 
 from glm46.errors import ConfigError
 
-from ..cache import RECORD, perplexity_on, prepare_fingerprint
+from ..cache import RECORD, perplexity_on, prepare_fingerprint, toxicity_on
 from ..sources import input_files
 
 WORK = ".staged"
@@ -23,7 +23,7 @@ KEY_BITS = 40  # a document's key: read task << KEY_BITS | its position among th
 
 # The ledger reason of the documents each dedup stage drops, and each model-based filter
 DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
-FILTER_REASONS = {"perplexity": "perplexity"}
+FILTER_REASONS = {"perplexity": "perplexity", "toxicity": "toxicity"}
 DROP_REASONS = DEDUP_REASONS | FILTER_REASONS
 
 
@@ -45,6 +45,7 @@ class StagedPlan:
     stages: list[str] = field(default_factory=list)
     keep_excluded: bool = False  # every dropped input written to excluded/<reason>.jsonl (glm46.data.staged.excluded)
     perplexity: dict = field(default_factory=dict)  # prepare.perplexity (glm46.data.staged.perplexity); {}: off
+    toxicity: dict = field(default_factory=dict)  # prepare.toxicity (glm46.data.staged.toxicity); {}: off
 
     @property
     def work(self) -> Path:
@@ -74,13 +75,14 @@ class StagedPlan:
         return cls(**json.loads((Path(output_dir) / WORK / "plan.json").read_text()))
 
 
-def stage_names(dedup: dict, perplexity: dict | None = None) -> list[str]:
+def stage_names(dedup: dict, perplexity: dict | None = None, toxicity: dict | None = None) -> list[str]:
     """The stages, without those of a switched-off deduplication or filter."""
     names = ["read"]
     names += ["exact"] if dedup.get("exact", True) else []
     names += ["url"] if dedup.get("url", True) else []
     names += ["bands", "clusters", "near"] if dedup.get("near", True) else []
     names += ["perplexity_model", "perplexity"] if perplexity_on(perplexity) else []
+    names += ["toxicity"] if toxicity_on(toxicity) else []
     return names + ["tokenizer", "tokenize", "merge", "finish"]
 
 
@@ -127,9 +129,10 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         max_digits=int(settings["tokenizer"]["max_digits"]),
         fingerprint=fingerprint,
         threads=threads,
-        stages=stage_names(settings["dedup"], settings.get("perplexity")),
+        stages=stage_names(settings["dedup"], settings.get("perplexity"), settings.get("toxicity")),
         keep_excluded=bool(settings.get("keep_excluded", False)),
         perplexity=dict(settings["perplexity"]) if perplexity_on(settings.get("perplexity")) else {},
+        toxicity=dict(settings["toxicity"]) if toxicity_on(settings.get("toxicity")) else {},
     )
 
 
