@@ -12,6 +12,7 @@ stages whose tasks run side by side, on this machine or as dependent Slurm job a
     perplexity_model [1], perplexity [N]
                    with prepare.perplexity: CCNet's filter, an n-gram model fitted (or given) and every kept prose
                    document scored (glm46.data.staged.perplexity)
+    toxicity  [N]  with prepare.toxicity.max: each kept prose document's most offensive sentence scored
     tokenizer [1]  trains the BPE on the kept documents in the one-process order, or checks the given one
     tokenize  [N]  each read task's kept documents -> token and document parts, per domain
     merge     [N]  each part written into the one-process files at its offset, all tasks at once; the digests
