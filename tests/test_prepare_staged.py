@@ -351,6 +351,7 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
         f"source.output_dir={tmp_path / 'out'}",
         "prepare.tasks=2",
         f"prepare.tokenizer.vocab_size={VOCAB}",
+        "prepare.keep_excluded=true",
         "cluster=local_slurm",
         f"paths.sweep_dir={tmp_path / 'sweeps'}",
         "hydra.launcher.wait=true",

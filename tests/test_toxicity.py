@@ -10,7 +10,7 @@ import random
 import pytest
 
 from glm46.data.pipeline import prepare_dataset
-from glm46.data.scorers.toxicity import max_toxicity
+from glm46.data.scorers.toxic_sentences import max_toxicity
 from glm46.errors import ConfigError
 
 from .test_perplexity import HELD_OUT

@@ -21,7 +21,7 @@ from ..prepare import (
     empty_dataset_message,
     stage_entry,
 )
-from ..scorers.toxicity import classifier as toxicity_classifier
+from ..scorers.toxic_sentences import classifier as toxicity_classifier
 from ..shards import CHUNK_TOKENS, chunk_digest, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer
 from .excluded import join_excluded

@@ -1,7 +1,7 @@
 """The toxicity filter as a stage of a preparation (`prepare.toxicity`, docs/data.md):
 
     toxicity [N]  per read task, each kept document of the scored `domains` (prose: code never) scored by its most
-                  offensive sentence (glm46.data.scorers.toxicity); those above `max` dropped (reason `toxicity`)
+                  offensive sentence (glm46.data.scorers.toxic_sentences); those above `max` dropped (reason `toxicity`)
 
 It runs after deduplication, the quality rules and the perplexity filter, on what they kept."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from glm46.errors import ConfigError
 
-from ..scorers.toxicity import max_toxicity
+from ..scorers.toxic_sentences import max_toxicity
 from .verdicts import judge
 from .work import StagedPlan
 
