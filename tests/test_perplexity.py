@@ -13,11 +13,10 @@ import pytest
 
 from glm46.data.documents import Ledger
 from glm46.data.embedded import python_docs
-from glm46.data.pipeline import prepare_dataset
 from glm46.data.scorers.ngram import BOS, NGramModel, fit_kneser_ney, words
 from glm46.errors import ConfigError
 
-from .test_prepare_staged import DEDUP, VOCAB, assert_same_dataset, staged
+from .test_prepare_staged import assert_same_dataset, prepare_filtered
 
 PERPLEXITY = {"order": 3, "domains": ["general"], "buckets": [0.33, 0.66], "bucket_sample": 10000}
 
@@ -101,12 +100,7 @@ def planted(tmp_path_factory):
 
 def _prepare(source, output, tasks: int = 1, **settings):
     perplexity = PERPLEXITY | {"reference_domains": ["docs"], "max": 3000.0} | settings
-    if tasks == 1:
-        prepare_dataset(
-            "jsonl", [str(source)], output, dedup=DEDUP, vocab_size=VOCAB, keep_excluded=True, perplexity=perplexity
-        )
-        return output
-    return staged(source, output, tasks, perplexity=perplexity)
+    return prepare_filtered(source, output, tasks, perplexity=perplexity)
 
 
 def test_the_stage_drops_gibberish_keeps_held_out_prose_and_scores_salad_above_its_source(planted, tmp_path):

@@ -103,6 +103,15 @@ def staged(source: Path, output: Path, tasks: int, workers: int = 1, reader: str
     return output
 
 
+def prepare_filtered(source: Path, output: Path, tasks: int = 1, **filters) -> Path:
+    """`source`'s JSONL prepared with `filters` (perplexity=..., toxicity=...: prepare's nodes) and the excluded
+    files kept: in this process (one task) or over `tasks` staged tasks."""
+    if tasks > 1:
+        return staged(source, output, tasks, **filters)
+    prepare_dataset("jsonl", [str(source)], output, dedup=DEDUP, vocab_size=VOCAB, keep_excluded=True, **filters)
+    return output
+
+
 def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None, **filters):
     source_node = {"reader": reader, "paths": [str(source)], "output_dir": str(output), "default_domain": "general"}
     settings = {

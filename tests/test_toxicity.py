@@ -14,7 +14,7 @@ from glm46.data.scorers.toxic_sentences import max_toxicity
 from glm46.errors import ConfigError
 
 from .test_perplexity import HELD_OUT
-from .test_prepare_staged import DEDUP, VOCAB, assert_same_dataset, staged
+from .test_prepare_staged import assert_same_dataset, prepare_filtered
 
 OFFENSIVE = ["You are a stupid idiot and everyone hates you.", "Shut up, you worthless piece of garbage."]
 TECHNICAL = [  # violent verbs of systems programming: hard negatives
@@ -54,13 +54,7 @@ def test_a_document_scores_its_most_offensive_sentence():
 
 
 def _prepare(source, output, tasks: int = 1):
-    toxicity = {"max": 0.9, "domains": ["general"]}
-    if tasks == 1:
-        prepare_dataset(
-            "jsonl", [str(source)], output, dedup=DEDUP, vocab_size=VOCAB, keep_excluded=True, toxicity=toxicity
-        )
-        return output
-    return staged(source, output, tasks, toxicity=toxicity)
+    return prepare_filtered(source, output, tasks, toxicity={"max": 0.9, "domains": ["general"]})
 
 
 def test_offensive_sentences_are_found_in_long_documents_and_technical_text_is_kept(planted, tmp_path):
