@@ -81,7 +81,7 @@ def write_jsonl(records: list[list[object]], folder: Path) -> Path:
     return folder
 
 
-def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: str | None = None) -> Path:
+def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: str | None = None, **filters) -> Path:
     prepare_dataset(
         reader,
         [str(source)],
@@ -91,6 +91,7 @@ def one_process(source: Path, output: Path, reader: str = "jsonl", tokenizer: st
         tokenizer_path=tokenizer,
         vocab_size=VOCAB,
         keep_excluded=True,
+        **filters,
     )
     return output
 
@@ -351,7 +352,12 @@ def test_a_dry_run_prints_the_estimate_and_what_each_task_reads_and_writes_nothi
 def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(tmp_path):
     require_slurm()
     files = _parquet_corpus(tmp_path / "in", corpus_records(seed=2, files=2))
-    reference = one_process(tmp_path / "in", tmp_path / "one", reader="parquet")
+    # with the model-based filters on: the pool's own n-gram model (its tail above 37.5 dropped) and toxicity
+    perplexity = {"reference_domains": ["general"], "model": None, "order": 3, "domains": ["general"], "max": 37.5}
+    perplexity |= {"buckets": [0.33, 0.66], "bucket_sample": 10000}
+    toxicity = {"max": 0.9, "domains": ["general"]}
+    reference = one_process(tmp_path / "in", tmp_path / "one", "parquet", perplexity=perplexity, toxicity=toxicity)
+    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["dropped"]["perplexity"] > 0
     original = _break_footer(files[1])
     command = [
         "task=prepare",
@@ -361,6 +367,11 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
         "prepare.tasks=2",
         f"prepare.tokenizer.vocab_size={VOCAB}",
         "prepare.keep_excluded=true",
+        "prepare.perplexity.reference_domains=[general]",
+        "prepare.perplexity.domains=[general]",
+        "prepare.perplexity.max=37.5",
+        "prepare.toxicity.max=0.9",
+        "prepare.toxicity.domains=[general]",
         "cluster=local_slurm",
         f"paths.sweep_dir={tmp_path / 'sweeps'}",
         "hydra.launcher.wait=true",
