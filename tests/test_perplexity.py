@@ -5,15 +5,17 @@ one process; a model file that cannot be read is refused naming the key."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from glm46.data.documents import Ledger
 from glm46.data.embedded import python_docs
-from glm46.data.scorers.ngram import BOS, NGramModel, fit_kneser_ney, words
+from glm46.data.scorers.ngram import BOS, NGramModel, arpa_counts, fit_kneser_ney, words
 from glm46.errors import ConfigError
 
 from .test_prepare_staged import assert_same_dataset, prepare_filtered
@@ -56,9 +58,8 @@ def test_kneser_ney_gives_every_context_a_distribution(model, tmp_path):
         total = sum(10 ** model.log10_prob(context, word) for word in vocabulary)
         assert total == pytest.approx(1.0, abs=1e-9), context
     model.write_arpa(tmp_path / "model.arpa")
-    read = NGramModel.read_arpa(tmp_path / "model.arpa")
-    for text in HELD_OUT[:20]:
-        assert read.perplexity(text) == pytest.approx(model.perplexity(text), rel=1e-5)
+    orders = Counter(len(gram) for gram in model.logprob)
+    assert arpa_counts(tmp_path / "model.arpa") == dict(orders) and set(orders) == {1, 2, 3}
 
 
 def test_kenlm_scores_the_arpa_file_as_the_model_does(model, tmp_path):
@@ -120,6 +121,20 @@ def test_the_stage_drops_gibberish_keeps_held_out_prose_and_scores_salad_above_i
     assert fitted["documents"] == manifest["domains"]["docs"]["documents"]  # fitted on the kept reference
     assert len(fitted["sha256"]) == 64 and len(fitted["cutoffs"]) == 2
     assert_same_dataset(_prepare(planted, tmp_path / "two", tasks=2), output)
+
+
+def test_a_given_arpa_model_scores_in_place_of_a_fitted_one(planted, model, tmp_path):
+    model.write_arpa(tmp_path / "given.arpa")
+    output = _prepare(planted, tmp_path / "out", model=str(tmp_path / "given.arpa"), reference_domains=[])
+    manifest = json.loads((output / "manifest.json").read_text())
+    given = manifest["models"]["perplexity"]
+    assert given["sha256"] == hashlib.sha256((tmp_path / "given.arpa").read_bytes()).hexdigest()
+    assert given["ngrams"] == len(model.logprob) and given["documents"] == 0
+    excluded = [json.loads(line) for line in (output / "excluded" / "perplexity.jsonl").open()]
+    assert {r["id"] for r in excluded} >= {f"gibberish-{i}" for i in range(20)}
+    kept = [json.loads(line) for line in (output / "documents" / "general.jsonl").open()]
+    prose = next(d for d in kept if d["id"] == "prose-0")  # scored by the given model, to KenLM's rounding
+    assert prose["perplexity"] == pytest.approx(model.perplexity(prose["text"]), rel=1e-3)
 
 
 def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp_path):

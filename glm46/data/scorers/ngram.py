@@ -15,7 +15,6 @@ KenLM loads what `write_arpa` writes and scores as `log10_prob` does (tested); t
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from collections import Counter, defaultdict
@@ -71,8 +70,8 @@ class NGramModel:
     def perplexity(self, text: str) -> float:
         return document_perplexity(self.sentence_log10, text)
 
-    def write_arpa(self, path: str | Path) -> str:
-        """The model in ARPA (n-grams sorted within each order); returns the file's sha256."""
+    def write_arpa(self, path: str | Path) -> None:
+        """The model in ARPA (n-grams sorted within each order)."""
         by_order = defaultdict(list)
         for gram in self.logprob:
             by_order[len(gram)].append(gram)
@@ -84,32 +83,26 @@ class NGramModel:
                 line = f"{self.logprob[gram]:.7g}\t{' '.join(gram)}"
                 lines.append(line if weight is None else f"{line}\t{weight:.7g}")
         lines += ["", "\\end\\", ""]
-        text = "\n".join(lines)
-        Path(path).write_text(text, encoding="utf-8")
-        return hashlib.sha256(text.encode()).hexdigest()
+        Path(path).write_text("\n".join(lines), encoding="utf-8")
 
-    @classmethod
-    def read_arpa(cls, path: str | Path) -> NGramModel:
-        """A model from an ARPA file (this module's or KenLM's lmplz's)."""
-        logprob, backoff, order, n = {}, {}, 0, 0
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, start=1):
-                line = line.strip()
-                if not line or line in ("\\data\\", "\\end\\") or line.startswith("ngram "):
-                    continue
-                if line.startswith("\\") and line.endswith("-grams:"):
-                    n = int(line[1:-7])
-                    order = max(order, n)
-                    continue
-                fields = line.split("\t")
-                if not n or len(fields) not in (2, 3) or len(gram := tuple(fields[1].split(" "))) != n:
-                    raise ValueError(f"{path}:{number}: not a line of an ARPA file's {n}-grams: {line[:80]!r}")
-                logprob[gram] = float(fields[0])
-                if len(fields) == 3:
-                    backoff[gram] = float(fields[2])
-        if (UNK,) not in logprob:
-            raise ValueError(f"{path}: no ARPA model with an {UNK} unigram")
-        return cls(order, logprob, backoff)
+
+def arpa_counts(path: str | Path) -> dict[int, int]:
+    """The n-gram counts an ARPA file declares in its header (`\\data\\`, then `ngram N=count` lines): what is
+    checked of a given model before anything runs, without reading its n-grams; ValueError where there is none."""
+    counts: dict[int, int] = {}
+    with open(path, encoding="utf-8") as f:
+        lines = (raw.strip() for raw in f)
+        opening = next((line for line in lines if line), "")
+        if opening != "\\data\\":
+            raise ValueError(f"{path}: an ARPA file opens with \\data\\, not {opening[:40]!r}")
+        for line in lines:
+            if not line.startswith("ngram ") or "=" not in line:
+                break
+            order, count = line[len("ngram ") :].split("=")
+            counts[int(order)] = int(count)
+    if not counts:
+        raise ValueError(f"{path}: no n-gram counts after \\data\\")
+    return counts
 
 
 def document_perplexity(sentence_log10, text: str) -> float:

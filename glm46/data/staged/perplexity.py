@@ -24,24 +24,24 @@ import numpy as np
 from glm46.errors import ConfigError
 
 from ..cache import perplexity_on
-from ..scorers.ngram import KenLMScorer, NGramModel, fit_kneser_ney
+from ..scorers.ngram import KenLMScorer, arpa_counts, fit_kneser_ney
 from .verdicts import judge, kept_documents
 from .work import StagedPlan
 
 BUCKETS = ("head", "middle", "tail")
 
 
-def load_model(path: str) -> NGramModel:
-    """The ARPA file `prepare.perplexity.model`, or a ConfigError naming the key."""
+def model_counts(path: str) -> dict[int, int]:
+    """The n-gram counts of the ARPA file `prepare.perplexity.model`, or a ConfigError naming the key."""
     try:
-        return NGramModel.read_arpa(path)
+        return arpa_counts(path)
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise ConfigError(f"prepare.perplexity.model={path}: cannot be read as an ARPA model ({error})") from None
 
 
 def check_perplexity(settings: dict | None) -> None:
     """prepare.perplexity, before anything runs: an order of at least 1, two bucket quantiles, a positive `max`, a
-    model that reads as ARPA; a ConfigError naming the key otherwise."""
+    model with an ARPA header; a ConfigError naming the key otherwise."""
     if not perplexity_on(settings):
         return
     if settings["order"] < 1:
@@ -54,7 +54,7 @@ def check_perplexity(settings: dict | None) -> None:
     if settings.get("max") is not None and settings["max"] <= 0:
         raise ConfigError(f"prepare.perplexity.max={settings['max']}: a perplexity is positive (or null: no drop)")
     if settings.get("model"):
-        load_model(settings["model"])
+        model_counts(settings["model"])
 
 
 def _kept(plan: StagedPlan, domains: list[str]) -> Iterator[str]:
@@ -66,8 +66,8 @@ def _kept(plan: StagedPlan, domains: list[str]) -> Iterator[str]:
 def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     settings = plan.perplexity
     if settings.get("model"):
-        model, reference = load_model(settings["model"]), 0
         shutil.copyfile(settings["model"], folder / "model.arpa")
+        reference = 0
     else:
         texts = list(_kept(plan, list(settings["reference_domains"])))
         if not texts:
@@ -75,8 +75,8 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
                 f"prepare.perplexity.reference_domains={list(settings['reference_domains'])}: no document of these "
                 f"domains is left to fit the model on"
             )
-        model, reference = fit_kneser_ney(texts, int(settings["order"])), len(texts)
-        model.write_arpa(folder / "model.arpa")
+        fit_kneser_ney(texts, int(settings["order"])).write_arpa(folder / "model.arpa")
+        reference = len(texts)
     scorer, sample = KenLMScorer(folder / "model.arpa"), []
     for text in _kept(plan, list(settings["domains"])):
         if len(sample) == int(settings["bucket_sample"]):
@@ -86,7 +86,7 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     (folder / "cutoffs.json").write_text(json.dumps(cutoffs))
     return {
         "documents": reference,
-        "ngrams": len(model.logprob),
+        "ngrams": sum(model_counts(folder / "model.arpa").values()),
         "sha256": hashlib.sha256((folder / "model.arpa").read_bytes()).hexdigest(),
         "cutoffs": cutoffs,
     }
