@@ -13,8 +13,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from glm46.data.documents import Ledger
-from glm46.data.embedded import python_docs
+from bench.planted_docs import gibberish, paragraphs, salad
 from glm46.data.scorers.ngram import BOS, NGramModel, arpa_counts, fit_kneser_ney, words
 from glm46.errors import ConfigError
 
@@ -23,26 +22,8 @@ from .test_prepare_staged import assert_same_dataset, prepare_filtered
 PERPLEXITY = {"order": 3, "domains": ["general"], "buckets": [0.33, 0.66], "bucket_sample": 10000}
 
 
-def _paragraphs() -> list[str]:
-    """Python's documentation in paragraphs of 40 words or more (technical prose, code in places), shuffled."""
-    found = [p for doc in python_docs(Ledger()) for p in doc.text.split("\n\n") if len(p.split()) >= 40]
-    found = list(dict.fromkeys(found))  # topics repeat paragraphs
-    random.Random(0).shuffle(found)
-    return found
-
-
-PARAGRAPHS = _paragraphs()
+PARAGRAPHS = paragraphs()
 REFERENCE, HELD_OUT = PARAGRAPHS[:-120], PARAGRAPHS[-120:]
-
-
-def _salad(text: str, rng: random.Random) -> str:
-    words = text.split()
-    rng.shuffle(words)
-    return " ".join(words)
-
-
-def _gibberish(text: str, rng: random.Random) -> str:
-    return " ".join("".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in text.split())
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +50,7 @@ def test_kenlm_scores_the_arpa_file_as_the_model_does(model, tmp_path):
 
     model.write_arpa(tmp_path / "model.arpa")
     theirs = kenlm.Model(str(tmp_path / "model.arpa"))
-    for text in HELD_OUT[:20] + [_salad(HELD_OUT[0], random.Random(0)), "zzz qqq"]:
+    for text in HELD_OUT[:20] + [salad(HELD_OUT[0], random.Random(0)), "zzz qqq"]:
         for line in text.split("\n"):
             if tokens := words(line):
                 assert theirs.score(" ".join(tokens)) == pytest.approx(model.sentence_log10(tokens), abs=1e-4)
@@ -78,8 +59,8 @@ def test_kenlm_scores_the_arpa_file_as_the_model_does(model, tmp_path):
 def test_word_salad_scores_above_the_prose_it_was_shuffled_from(model):
     rng = random.Random(1)
     prose = np.array([model.perplexity(text) for text in HELD_OUT])
-    salad = np.array([model.perplexity(_salad(text, rng)) for text in HELD_OUT])
-    gibberish = np.array([model.perplexity(_gibberish(text, rng)) for text in HELD_OUT])
+    salad = np.array([model.perplexity(salad(text, rng)) for text in HELD_OUT])
+    gibberish = np.array([model.perplexity(gibberish(text, rng)) for text in HELD_OUT])
     assert (salad > prose).all() and np.median(salad / prose) > 2
     assert gibberish.min() > 4 * prose.max()
 
@@ -90,8 +71,8 @@ def planted(tmp_path_factory):
     rng, folder = random.Random(2), tmp_path_factory.mktemp("perplexity") / "in"
     folder.mkdir()
     pool = [{"text": text, "id": f"prose-{i}"} for i, text in enumerate(HELD_OUT[:60])]
-    pool += [{"text": _gibberish(text, rng), "id": f"gibberish-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
-    pool += [{"text": _salad(text, rng), "id": f"salad-{i}"} for i, text in enumerate(HELD_OUT[:60])]
+    pool += [{"text": gibberish(text, rng), "id": f"gibberish-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
+    pool += [{"text": salad(text, rng), "id": f"salad-{i}"} for i, text in enumerate(HELD_OUT[:60])]
     rng.shuffle(pool)
     reference = [{"text": text, "domain": "docs"} for text in REFERENCE]
     for part, records in enumerate((reference[::2] + pool[::2], reference[1::2] + pool[1::2])):

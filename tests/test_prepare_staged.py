@@ -19,6 +19,7 @@ import pytest
 from glm46.data.cache import prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.quality import QualityRules
+from glm46.data.scorers.fasttext_quality import train_classifier
 from glm46.data.staged.executors import StageFailedError, run_local
 from glm46.data.staged.stages import run_task
 from glm46.data.staged.work import WORK, StagedPlan, make_plan
@@ -352,12 +353,24 @@ def test_a_dry_run_prints_the_estimate_and_what_each_task_reads_and_writes_nothi
 def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(tmp_path):
     require_slurm()
     files = _parquet_corpus(tmp_path / "in", corpus_records(seed=2, files=2))
-    # with the model-based filters on: the pool's own n-gram model (its tail above 37.5 dropped) and toxicity
+    # with every model-based filter on: the pool's own n-gram model (its tail above 37.5 dropped), a fastText
+    # classifier told apart a few documents of each file (about half the others below 0.5), toxicity, semantic dedup
     perplexity = {"reference_domains": ["general"], "model": None, "order": 3, "domains": ["general"], "max": 37.5}
     perplexity |= {"buckets": [0.33, 0.66], "bucket_sample": 10000}
-    toxicity = {"max": 0.9, "domains": ["general"]}
-    reference = one_process(tmp_path / "in", tmp_path / "one", "parquet", perplexity=perplexity, toxicity=toxicity)
-    assert json.loads((tmp_path / "one" / "manifest.json").read_text())["dropped"]["perplexity"] > 0
+    texts = [[row["text"] for row in rows[:30] if isinstance(row, dict)] for rows in corpus_records(seed=2, files=2)]
+    fasttext = {"lr": 1.0, "dim": 100, "ws": 5, "epoch": 10, "minCount": 1, "wordNgrams": 2, "bucket": 100000}
+    train_classifier(texts[0], texts[1], tmp_path / "classifier.bin", fasttext, seed=0)
+    filters = {
+        "perplexity": perplexity,
+        "quality_classifier": {"reference_domains": [], "model": str(tmp_path / "classifier.bin"), "min_score": 0.5}
+        | {"domains": ["general"], "folds": 2, "max_documents": 1000, "seed": 0, "hyperparameters": fasttext},
+        "toxicity": {"max": 0.9, "domains": ["general"]},
+        "semantic_dedup": {"threshold": 0.9, "domains": ["general"], "clusters": 2, "fit_sample": 10000}
+        | {"max_tokens": 64, "seed": 0},
+    }
+    reference = one_process(tmp_path / "in", tmp_path / "one", "parquet", **filters)
+    dropped = json.loads((tmp_path / "one" / "manifest.json").read_text())["dropped"]
+    assert all(dropped[reason] > 0 for reason in ("perplexity", "quality_classifier", "semantic_duplicate"))
     original = _break_footer(files[1])
     command = [
         "task=prepare",
@@ -372,6 +385,13 @@ def test_on_slurm_the_stages_run_as_dependent_arrays_and_a_failed_task_resumes(t
         "prepare.perplexity.max=37.5",
         "prepare.toxicity.max=0.9",
         "prepare.toxicity.domains=[general]",
+        f"prepare.quality_classifier.model={tmp_path / 'classifier.bin'}",
+        "prepare.quality_classifier.domains=[general]",
+        "prepare.quality_classifier.min_score=0.5",
+        "prepare.semantic_dedup.threshold=0.9",
+        "prepare.semantic_dedup.domains=[general]",
+        "prepare.semantic_dedup.clusters=2",
+        "prepare.semantic_dedup.max_tokens=64",
         "cluster=local_slurm",
         f"paths.sweep_dir={tmp_path / 'sweeps'}",
         "hydra.launcher.wait=true",

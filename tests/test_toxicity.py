@@ -9,19 +9,13 @@ import random
 
 import pytest
 
+from bench.planted_docs import OFFENSIVE, TECHNICAL
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.scorers.toxic_sentences import max_toxicity
 from glm46.errors import ConfigError
 
 from .test_perplexity import HELD_OUT
 from .test_prepare_staged import assert_same_dataset, prepare_filtered
-
-OFFENSIVE = ["You are a stupid idiot and everyone hates you.", "Shut up, you worthless piece of garbage."]
-TECHNICAL = [  # violent verbs of systems programming: hard negatives
-    "To stop it, kill the process and abort the child before the parent exits.",
-    "Terminate the worker thread, then kill -9 the daemon if it hangs.",
-    "The executor shoots down every task and reaps the zombie processes.",
-]
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,7 @@ from pathlib import Path
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.data.staged.perplexity import check_perplexity
-from glm46.data.staged.toxicity import check_toxicity
+from glm46.data.staged.filter_checks import check_filters
 from glm46.data.staged.work import plan_for
 from glm46.data.tokenizer import check_same_tokenizer
 from glm46.data.windows import check_mixture_domains, check_packing_choice
@@ -83,8 +82,7 @@ def check_replay(data: DictConfig) -> None:
 
 def check_prepare(cfg: DictConfig) -> None:
     """prepare.tasks and prepare.tokenizer.max_digits: at least 1; the embedded corpus's sft_tool_share: a share;
-    prepare.perplexity's settings and model, prepare.toxicity's threshold (glm46.data.staged: check_perplexity,
-    check_toxicity);
+    the model-based filters' settings and model files (glm46.data.staged.filter_checks);
     over several tasks, the staged plan must be possible (glm46.data.staged.work: the input exists, holds no fewer
     files than tasks, and the output directory holds no other preparation)."""
     if cfg.prepare.tasks < 1:
@@ -96,7 +94,6 @@ def check_prepare(cfg: DictConfig) -> None:
     share = (cfg.source.get("options") or {}).get("sft_tool_share")
     if share is not None and not 0 <= share <= 1:
         raise ConfigError(f"source.options.sft_tool_share={share}: a share of the sft conversations, from 0 to 1")
-    check_perplexity(OmegaConf.to_container(cfg.prepare.perplexity, resolve=True))
-    check_toxicity(OmegaConf.to_container(cfg.prepare.toxicity, resolve=True))
+    check_filters(OmegaConf.to_container(cfg.prepare, resolve=True))
     if cfg.prepare.tasks > 1:
         plan_for(*(OmegaConf.to_container(node, resolve=True) for node in (cfg.source, cfg.prepare)))

@@ -38,14 +38,22 @@ def source_signature(reader: str, paths: list[str]) -> str:
     return digest.hexdigest()
 
 
-def perplexity_on(settings: dict | None) -> bool:
-    """Whether prepare.perplexity asks for the filter: a reference to fit its model on, or a model."""
-    return bool(settings and (settings.get("reference_domains") or settings.get("model")))
+def _model_given(settings: dict) -> bool:
+    return bool(settings.get("reference_domains") or settings.get("model"))
 
 
-def toxicity_on(settings: dict | None) -> bool:
-    """Whether prepare.toxicity asks for the filter: a threshold."""
-    return bool(settings and settings.get("max") is not None)
+# The model-based filters of `prepare` (glm46.data.staged), in the order they run, and when each is on
+FILTERS = {
+    "perplexity": _model_given,  # a reference to fit its n-gram model on, or a model
+    "quality_classifier": _model_given,  # a reference to train the classifier on, or a model
+    "toxicity": lambda settings: settings.get("max") is not None,
+    "semantic_dedup": lambda settings: settings.get("threshold") is not None,
+}
+
+
+def filter_on(name: str, settings: dict | None) -> bool:
+    """Whether prepare.<name> (one of FILTERS) asks for its filter."""
+    return bool(settings) and FILTERS[name](settings)
 
 
 def prepare_fingerprint(source: dict, settings: dict) -> str:
@@ -54,10 +62,9 @@ def prepare_fingerprint(source: dict, settings: dict) -> str:
     settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks", "dry", "estimate")}
     if not settings.get("keep_excluded"):  # off: the fingerprint of a preparation from before the setting
         settings.pop("keep_excluded", None)
-    if not perplexity_on(settings.get("perplexity")):
-        settings.pop("perplexity", None)
-    if not toxicity_on(settings.get("toxicity")):
-        settings.pop("toxicity", None)
+    for name in FILTERS:  # off: the fingerprint of a preparation from before the filter
+        if not filter_on(name, settings.get(name)):
+            settings.pop(name, None)
     key = {
         "source": source,
         "prepare": settings,

@@ -23,8 +23,7 @@ from .prepare import READERS
 from .quality import QualityRules
 from .shards import load_tokenizer
 from .staged.executors import run_local
-from .staged.perplexity import check_perplexity
-from .staged.toxicity import check_toxicity
+from .staged.filter_checks import check_filters
 from .staged.work import WORK, plan_for
 
 log = logging.getLogger(__name__)
@@ -56,7 +55,9 @@ def prepare_dataset(
     num_workers: int = 2,
     keep_excluded: bool = False,
     perplexity: dict | None = None,
+    quality_classifier: dict | None = None,
     toxicity: dict | None = None,
+    semantic_dedup: dict | None = None,
 ) -> dict:
     """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
     manifest. Whatever `output_dir` held before is replaced.
@@ -65,9 +66,9 @@ def prepare_dataset(
     (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
     read), else a byte-level BPE of `vocab_size` whose tokens hold at most `max_digits` digits is trained on the kept
     documents; num_workers: threads for MinHash and tokenization; keep_excluded: every dropped input written to
-    `output_dir/excluded/<reason>.jsonl` (glm46.data.staged.excluded); perplexity: CCNet's filter, the keys of
-    conf/prepare/default.yaml's `perplexity` (glm46.data.staged.perplexity; None: off); toxicity: its `toxicity`
-    (glm46.data.staged.toxicity; None: off)."""
+    `output_dir/excluded/<reason>.jsonl` (glm46.data.staged.excluded); perplexity, quality_classifier, toxicity,
+    semantic_dedup: the model-based filters, each with the keys of its node in conf/prepare/default.yaml (the
+    modules of glm46.data.staged: perplexity, classifier, toxicity, semantic; None: off)."""
     source = {
         "reader": reader,
         "paths": list(paths),
@@ -83,7 +84,9 @@ def prepare_dataset(
         "num_workers": num_workers,
         "keep_excluded": keep_excluded,
         "perplexity": perplexity,
+        "quality_classifier": quality_classifier,
         "toxicity": toxicity,
+        "semantic_dedup": semantic_dedup,
     }
     return run_preparation(source, settings)
 
@@ -99,8 +102,7 @@ def run_preparation(source: dict, settings: dict) -> dict:
         )
     if settings["tokenizer"]["path"]:
         load_tokenizer(settings["tokenizer"]["path"])  # before any document is read
-    check_perplexity(settings.get("perplexity"))
-    check_toxicity(settings.get("toxicity"))
+    check_filters(settings)
     output_dir, inline = Path(source["output_dir"]), settings["tasks"] == 1
     if inline:  # one task starts afresh, as one process always has
         shutil.rmtree(output_dir / WORK, ignore_errors=True)

@@ -10,7 +10,7 @@ tokenizer) complete them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
@@ -124,9 +124,31 @@ class PerplexitySettings:
 
 
 @dataclass
+class QualityClassifierSettings:
+    reference_domains: List[str] = field(default_factory=list)
+    model: Optional[str] = None
+    domains: List[str] = MISSING
+    min_score: Optional[float] = None
+    max_documents: int = MISSING
+    folds: int = MISSING
+    seed: int = MISSING
+    hyperparameters: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class ToxicitySettings:
     max: Optional[float] = None
     domains: List[str] = MISSING
+
+
+@dataclass
+class SemanticDedupSettings:
+    threshold: Optional[float] = None
+    domains: List[str] = MISSING
+    clusters: int = MISSING
+    fit_sample: int = MISSING
+    max_tokens: int = MISSING
+    seed: int = MISSING
 
 
 @dataclass
@@ -151,4 +173,6 @@ class PrepareConfig:
     dedup: DedupSettings = field(default_factory=DedupSettings)
     quality: QualitySettings = field(default_factory=QualitySettings)
     perplexity: PerplexitySettings = field(default_factory=PerplexitySettings)
+    quality_classifier: QualityClassifierSettings = field(default_factory=QualityClassifierSettings)
     toxicity: ToxicitySettings = field(default_factory=ToxicitySettings)
+    semantic_dedup: SemanticDedupSettings = field(default_factory=SemanticDedupSettings)

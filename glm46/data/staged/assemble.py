@@ -21,6 +21,7 @@ from ..prepare import (
     empty_dataset_message,
     stage_entry,
 )
+from ..scorers.sentence_embeddings import encoder_record
 from ..scorers.toxic_sentences import classifier as toxicity_classifier
 from ..shards import CHUNK_TOKENS, chunk_digest, shards_fingerprint, token_dtype, write_index
 from ..tokenizer import GLMTokenizer
@@ -143,8 +144,16 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
     if "perplexity_model" in plan.stages:  # what the filter's model was, to tell two preparations apart
         fitted = plan.stats("perplexity_model", 0)
         manifest["models"] = {"perplexity": {k: fitted[k] for k in ("sha256", "ngrams", "documents", "cutoffs")}}
+    if "quality_model" in plan.stages:
+        fitted = plan.stats("quality_model", 0)
+        manifest.setdefault("models", {})["quality_classifier"] = {k: fitted[k] for k in ("sha256", "trained")}
     if "toxicity" in plan.stages:
         manifest.setdefault("models", {})["toxicity"] = toxicity_classifier()
+    if "semantic_clusters" in plan.stages:
+        fitted = plan.stats("semantic_clusters", 0)
+        manifest.setdefault("models", {})["semantic_dedup"] = encoder_record() | {
+            k: fitted[k] for k in ("documents", "clusters")
+        }
     tasks = [plan.task_dir(stage, task) for stage in ("read", "tokenize") for task in range(plan.tasks)]
     excluded = join_excluded(tasks, output)  # even where nothing was kept; replaces an earlier preparation's
     if plan.keep_excluded:

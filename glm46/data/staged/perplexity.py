@@ -23,7 +23,7 @@ import numpy as np
 
 from glm46.errors import ConfigError
 
-from ..cache import perplexity_on
+from ..cache import filter_on
 from ..scorers.ngram import KenLMScorer, arpa_counts, fit_kneser_ney
 from .verdicts import judge, kept_documents
 from .work import StagedPlan
@@ -42,7 +42,7 @@ def model_counts(path: str) -> dict[int, int]:
 def check_perplexity(settings: dict | None) -> None:
     """prepare.perplexity, before anything runs: an order of at least 1, two bucket quantiles, a positive `max`, a
     model with an ARPA header; a ConfigError naming the key otherwise."""
-    if not perplexity_on(settings):
+    if not filter_on("perplexity", settings):
         return
     if settings["order"] < 1:
         raise ConfigError(f"prepare.perplexity.order={settings['order']}: an n-gram model's order is at least 1")
@@ -93,8 +93,13 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
 
 
 def perplexity(plan: StagedPlan, reader: int, folder: Path) -> dict:
-    model = KenLMScorer(plan.task_dir("perplexity_model", 0) / "model.arpa")
-    return judge(plan, reader, folder, "perplexity", plan.perplexity, lambda texts: list(map(model.perplexity, texts)))
+    model, limit = KenLMScorer(plan.task_dir("perplexity_model", 0) / "model.arpa"), plan.perplexity.get("max")
+    drop = (lambda values: values > limit) if limit is not None else None
+
+    def score(texts: list[str]) -> list[float]:
+        return [model.perplexity(text) for text in texts]
+
+    return judge(plan, reader, folder, "perplexity", plan.perplexity["domains"], score, drop)
 
 
 def cutoffs(plan: StagedPlan) -> list[float]:

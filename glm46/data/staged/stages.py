@@ -28,9 +28,11 @@ from ..quality import QualityRules, violation
 from ..shards import encode_documents, load_tokenizer, token_dtype
 from ..tokenizer import GLMTokenizer, train_tokenizer
 from .assemble import finish, merge
+from .classifier import quality_classifier, quality_model
 from .excluded import write_excluded
 from .perplexity import cutoffs as perplexity_cutoffs
 from .perplexity import perplexity, perplexity_model, with_perplexity
+from .semantic import embed, semantic_clusters, semantic_dedup
 from .toxicity import toxicity
 from .verdicts import domain_lines, dropped_keys, save_drops, stage_scores, verdicts
 from .work import FILTER_REASONS, KEY_BITS, StagedPlan, write_task
@@ -323,7 +325,12 @@ STAGES = {
     "near": near,
     "perplexity_model": perplexity_model,
     "perplexity": perplexity,
+    "quality_model": quality_model,
+    "quality_classifier": quality_classifier,
     "toxicity": toxicity,
+    "semantic_clusters": semantic_clusters,
+    "embed": embed,
+    "semantic_dedup": semantic_dedup,
     "tokenizer": tokenizer,
     "tokenize": tokenize,
     "merge": merge,

@@ -24,4 +24,5 @@ def check_toxicity(settings: dict | None) -> None:
 
 
 def toxicity(plan: StagedPlan, reader: int, folder: Path) -> dict:
-    return judge(plan, reader, folder, "toxicity", plan.toxicity, max_toxicity)
+    limit = plan.toxicity["max"]
+    return judge(plan, reader, folder, "toxicity", plan.toxicity["domains"], max_toxicity, lambda v: v > limit)

@@ -66,23 +66,29 @@ def judge(
     reader: int,
     folder: Path,
     stage: str,
-    settings: dict,
+    domains: list[str],
     score: Callable[[list[str]], list[float]],
+    drop: Callable[[np.ndarray], np.ndarray] | None,
 ) -> dict:
-    """A model-based filter's task for one read task: the documents of `settings["domains"]` kept before `stage`,
-    scored by `score(texts)`, those above `settings["max"]` dropped; their keys and scores saved (scores.npz) for
-    the lines that carry them."""
-    found = kept_documents(plan, reader, list(settings["domains"]), stage)
+    """A model-based filter's task for one read task: the documents of `domains` kept before `stage`, scored by
+    `score(texts)`, those where `drop(scores)` holds dropped (none without a rule); their keys and scores saved
+    (scores.npz) for the lines that carry them."""
+    found = kept_documents(plan, reader, list(domains), stage)
     keys = np.array([key for key, _ in found], np.int64)
     values = np.asarray(score([text for _, text in found]), np.float64).reshape(-1)
     np.savez(folder / "scores.npz", keys=keys, scores=values)
-    limit = settings.get("max")
-    return save_drops(folder, keys[values > limit] if limit is not None else keys[:0], len(keys))
+    return save_drops(folder, keys[drop(values)] if drop is not None else keys[:0], len(keys))
 
 
 def stage_scores(plan: StagedPlan, stage: str, reader: int) -> dict[int, float]:
-    """key -> score of a read task's documents that filter `stage` scored; empty where the plan has no such stage."""
+    """key -> score of a read task's documents that filter `stage` scored (in whichever of its tasks); empty where
+    the plan has no such stage."""
     if stage not in plan.stages:
         return {}
-    found = np.load(plan.task_dir(stage, reader) / "scores.npz")
-    return dict(zip(found["keys"].tolist(), found["scores"].tolist()))
+    first, last = reader << KEY_BITS, (reader + 1) << KEY_BITS
+    found = {}
+    for index in range(plan.size(stage)):
+        scored = np.load(plan.task_dir(stage, index) / "scores.npz")
+        mine = (scored["keys"] >= first) & (scored["keys"] < last)
+        found |= dict(zip(scored["keys"][mine].tolist(), scored["scores"][mine].tolist()))
+    return found

@@ -13,17 +13,30 @@ import numpy as np
 
 from glm46.errors import ConfigError
 
-from ..cache import RECORD, perplexity_on, prepare_fingerprint, toxicity_on
+from ..cache import FILTERS, RECORD, filter_on, prepare_fingerprint
 from ..sources import input_files
 
 WORK = ".staged"
-SINGLE = {"clusters", "perplexity_model", "tokenizer", "finish"}  # stages of one task; the others: prepare.tasks
+# stages of one task; the others: prepare.tasks
+SINGLE = {"clusters", "perplexity_model", "quality_model", "semantic_clusters", "tokenizer", "finish"}
 KEY_BITS = 40  # a document's key: read task << KEY_BITS | its position among that task's inputs (input order)
 
 
 # The ledger reason of the documents each dedup stage drops, and each model-based filter
 DEDUP_REASONS = {"exact": "exact_duplicate", "url": "url_duplicate", "near": "near_duplicate"}
-FILTER_REASONS = {"perplexity": "perplexity", "toxicity": "toxicity"}
+FILTER_REASONS = {
+    "perplexity": "perplexity",
+    "quality_classifier": "quality_classifier",
+    "toxicity": "toxicity",
+    "semantic_dedup": "semantic_duplicate",
+}
+# Each filter's stages (FILTERS, in glm46.data.cache, says when it is on); the last one drops
+FILTER_STAGES = {
+    "perplexity": ["perplexity_model", "perplexity"],
+    "quality_classifier": ["quality_model", "quality_classifier"],
+    "toxicity": ["toxicity"],
+    "semantic_dedup": ["semantic_clusters", "embed", "semantic_dedup"],
+}
 DROP_REASONS = DEDUP_REASONS | FILTER_REASONS
 
 
@@ -45,7 +58,9 @@ class StagedPlan:
     stages: list[str] = field(default_factory=list)
     keep_excluded: bool = False  # every dropped input written to excluded/<reason>.jsonl (glm46.data.staged.excluded)
     perplexity: dict = field(default_factory=dict)  # prepare.perplexity (glm46.data.staged.perplexity); {}: off
+    quality_classifier: dict = field(default_factory=dict)  # prepare.quality_classifier (.classifier); {}: off
     toxicity: dict = field(default_factory=dict)  # prepare.toxicity (glm46.data.staged.toxicity); {}: off
+    semantic_dedup: dict = field(default_factory=dict)  # prepare.semantic_dedup (.semantic); {}: off
 
     @property
     def work(self) -> Path:
@@ -75,14 +90,14 @@ class StagedPlan:
         return cls(**json.loads((Path(output_dir) / WORK / "plan.json").read_text()))
 
 
-def stage_names(dedup: dict, perplexity: dict | None = None, toxicity: dict | None = None) -> list[str]:
-    """The stages, without those of a switched-off deduplication or filter."""
+def stage_names(dedup: dict, filters: dict | None = None) -> list[str]:
+    """The stages, without those of a switched-off deduplication or filter (`filters`: prepare's nodes by name)."""
     names = ["read"]
     names += ["exact"] if dedup.get("exact", True) else []
     names += ["url"] if dedup.get("url", True) else []
     names += ["bands", "clusters", "near"] if dedup.get("near", True) else []
-    names += ["perplexity_model", "perplexity"] if perplexity_on(perplexity) else []
-    names += ["toxicity"] if toxicity_on(toxicity) else []
+    for name in FILTERS:
+        names += FILTER_STAGES[name] if filter_on(name, (filters or {}).get(name)) else []
     return names + ["tokenizer", "tokenize", "merge", "finish"]
 
 
@@ -129,10 +144,9 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         max_digits=int(settings["tokenizer"]["max_digits"]),
         fingerprint=fingerprint,
         threads=threads,
-        stages=stage_names(settings["dedup"], settings.get("perplexity"), settings.get("toxicity")),
+        stages=stage_names(settings["dedup"], settings),
         keep_excluded=bool(settings.get("keep_excluded", False)),
-        perplexity=dict(settings["perplexity"]) if perplexity_on(settings.get("perplexity")) else {},
-        toxicity=dict(settings["toxicity"]) if toxicity_on(settings.get("toxicity")) else {},
+        **{name: dict(settings[name]) if filter_on(name, settings.get(name)) else {} for name in FILTERS},
     )
 
 

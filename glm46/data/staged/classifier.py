@@ -1,0 +1,106 @@
+"""DCLM's quality classifier as two stages of a preparation (`prepare.quality_classifier`, docs/data.md):
+
+    quality_model      [1]  trains fastText classifiers (glm46.data.scorers.fasttext_quality) on the kept documents
+                            of `reference_domains` (hq) against those of the other scored `domains` (cc, the raw
+                            pool), one without each of `folds` folds of the pool; or copies the given `model`
+    quality_classifier [N]  per read task, each kept document of `domains` scored by its probability of hq (by the
+                            classifier that did not train on its fold); those below `min_score` dropped (reason
+                            `quality_classifier`)
+
+It runs after the perplexity filter, on what it kept."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from glm46.errors import ConfigError
+
+from ..cache import filter_on
+from ..scorers.fasttext_quality import QualityClassifier, check_model_file, fold_of, train_classifier
+from .verdicts import judge, kept_documents
+from .work import StagedPlan
+
+HYPERPARAMETERS = {"lr", "dim", "ws", "epoch", "minCount", "wordNgrams", "minn", "maxn", "bucket", "loss"}
+
+
+def check_quality_classifier(settings: dict | None) -> None:
+    """prepare.quality_classifier, before anything runs: a probability for `min_score`, fastText's own
+    hyperparameter names, a model file that starts as a fastText model; a ConfigError naming the key otherwise."""
+    if not filter_on("quality_classifier", settings):
+        return
+    key = "prepare.quality_classifier"
+    limit = settings.get("min_score")
+    if limit is not None and not 0 <= limit < 1:
+        raise ConfigError(f"{key}.min_score={limit}: a probability from 0 to below 1 (or null: score, drop nothing)")
+    if settings["folds"] < 1:
+        raise ConfigError(f"{key}.folds={settings['folds']}: at least 1 (1: one classifier, scoring what it saw)")
+    unknown = sorted(set(settings.get("hyperparameters") or {}) - HYPERPARAMETERS)
+    if unknown:
+        raise ConfigError(f"{key}.hyperparameters: {unknown} are not fastText's; it takes {sorted(HYPERPARAMETERS)}")
+    if settings.get("model"):
+        try:
+            check_model_file(settings["model"])
+        except (OSError, ValueError) as error:
+            message = f"{key}.model={settings['model']}: cannot be read as a fastText model ({error})"
+            raise ConfigError(message) from None
+
+
+def _kept(plan: StagedPlan, domains: list[str]) -> list[str]:
+    """The texts of every read task's documents of `domains` kept before the classifier, in input order."""
+    return [text for reader in range(plan.tasks) for _, text in kept_documents(plan, reader, domains, "quality_model")]
+
+
+def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
+    settings = plan.quality_classifier
+    if settings.get("model"):
+        shutil.copyfile(settings["model"], folder / "model-0.bin")
+        examples = [0]
+    else:
+        reference_domains = list(settings["reference_domains"])
+        pool_domains = [d for d in settings["domains"] if d not in reference_domains]
+        reference, pool = _kept(plan, reference_domains), _kept(plan, pool_domains)
+        if not reference:
+            raise ConfigError(
+                f"prepare.quality_classifier.reference_domains={reference_domains}: no document of these domains is "
+                f"left to train on"
+            )
+        folds, limit, examples = int(settings["folds"]), int(settings["max_documents"]), []
+        for fold in range(folds):
+            others = [text for text in pool if folds == 1 or fold_of(text, folds) != fold]
+            if not others:
+                without = f" without fold {fold} of {folds}" if folds > 1 else ""
+                raise ConfigError(
+                    f"prepare.quality_classifier.domains={pool_domains} (outside reference_domains): no document left "
+                    f"to train on as the pool{without}"
+                )
+            path, hyperparameters = folder / f"model-{fold}.bin", dict(settings["hyperparameters"])
+            examples.append(
+                train_classifier(reference[:limit], others[:limit], path, hyperparameters, settings["seed"])
+            )
+    digests = []
+    for path in _models(folder):
+        try:
+            QualityClassifier(path)
+        except ValueError as error:
+            raise ConfigError(f"prepare.quality_classifier.model={settings['model']}: {error}") from None
+        digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
+    return {"documents": sum(examples), "trained": examples, "sha256": digests}  # trained: per class, per model
+
+
+def _models(folder: Path) -> list[Path]:
+    return sorted(folder.glob("model-*.bin"), key=lambda path: int(path.stem.split("-")[1]))
+
+
+def quality_classifier(plan: StagedPlan, reader: int, folder: Path) -> dict:
+    models = [QualityClassifier(path) for path in _models(plan.task_dir("quality_model", 0))]
+    limit = plan.quality_classifier.get("min_score")
+
+    def score(texts: list[str]) -> list[float]:
+        folds = [fold_of(text, len(models)) for text in texts]
+        found = {fold: iter(models[fold].scores([t for t, f in zip(texts, folds) if f == fold])) for fold in set(folds)}
+        return [next(found[fold]) for fold in folds]
+
+    drop = (lambda values: values < limit) if limit is not None else None
+    return judge(plan, reader, folder, "quality_classifier", plan.quality_classifier["domains"], score, drop)

@@ -1,0 +1,88 @@
+"""DCLM's quality classifier (prepare.quality_classifier): trained on reference prose against the pool, it drops
+web boilerplate and keeps held-out prose and benign technical text, the same over 2 tasks as in one process (the
+model trained on one thread is the same file); a given model scores in its place; a model file that cannot be read
+is refused naming the key."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from bench.planted_docs import TECHNICAL, paragraphs, spam
+from glm46.data.scorers.fasttext_quality import QualityClassifier, train_classifier
+from glm46.errors import ConfigError
+
+from .test_prepare_staged import assert_same_dataset, prepare_filtered
+
+PARAGRAPHS = paragraphs()
+REFERENCE, HELD_OUT = PARAGRAPHS[:-120], PARAGRAPHS[-120:]
+# DCLM's training script's defaults learn nothing from hundreds of documents (every score 0.5): a higher rate; and
+# 100,000 n-gram buckets, not fastText's 2,000,000 (800 MB per model at dim 100)
+SETTINGS = {
+    "reference_domains": ["docs"],
+    "domains": ["general"],
+    "min_score": 0.4,
+    "max_documents": 200000,
+    "folds": 2,
+    "seed": 0,
+    "hyperparameters": {"lr": 1.0, "dim": 100, "ws": 5, "epoch": 10, "minCount": 1, "wordNgrams": 2, "bucket": 100000},
+}
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """Reference prose (domain docs); a pool (general) of held-out prose, prose with violent technical verbs and
+    web boilerplate."""
+    rng, folder = random.Random(3), tmp_path_factory.mktemp("classifier") / "in"
+    folder.mkdir()
+    pool = [{"text": text, "id": f"prose-{i}"} for i, text in enumerate(HELD_OUT[:60])]
+    pool += [{"text": f"{text}\n{TECHNICAL[i % 3]}", "id": f"technical-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
+    pool += [{"text": spam(rng), "id": f"spam-{i}"} for i in range(40)]
+    rng.shuffle(pool)
+    reference = [{"text": text, "domain": "docs"} for text in REFERENCE]
+    for part, records in enumerate((reference[::2] + pool[::2], reference[1::2] + pool[1::2])):
+        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def _prepare(source, output, tasks: int = 1, **settings):
+    return prepare_filtered(source, output, tasks, quality_classifier=SETTINGS | settings)
+
+
+def test_boilerplate_is_dropped_and_prose_kept_the_same_over_two_tasks(planted, tmp_path):
+    output = _prepare(planted, tmp_path / "one")
+    manifest = json.loads((output / "manifest.json").read_text())
+    excluded = [json.loads(line) for line in (output / "excluded" / "quality_classifier.jsonl").open()]
+    dropped_before = {json.loads(line)["id"] for f in (output / "excluded").glob("*.jsonl") for line in f.open()}
+    spams = {f"spam-{i}" for i in range(40)} - (dropped_before - {r["id"] for r in excluded})
+    assert len(spams) >= 30 and {r["id"] for r in excluded} == spams  # every one that reached it, nothing else
+    assert manifest["dropped"]["quality_classifier"] == len(excluded) and all(r["score"] < 0.4 for r in excluded)
+    kept = {json.loads(line)["id"] for line in (output / "documents" / "general.jsonl").open()}
+    assert {f"technical-{i}" for i in range(20)} <= kept and len({k for k in kept if k.startswith("prose-")}) >= 55
+    fitted = manifest["models"]["quality_classifier"]
+    pool = manifest["domains"]["general"]["documents"] + len(excluded)
+    assert len(fitted["sha256"]) == 2 and sum(fitted["trained"]) == pool  # each fold trained the other classifier
+    assert_same_dataset(_prepare(planted, tmp_path / "two", tasks=2), output)
+
+
+def test_a_given_model_scores_in_place_of_a_trained_one(planted, tmp_path):
+    model, rng = tmp_path / "model.bin", random.Random(4)
+    train_classifier(REFERENCE[:100], [spam(rng) for _ in range(100)], model, SETTINGS["hyperparameters"], seed=0)
+    output = _prepare(planted, tmp_path / "given", model=str(model), reference_domains=[])
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert manifest["models"]["quality_classifier"]["trained"] == [0]
+    excluded = [json.loads(line) for line in (output / "excluded" / "quality_classifier.jsonl").open()]
+    assert excluded and all(r["id"].startswith("spam-") for r in excluded)
+    scores = QualityClassifier(model).scores([r["text"] for r in excluded])
+    assert [r["score"] for r in excluded] == pytest.approx(scores, abs=1e-6)
+
+
+def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp_path):
+    bad = tmp_path / "model.bin"
+    bad.write_bytes(b"not a fastText model")
+    for path in (bad, tmp_path / "missing.bin"):
+        with pytest.raises(ConfigError, match=rf"prepare\.quality_classifier\.model={path}: cannot be read"):
+            _prepare(planted, tmp_path / "out", model=str(path), reference_domains=[])
+    assert not (tmp_path / "out" / "manifest.json").exists()  # refused before a document was read
