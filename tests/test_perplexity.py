@@ -17,7 +17,7 @@ from bench.planted_docs import gibberish, paragraphs, salad
 from glm46.data.scorers.ngram import BOS, NGramModel, arpa_counts, fit_kneser_ney, words
 from glm46.errors import ConfigError
 
-from .test_prepare_staged import assert_same_dataset, prepare_filtered
+from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool
 
 PERPLEXITY = {"order": 3, "domains": ["general"], "buckets": [0.33, 0.66], "bucket_sample": 10000}
 
@@ -59,10 +59,10 @@ def test_kenlm_scores_the_arpa_file_as_the_model_does(model, tmp_path):
 def test_word_salad_scores_above_the_prose_it_was_shuffled_from(model):
     rng = random.Random(1)
     prose = np.array([model.perplexity(text) for text in HELD_OUT])
-    salad = np.array([model.perplexity(salad(text, rng)) for text in HELD_OUT])
-    gibberish = np.array([model.perplexity(gibberish(text, rng)) for text in HELD_OUT])
-    assert (salad > prose).all() and np.median(salad / prose) > 2
-    assert gibberish.min() > 4 * prose.max()
+    shuffled = np.array([model.perplexity(salad(text, rng)) for text in HELD_OUT])
+    letters = np.array([model.perplexity(gibberish(text, rng)) for text in HELD_OUT])
+    assert (shuffled > prose).all() and np.median(shuffled / prose) > 2
+    assert letters.min() > 4 * prose.max()
 
 
 @pytest.fixture(scope="module")
@@ -74,10 +74,7 @@ def planted(tmp_path_factory):
     pool += [{"text": gibberish(text, rng), "id": f"gibberish-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
     pool += [{"text": salad(text, rng), "id": f"salad-{i}"} for i, text in enumerate(HELD_OUT[:60])]
     rng.shuffle(pool)
-    reference = [{"text": text, "domain": "docs"} for text in REFERENCE]
-    for part, records in enumerate((reference[::2] + pool[::2], reference[1::2] + pool[1::2])):
-        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return folder
+    return reference_and_pool(folder, REFERENCE, pool)
 
 
 def _prepare(source, output, tasks: int = 1, **settings):
@@ -88,7 +85,7 @@ def _prepare(source, output, tasks: int = 1, **settings):
 def test_the_stage_drops_gibberish_keeps_held_out_prose_and_scores_salad_above_its_source(planted, tmp_path):
     output = _prepare(planted, tmp_path / "one")
     manifest = json.loads((output / "manifest.json").read_text())
-    excluded = [json.loads(line) for line in (output / "excluded" / "perplexity.jsonl").open()]
+    excluded = excluded_records(output, "perplexity")
     assert {r["id"] for r in excluded} >= {f"gibberish-{i}" for i in range(20)}  # every one
     assert not any(r["id"].startswith("prose-") for r in excluded)
     assert manifest["dropped"]["perplexity"] == len(excluded) and all(r["score"] > 3000 for r in excluded)
@@ -111,7 +108,7 @@ def test_a_given_arpa_model_scores_in_place_of_a_fitted_one(planted, model, tmp_
     given = manifest["models"]["perplexity"]
     assert given["sha256"] == hashlib.sha256((tmp_path / "given.arpa").read_bytes()).hexdigest()
     assert given["ngrams"] == len(model.logprob) and given["documents"] == 0
-    excluded = [json.loads(line) for line in (output / "excluded" / "perplexity.jsonl").open()]
+    excluded = excluded_records(output, "perplexity")
     assert {r["id"] for r in excluded} >= {f"gibberish-{i}" for i in range(20)}
     kept = [json.loads(line) for line in (output / "documents" / "general.jsonl").open()]
     prose = next(d for d in kept if d["id"] == "prose-0")  # scored by the given model, to KenLM's rounding

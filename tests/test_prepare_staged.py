@@ -114,6 +114,24 @@ def prepare_filtered(source: Path, output: Path, tasks: int = 1, **filters) -> P
     return output
 
 
+def write_parts(folder: Path, parts: list[list[dict]]) -> Path:
+    """Each part's records as part-<i>.jsonl in `folder`."""
+    for part, records in enumerate(parts):
+        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return folder
+
+
+def reference_and_pool(folder: Path, reference: list[str], pool: list[dict]) -> Path:
+    """The reference texts (domain docs) and the pool's records, each dealt alternately over two files."""
+    records = [{"text": text, "domain": "docs"} for text in reference]
+    return write_parts(folder, [records[::2] + pool[::2], records[1::2] + pool[1::2]])
+
+
+def excluded_records(output: Path, reason: str) -> list[dict]:
+    """The lines of a preparation's excluded/<reason>.jsonl."""
+    return [json.loads(line) for line in (output / "excluded" / f"{reason}.jsonl").open()]
+
+
 def _nodes(source: Path, output: Path, tasks: int, reader: str = "jsonl", tokenizer: str | None = None, **filters):
     source_node = {"reader": reader, "paths": [str(source)], "output_dir": str(output), "default_domain": "general"}
     settings = {

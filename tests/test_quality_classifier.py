@@ -14,7 +14,7 @@ from bench.planted_docs import TECHNICAL, paragraphs, spam
 from glm46.data.scorers.fasttext_quality import QualityClassifier, train_classifier
 from glm46.errors import ConfigError
 
-from .test_prepare_staged import assert_same_dataset, prepare_filtered
+from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool
 
 PARAGRAPHS = paragraphs()
 REFERENCE, HELD_OUT = PARAGRAPHS[:-120], PARAGRAPHS[-120:]
@@ -41,10 +41,7 @@ def planted(tmp_path_factory):
     pool += [{"text": f"{text}\n{TECHNICAL[i % 3]}", "id": f"technical-{i}"} for i, text in enumerate(HELD_OUT[60:80])]
     pool += [{"text": spam(rng), "id": f"spam-{i}"} for i in range(40)]
     rng.shuffle(pool)
-    reference = [{"text": text, "domain": "docs"} for text in REFERENCE]
-    for part, records in enumerate((reference[::2] + pool[::2], reference[1::2] + pool[1::2])):
-        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return folder
+    return reference_and_pool(folder, REFERENCE, pool)
 
 
 def _prepare(source, output, tasks: int = 1, **settings):
@@ -54,7 +51,7 @@ def _prepare(source, output, tasks: int = 1, **settings):
 def test_boilerplate_is_dropped_and_prose_kept_the_same_over_two_tasks(planted, tmp_path):
     output = _prepare(planted, tmp_path / "one")
     manifest = json.loads((output / "manifest.json").read_text())
-    excluded = [json.loads(line) for line in (output / "excluded" / "quality_classifier.jsonl").open()]
+    excluded = excluded_records(output, "quality_classifier")
     dropped_before = {json.loads(line)["id"] for f in (output / "excluded").glob("*.jsonl") for line in f.open()}
     spams = {f"spam-{i}" for i in range(40)} - (dropped_before - {r["id"] for r in excluded})
     assert len(spams) >= 30 and {r["id"] for r in excluded} == spams  # every one that reached it, nothing else
@@ -73,7 +70,7 @@ def test_a_given_model_scores_in_place_of_a_trained_one(planted, tmp_path):
     output = _prepare(planted, tmp_path / "given", model=str(model), reference_domains=[])
     manifest = json.loads((output / "manifest.json").read_text())
     assert manifest["models"]["quality_classifier"]["trained"] == [0]
-    excluded = [json.loads(line) for line in (output / "excluded" / "quality_classifier.jsonl").open()]
+    excluded = excluded_records(output, "quality_classifier")
     assert excluded and all(r["id"].startswith("spam-") for r in excluded)
     scores = QualityClassifier(model).scores([r["text"] for r in excluded])
     assert [r["score"] for r in excluded] == pytest.approx(scores, abs=1e-6)

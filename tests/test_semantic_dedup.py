@@ -15,7 +15,7 @@ from bench.planted_docs import paragraphs, reordered, with_fillers
 from glm46.data.scorers.sentence_embeddings import SentenceEncoder, model_zip
 from glm46.errors import ConfigError
 
-from .test_prepare_staged import assert_same_dataset, prepare_filtered
+from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, write_parts
 
 HELD_OUT = paragraphs()[-120:]
 SETTINGS = {"threshold": 0.9, "domains": ["general"], "clusters": 4, "fit_sample": 40, "max_tokens": 256, "seed": 0}
@@ -47,10 +47,9 @@ def planted(tmp_path_factory):
         first.append(pair[i % 2])  # even i: the source first, odd i: the paraphrase first
         second.append(pair[1 - i % 2])
     first += [{"text": text, "id": f"distinct-{i}"} for i, text in enumerate(HELD_OUT[40:70])]
-    for part, records in enumerate((first, second)):
-        rng.shuffle(records)
-        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    return folder
+    rng.shuffle(first)
+    rng.shuffle(second)
+    return write_parts(folder, [first, second])
 
 
 def _prepare(source, output, tasks: int = 1, **settings):
@@ -60,8 +59,8 @@ def _prepare(source, output, tasks: int = 1, **settings):
 def test_of_a_paraphrase_and_its_source_the_first_is_kept_the_same_over_two_tasks(planted, tmp_path):
     output = _prepare(planted, tmp_path / "one")
     manifest = json.loads((output / "manifest.json").read_text())
-    excluded = [json.loads(line) for line in (output / "excluded" / "semantic_duplicate.jsonl").open()]
-    near = {json.loads(line)["id"] for line in (output / "excluded" / "near_duplicate.jsonl").open()}
+    excluded = excluded_records(output, "semantic_duplicate")
+    near = {r["id"] for r in excluded_records(output, "near_duplicate")}
     kept = {json.loads(line)["id"] for line in (output / "documents" / "general.jsonl").open()}
     later = [f"paraphrase-{i}" if i % 2 == 0 else f"source-{i}" for i in range(40)]
     earlier = [f"source-{i}" if i % 2 == 0 else f"paraphrase-{i}" for i in range(40)]

@@ -15,7 +15,7 @@ from glm46.data.scorers.toxic_sentences import max_toxicity
 from glm46.errors import ConfigError
 
 from .test_perplexity import HELD_OUT
-from .test_prepare_staged import assert_same_dataset, prepare_filtered
+from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, write_parts
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +36,7 @@ def planted(tmp_path_factory):
         for i, doc in enumerate(HELD_OUT[80:90])
     ]
     rng.shuffle(records)
-    for part in range(2):
-        (folder / f"part-{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records[part::2]))
-    return folder
+    return write_parts(folder, [records[::2], records[1::2]])
 
 
 def test_a_document_scores_its_most_offensive_sentence():
@@ -54,7 +52,7 @@ def _prepare(source, output, tasks: int = 1):
 def test_offensive_sentences_are_found_in_long_documents_and_technical_text_is_kept(planted, tmp_path):
     output = _prepare(planted, tmp_path / "one")
     manifest = json.loads((output / "manifest.json").read_text())
-    excluded = [json.loads(line) for line in (output / "excluded" / "toxicity.jsonl").open()]
+    excluded = excluded_records(output, "toxicity")
     kept = {json.loads(line)["id"] for line in (output / "documents" / "general.jsonl").open()}
     assert not any(i.startswith("offensive-") for i in kept)
     assert all(r["id"].startswith("offensive-") and r["score"] > 0.9 for r in excluded)

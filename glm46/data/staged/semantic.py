@@ -23,14 +23,14 @@ import numpy as np
 from glm46.errors import ConfigError
 
 from ..cache import filter_on
-from ..scorers.sentence_embeddings import SentenceEncoder
+from ..scorers.sentence_embeddings import SentenceEncoder, model_zip
 from .verdicts import kept_documents, save_drops
 from .work import StagedPlan
 
 
 def check_semantic_dedup(settings: dict | None) -> None:
     """prepare.semantic_dedup, before anything runs: a cosine threshold in (0, 1], at least one cluster and one
-    token; a ConfigError naming the key otherwise."""
+    token, the encoder's wheel installed; a ConfigError naming the key otherwise."""
     if not filter_on("semantic_dedup", settings):
         return
     key = "prepare.semantic_dedup"
@@ -39,6 +39,10 @@ def check_semantic_dedup(settings: dict | None) -> None:
     for name in ("clusters", "fit_sample", "max_tokens"):
         if settings[name] < 1:
             raise ConfigError(f"{key}.{name}={settings[name]}: at least 1")
+    try:
+        model_zip()
+    except ModuleNotFoundError as error:
+        raise ConfigError(f"{key}.threshold={settings['threshold']}: {error}") from None
 
 
 def _kept(plan: StagedPlan, reader: int) -> list[tuple[int, str]]:
