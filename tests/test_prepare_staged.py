@@ -357,14 +357,16 @@ def test_run_py_prepares_over_tasks_here_and_refuses_bad_counts(jsonl_corpus, tm
 def test_a_dry_run_prints_the_estimate_and_what_each_task_reads_and_writes_nothing(jsonl_corpus, tmp_path):
     folder = jsonl_corpus[0]
     common = ["task=prepare", "source=jsonl", f"source.paths=[{folder}]", f"source.output_dir={tmp_path / 'out'}"]
-    result = _run_py(
-        *common, "prepare.tasks=2", "prepare.dry=true", "prepare.estimate.corpus_tokens=23e12", cwd=tmp_path
-    )
+    overrides = ["prepare.tasks=2", "prepare.dry=true", "prepare.estimate.corpus_tokens=23e12"]
+    result = _run_py(*common, *overrides, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     # 23e12 tokens x 6.1e-7 task-seconds per token over 2 tasks, plus 2.3e10 documents x 1e-7 s in clusters
     assert "time       1,949.25 h, of which 0.64 h in the one-task stages" in result.stdout, result.stdout
     assert f"read task 2: 2 file(s), {folder}/part-2.jsonl ... {folder}/part-3.jsonl" in result.stdout
     assert not (tmp_path / "out").exists()
+    semantic = _run_py(*common, *overrides, "prepare.semantic_dedup.threshold=0.9", cwd=tmp_path)
+    # 2.3e10 documents x 0.05 s over 2 tasks, and the 10,000 of the k-means sample in one task
+    assert ", 159,722.36 h in the model-based filters" in semantic.stdout, semantic.stdout
 
 
 @pytest.mark.slurm

@@ -158,6 +158,7 @@ class PrepareEstimate:
     tokens_per_document: float = MISSING
     task_seconds_per_token: float = MISSING
     clusters_seconds_per_document: float = MISSING
+    filter_seconds_per_document: Dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..cache import FILTERS, filter_on
 from ..dedup import lsh_bands
 from ..embedded import source_files
 from ..sources import input_files
@@ -30,6 +31,11 @@ def estimate(source: dict, settings: dict, threads: int = 1) -> dict:
     text = tokens * rates["bytes_per_token"]
     parallel = tokens * rates["task_seconds_per_token"] / (tasks * threads)
     serial = documents * rates["clusters_seconds_per_document"] if dedup.get("near", True) else 0.0
+    on = [name for name in FILTERS if filter_on(name, settings.get(name))]
+    filtering = sum(documents * rates["filter_seconds_per_document"][name] for name in on) / (tasks * threads)
+    if "semantic_dedup" in on:  # its one task embeds the sample k-means is fitted on
+        sample = min(documents, settings["semantic_dedup"]["fit_sample"])
+        filtering += sample * rates["filter_seconds_per_document"]["semantic_dedup"] / threads
     bands = len(lsh_bands(dedup["threshold"], dedup["num_perm"])) if dedup.get("near", True) else 0
     per_document = 24 + 16 + 16 + (4 * dedup["num_perm"] + 20 * bands if dedup.get("near", True) else 0)
     token_bytes = 2 if settings["tokenizer"]["vocab_size"] <= 1 << 16 and not settings["tokenizer"]["path"] else 4
@@ -38,8 +44,9 @@ def estimate(source: dict, settings: dict, threads: int = 1) -> dict:
         "input_bytes": read,
         "tokens": tokens,
         "documents": documents,
-        "hours": (parallel + serial) / 3600,
+        "hours": (parallel + serial + filtering) / 3600,
         "one_task_hours": serial / 3600,
+        "filter_hours": filtering / 3600,
         "work_bytes": text + documents * per_document + tokens * token_bytes,  # before finish removes it
         "output_bytes": output,
     }
@@ -50,7 +57,9 @@ def format_estimate(result: dict, tasks: int, threads: int) -> str:
         f"preparation estimate over {tasks} task(s) of {threads} CPU(s) (prepare.estimate.*):\n"
         f"  corpus     {result['tokens']:.3g} tokens, {result['documents']:.3g} documents "
         f"({result['input_bytes'] / 1e9:,.2f} GB of input files)\n"
-        f"  time       {result['hours']:,.2f} h, of which {result['one_task_hours']:,.2f} h in the one-task stages\n"
+        f"  time       {result['hours']:,.2f} h, of which {result['one_task_hours']:,.2f} h in the one-task stages"
+        + (f", {result['filter_hours']:,.2f} h in the model-based filters" if result["filter_hours"] else "")
+        + "\n"
         f"  storage    work folder up to {result['work_bytes'] / 1e12:,.3f} TB, "
         f"output {result['output_bytes'] / 1e12:,.3f} TB"
     )
