@@ -12,6 +12,7 @@ import pytest
 
 from bench.planted_docs import TECHNICAL, paragraphs, spam
 from glm46.data.scorers.fasttext_quality import QualityClassifier, train_classifier
+from glm46.data.staged.executors import StageFailedError
 from glm46.errors import ConfigError
 
 from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool
@@ -83,3 +84,10 @@ def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp
         with pytest.raises(ConfigError, match=rf"prepare\.quality_classifier\.model={path}: cannot be read"):
             _prepare(planted, tmp_path / "out", model=str(path), reference_domains=[])
     assert not (tmp_path / "out" / "manifest.json").exists()  # refused before a document was read
+
+
+def test_a_diverging_training_names_its_hyperparameters(planted, tmp_path):
+    diverging = SETTINGS["hyperparameters"] | {"lr": 100.0}
+    key = r"prepare\.quality_classifier\.hyperparameters"
+    with pytest.raises(StageFailedError, match=rf"stage quality_model task 1/1 failed: ConfigError: {key}=.*diverged"):
+        _prepare(planted, tmp_path / "out", hyperparameters=diverging)

@@ -76,9 +76,14 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
                     f"to train on as the pool{without}"
                 )
             path, hyperparameters = folder / f"model-{fold}.bin", dict(settings["hyperparameters"])
-            examples.append(
-                train_classifier(reference[:limit], others[:limit], path, hyperparameters, settings["seed"])
-            )
+            try:
+                count = train_classifier(reference[:limit], others[:limit], path, hyperparameters, settings["seed"])
+            except RuntimeError as error:  # fastText's "Encountered NaN": a rate too high for these documents
+                raise ConfigError(
+                    f"prepare.quality_classifier.hyperparameters={hyperparameters}: fastText's training diverged "
+                    f"({error}); lower lr"
+                ) from None
+            examples.append(count)
     digests = []
     for path in _models(folder):
         try:
