@@ -529,8 +529,8 @@ def memory(args, device: torch.device) -> list[Row]:
     import train_throughput as bench
 
     from glm46.optim.newton_schulz import BATCH_BYTES
+    from glm46.parallel.checkpointing import apply_activation_checkpointing
     from glm46.parallel.layout import Layout
-    from glm46.parallel.parallelize import apply_activation_checkpointing
     from glm46.planning.plan import GIB, stage_memory
 
     if device.type != "cuda":
@@ -540,11 +540,12 @@ def memory(args, device: torch.device) -> list[Row]:
     config = GLM46Config(**fields, num_nextn_predict_layers=0)
     x = torch.randint(0, fields["vocab_size"], (batch, seq), device=device)
     rows = []
-    # each optimizer without activation checkpointing, and AdamW with each layer recomputed from its input
-    for optimizer, recompute in (("adamw", False), ("muon", False), ("adamw", True)):
+    # each optimizer without activation checkpointing, and AdamW with each layer recomputed from its input (full) or
+    # with its matmuls' and attention's outputs kept (selective)
+    for optimizer, recompute in (("adamw", None), ("muon", None), ("adamw", "full"), ("adamw", "selective")):
         runner = bench.ours(fields, device, torch.bfloat16, optimizer)
         if recompute:
-            apply_activation_checkpointing(runner.model)
+            apply_activation_checkpointing(runner.model, recompute)
         torch.cuda.reset_peak_memory_stats(device)
         bench.timed([runner], x, 0, 2, 1)  # eager: the activations the plan counts
         peak, seconds = torch.cuda.max_memory_allocated(device), min(runner.step_times)
@@ -559,13 +560,12 @@ def memory(args, device: torch.device) -> list[Row]:
             ns_batch_bytes=BATCH_BYTES,
             ns_dtype=torch.bfloat16,
         )
-        ratio = peak / plan["total"]
+        ratio, checkpointed = peak / plan["total"], f", {recompute} checkpointing" if recompute else ""
         parts = ", ".join(f"{k} {v / GIB:.1f}" for k, v in plan.items() if k != "total" and v)
         rows.append(
             Row(
                 "memory",
-                f"glm46_1b {optimizer}{', layers recomputed' if recompute else ''}, {batch} x {seq} tokens, eager: "
-                "peak / plan",
+                f"glm46_1b {optimizer}{checkpointed}, {batch} x {seq} tokens, eager: peak / plan",
                 f"{peak / GIB:.1f} / {plan['total'] / GIB:.1f} GiB (x{ratio:.2f}), step {seconds:.2f} s",
                 verdict(0.7 <= ratio <= 1.1),
                 f"plan (GiB): {parts}; pass: the peak within -30%/+10% of the plan",

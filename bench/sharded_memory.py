@@ -101,7 +101,7 @@ def worker(layout: str, steps: int, out: Path) -> None:
     strategy = MeshParallelStrategy(
         Layout(WORLD, expert_parallel=LAYOUTS[layout]["expert_parallel"], data_parallel_shard=WORLD),
         mixed_precision={"param_dtype": "bfloat16", "reduce_dtype": "float32"},
-        activation_checkpointing=True,
+        activation_checkpointing="full",
     )
     trainer = L.Trainer(
         accelerator="cpu",

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader
 from glm46.lit import GLM46LitModule, TokenWindows
 from glm46.modules.model import total_loss
 from glm46.optim import Muon, Piecewise, WarmupCosine
+from glm46.parallel.checkpointing import apply_activation_checkpointing
 from glm46.parallel.compile import compile_decoder_layers, compiled_graphs
-from glm46.parallel.parallelize import apply_activation_checkpointing
 
 from .helpers import random_model, relative_error, tiny_config
 

@@ -204,6 +204,10 @@ def test_the_production_pipeline_runs_each_step_as_one_schedule(compose_config):
     assert result["schedule_microbatches"] == [64, 256]
     assert result["bubble_range"] == pytest.approx([15 / 143, 15 / 527])
     assert result["bubble_range"][0] <= 0.105 and result["fits"]
+    # the production layout recomputes each layer (full); the plan prices the other choices on the same rank
+    activations = result["activations_by_checkpointing"]
+    assert activations["full"] == result["memory"]["activations"]
+    assert activations["none"] > activations["selective"] > activations["full"]
     # phase 2 starts at 15T on the recipe's clock, past the warm-up's 500B: every step is the full batch
     assert plan("pretrain_phase2")["schedule_microbatches"] == [256, 256]
 

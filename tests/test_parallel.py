@@ -410,7 +410,7 @@ def test_context_parallelism_equals_the_single_process_run(
 def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoint_resumes_at_ep2(
     tmp_path, initial_weights, single_muon
 ):
-    """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, activation
+    """4 processes: FSDP2 over 4, experts over ep=2 and FSDP over the 2 ranks holding each half, selective activation
     checkpointing on; built on meta, each rank reads its slices of init_from and the export is assembled from
     the shards; a distributed checkpoint (DCP) after step 2 resumes on 2 processes at ep=2 (resharded)."""
     run = run_layout(
@@ -420,7 +420,7 @@ def test_fsdp2_x_expert_parallel_equals_the_single_process_run_and_its_checkpoin
         devices=4,
         checkpoint_every=1,
         hf=True,
-        overrides=["parallelism.activation_checkpointing=true"],
+        overrides=["parallelism.activation_checkpointing=true", "parallelism.activation_checkpointing_mode=selective"],
     )
     assert run["expert_parallel"] == 2
     assert_same_run(run, single_muon)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
+from glm46.parallel.checkpointing import checkpointing_mode
 from glm46.parallel.layout import data_parallel_size
 from glm46.parallel.parallelize import fsdp_policy as parallel_fsdp_policy
 
@@ -105,6 +106,12 @@ def fsdp_policy(precision: str, mixed_precision: DictConfig) -> dict | None:
     return parallel_fsdp_policy(precision, OmegaConf.to_container(mixed_precision))
 
 
+def checkpointing(enabled: bool, mode: str) -> str | None:
+    """`${checkpointing:${..activation_checkpointing},${..activation_checkpointing_mode}}`: None, "full" or
+    "selective" (glm46.parallel.checkpointing)."""
+    return checkpointing_mode(enabled, mode)
+
+
 def ns_batch_bytes(memory_gib: float) -> int:
     """Muon's Newton-Schulz batch for a device of `memory_gib`: 1/64 of it, whole MiB, so that the workspace (up to
     6x the batch, glm46.optim.newton_schulz.workspace_bytes) stays under a tenth of the device."""
@@ -147,6 +154,7 @@ def register_resolvers() -> None:
         data_parallel,
         accumulation,
         fsdp_policy,
+        checkpointing,
         matmul_dtype,
         ns_batch_bytes,
         job_id,

@@ -47,7 +47,8 @@ class MeshParallelStrategy(ModelParallelStrategy):
     """FSDP2 / HSDP x expert parallel x tensor parallel over one device mesh (see glm46.parallel.layout).
 
     layout: the sizes (glm46.parallel.Layout, built once from the `parallelism` node: build_strategy);
-    activation_checkpointing: recompute each decoder layer; mixed_precision: FSDP2's policy ({param_dtype,
+    activation_checkpointing: None, or how each decoder layer is recomputed ("full", "selective":
+    glm46.parallel.checkpointing); mixed_precision: FSDP2's policy ({param_dtype,
     reduce_dtype} names, or None); save_distributed_checkpoint: DCP folders (True) or one full file written by
     rank 0; async_checkpoint: the DCP folders written by a background thread while training goes on.
     """
@@ -55,7 +56,7 @@ class MeshParallelStrategy(ModelParallelStrategy):
     def __init__(
         self,
         layout: Layout,
-        activation_checkpointing: bool = False,
+        activation_checkpointing: str | None = None,
         mixed_precision: dict | None = None,
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,

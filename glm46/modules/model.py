@@ -317,3 +317,9 @@ class GLM46ForCausalLM(nn.Module):
                 next_token, positions = next_token[keep], positions[keep]
             step_input, positions = next_token[:, None], positions[:, -1:] + 1  # [b, 1] each
         return torch.cat([input_ids, decoding.output()], dim=1)
+
+
+def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
+    """Every decoder layer: the main model's, then each MTP layer's block (what the parallel code wraps layer by
+    layer: FSDP2 units, activation checkpointing, compilation)."""
+    return [*model.model.layers.values(), *(mtp.block for mtp in model.mtp_layers)]

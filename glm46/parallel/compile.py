@@ -16,7 +16,7 @@ import torch
 from torch._dynamo.utils import counters
 
 from glm46.modules import GLM46ForCausalLM
-from glm46.parallel.parallelize import decoder_layers
+from glm46.modules.model import decoder_layers
 
 
 def compile_decoder_layers(model: GLM46ForCausalLM, backend: str = "inductor") -> None:

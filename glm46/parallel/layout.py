@@ -36,6 +36,8 @@ from typing import Any
 from glm46.errors import ConfigError
 from glm46.modules.config import GLM46Config
 
+from .checkpointing import MODES
+
 ENGINES = ("single", "ddp", "mesh", "deepspeed")
 MESH_DIMS = ("pp", "edp_replicate", "ep_replicate", "edp_shard", "ep_shard", "cp", "tp")
 # torch.distributed.pipelining's schedules by name -> stages per rank (None: `virtual_stages`, at least 2)
@@ -214,6 +216,11 @@ def layout_problems(parallelism: Any, world_size: int) -> list[str]:
         (
             engine == "mesh" or shard in (1, -1) or engine == "deepspeed",
             f"parallelism.engine={engine} has no data_parallel_shard={shard} (use engine=mesh for HSDP)",
+        ),
+        (
+            parallelism.get("activation_checkpointing_mode", "full") in MODES,
+            f"parallelism.activation_checkpointing_mode={parallelism.get('activation_checkpointing_mode')}: one of "
+            f"{', '.join(MODES)}",
         ),
         (
             not parallelism.activation_checkpointing or engine == "mesh",

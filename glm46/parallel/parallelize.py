@@ -16,20 +16,15 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard
 
-from glm46.modules.decoder import DecoderLayer
 from glm46.modules.layers import RMSNorm
-from glm46.modules.model import GLM46ForCausalLM
+from glm46.modules.model import GLM46ForCausalLM, decoder_layers
 
+from .checkpointing import apply_activation_checkpointing
 from .context_parallel import ContextParallelAttention, ContextShards
 from .expert_dispatch import ExpertParallelExperts
 from .layout import Layout, expert_split_dim
 from .mesh import hsdp_mesh
 from .sharded_tokens import install_routing_sums, token_split
-
-
-def decoder_layers(model: GLM46ForCausalLM) -> list[DecoderLayer]:
-    """Every decoder layer: the main model's, then each MTP layer's block."""
-    return [*model.model.layers.values(), *(mtp.block for mtp in model.mtp_layers)]
 
 
 class _AllReduceGrad(torch.autograd.Function):
@@ -148,14 +143,6 @@ def apply_context_parallel(model: GLM46ForCausalLM, shards: ContextShards) -> No
         layer.self_attn.inner_attention = ContextParallelAttention(shards)
 
 
-def apply_activation_checkpointing(model: GLM46ForCausalLM) -> None:
-    """Recompute each decoder layer in backward (torch's composable checkpoint keeps parameter names)."""
-    from torch.distributed._composable import checkpoint
-
-    for layer in decoder_layers(model):
-        checkpoint(layer)
-
-
 def fsdp_policy(precision: str | int, explicit: Mapping[str, str | None]) -> dict[str, str] | None:
     """The FSDP2 policy: `explicit` (param_dtype, reduce_dtype) when either dtype is set, else the one that matches
     Lightning's `trainer.precision`: "*-mixed" keeps fp32 parameters and computes in the low dtype with fp32
@@ -211,12 +198,13 @@ def parallelize(
     model: GLM46ForCausalLM,
     layout: Layout,
     mesh: DeviceMesh,
-    activation_checkpointing: bool = False,
+    activation_checkpointing: str | None = None,
     mixed_precision=None,
     stages: list[nn.Module] | None = None,
 ) -> GLM46ForCausalLM:
-    """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `stages`: the pipeline
-    stages of this rank, when the model was split (their modules are the model's)."""
+    """Apply `layout` over `mesh` (glm46.parallel.mesh.build_mesh) to `model`, in place; `activation_checkpointing`:
+    None, or a mode of glm46.parallel.checkpointing; `stages`: the pipeline stages of this rank, when the model was
+    split (their modules are the model's)."""
     split = token_split(layout, mesh)
     if layout.tensor_parallel > 1:
         apply_tensor_parallel(model, mesh["tp"], layout.sequence_parallel)
@@ -230,7 +218,7 @@ def parallelize(
     if split is not None:  # the MoE layers see this rank's tokens: count the whole rows'
         install_routing_sums(model, split)
     if activation_checkpointing:
-        apply_activation_checkpointing(model)
+        apply_activation_checkpointing(model, activation_checkpointing)
     # A pipeline stage is an FSDP2 root even on one data-parallel rank (a no-op there): its weights are then
     # DTensors, and its checkpoint a DCP folder that Lightning's ModelParallelStrategy loads, as every mesh layout's.
     # So is a model with a mixed-precision policy: bf16 weights in the step and fp32 masters on one GPU as on many

@@ -29,6 +29,7 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
 from glm46.optim.distributed_muon import splits_matrices
+from glm46.parallel.checkpointing import checkpointing_mode
 from glm46.parallel.layout import MESH_DIMS, Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
@@ -158,7 +159,10 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
         with lazy_chunks():
-            parallelize(model, layout, mesh, parallelism.activation_checkpointing, policy, stages)
+            recompute = checkpointing_mode(
+                parallelism.activation_checkpointing, parallelism.activation_checkpointing_mode
+            )
+            parallelize(model, layout, mesh, recompute, policy, stages)
         optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
         uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"

@@ -166,7 +166,18 @@ def activation_bytes_per_token(layout: Layout, config: GLM46Config) -> dict[str,
     shared = gathered + 3 * config.moe_intermediate_size * config.n_shared_experts / tp
     moe = attention + routed + shared + 2 * config.n_routed_experts / seq  # fp32 router scores
     dense = attention + h + 3 * config.intermediate_size / tp
-    return {"moe_layer": 2 * moe, "dense_layer": 2 * dense, "layer_input": 2 * h / seq}
+    # selective checkpointing keeps the matmuls' and attention's outputs: q, k, v and SDPA's output, o_proj's; the
+    # router's logits; the experts' gate/up and down outputs; the shared experts' and the dense MLP's likewise
+    matmuls = 2 * q + 2 * kv + h / seq
+    experts = config.n_routed_experts / seq + k * (2 * config.moe_intermediate_size + h) / fold
+    experts += (2 * config.moe_intermediate_size * config.n_shared_experts) / tp + h / seq
+    return {
+        "moe_layer": 2 * moe,
+        "dense_layer": 2 * dense,
+        "layer_input": 2 * h / seq,
+        "moe_layer_selective": 2 * (h / seq + matmuls + experts),
+        "dense_layer_selective": 2 * (h / seq + matmuls + 2 * config.intermediate_size / tp + h / seq),
+    }
 
 
 def stage_of(name: str, ranges: list[range], config: GLM46Config) -> int:
@@ -198,7 +209,7 @@ def stage_memory(
     layout: Layout,
     micro_batch_tokens: int,
     optimizer: str,
-    activation_checkpointing: bool,
+    checkpointing: str | None,
     pp_rank: int | None,
     loss_chunk: int = 4096,
     ns_batch_bytes: int = 0,
@@ -206,8 +217,9 @@ def stage_memory(
     microbatches: int | None = None,
 ) -> dict[str, float]:
     """Bytes on the most loaded GPU of pipeline rank `pp_rank` (None: no pipeline) by kind (see the module
-    docstring), and their total; `micro_batch_tokens` are one (pipeline) micro-batch's, `microbatches` those of
-    one schedule (a step's; None: parallelism.microbatches, a step without accumulation)."""
+    docstring), and their total; `checkpointing`: None, "full" or "selective" (glm46.parallel.checkpointing);
+    `micro_batch_tokens` are one (pipeline) micro-batch's, `microbatches` those of one schedule (a step's; None:
+    parallelism.microbatches, a step without accumulation)."""
     parameters = planned_parameters(config, layout, optimizer)
     dense_layers, moe_layers = config.first_k_dense_replace, config.num_hidden_layers - config.first_k_dense_replace
     mtp, chunks, share, stage_inputs = config.num_nextn_predict_layers, 1, 1.0, 0
@@ -227,8 +239,12 @@ def stage_memory(
     act = activation_bytes_per_token(layout, config)
     layers = dense_layers + moe_layers + mtp
     full = (moe_layers + mtp) * act["moe_layer"] + dense_layers * act["dense_layer"]
-    if activation_checkpointing:  # each layer keeps its input; one layer at a time is recomputed
-        full = chunks * layers * act["layer_input"] * share + max(act["moe_layer"], act["dense_layer"])
+    recomputed = max(act["moe_layer"], act["dense_layer"])  # one layer at a time, in backward
+    if checkpointing == "full":  # each layer keeps its input
+        full = chunks * layers * act["layer_input"] * share + recomputed
+    elif checkpointing == "selective":  # and its matmuls' and attention's outputs
+        kept = (moe_layers + mtp) * act["moe_layer_selective"] + dense_layers * act["dense_layer_selective"]
+        full = chunks * kept * share + recomputed
     else:
         full = chunks * full * share
     local_tokens = micro_batch_tokens // (layout.tensor_parallel if layout.sequence_parallel else 1)
@@ -281,7 +297,7 @@ def plan(
     seq_len: int,
     micro_batch: int,
     optimizer: str,
-    activation_checkpointing: bool,
+    checkpointing: str | None,
     ns_batch_bytes: int = 0,
     ns_dtype: torch.dtype = torch.float32,
     accumulation: tuple[int, int] = (1, 1),
@@ -302,7 +318,7 @@ def plan(
             layout,
             tokens_per_micro,
             optimizer,
-            activation_checkpointing,
+            checkpointing,
             r if pipelined else None,
             ns_batch_bytes=ns_batch_bytes,
             ns_dtype=ns_dtype,
@@ -310,7 +326,20 @@ def plan(
         )
         for r in range(layout.pipeline_parallel)
     ]
-    memory = max(by_rank, key=lambda m: m["total"])  # the most loaded rank's
+    loaded = max(range(len(by_rank)), key=lambda r: by_rank[r]["total"])
+    memory = by_rank[loaded]  # the most loaded rank's
+    activations = {  # that rank's activations under each choice of activation checkpointing
+        str(mode).lower(): stage_memory(
+            config,
+            layout,
+            tokens_per_micro,
+            optimizer,
+            mode,
+            loaded if pipelined else None,
+            microbatches=max(schedules),
+        )["activations"]
+        for mode in (None, "selective", "full")
+    }
     ends = sorted({0, layout.pipeline_parallel // 2, layout.pipeline_parallel - 1}) if pipelined else []
     stages = {r: by_rank[r] for r in ends}  # the first, a middle and the last pipeline rank, for the table
     capacity = hardware.memory_gib * GIB * MARGIN
@@ -327,7 +356,10 @@ def plan(
             fix = (
                 f"even fully sharded, one micro-batch's activations need {floor / GIB:.1f} GiB: split the sequence "
                 f"more (parallelism.sequence_parallel with TP, parallelism.context_parallel) or {held}"
-                + ("" if activation_checkpointing else "; or turn on parallelism.activation_checkpointing")
+                + {
+                    None: "; or turn on parallelism.activation_checkpointing",
+                    "selective": "; or parallelism.activation_checkpointing_mode=full",
+                }.get(checkpointing, "")
             )
         else:
             fix = "shard more (data_parallel_shard=-1, expert_parallel) or turn on activation checkpointing"
@@ -346,6 +378,7 @@ def plan(
         "days": gpu_hours / hardware.world_size / 24,
         "cost": gpu_hours * hardware.price_per_gpu_hour,
         "memory": memory,
+        "activations_by_checkpointing": activations,
         "stages": stages,
         "by_pipeline_rank": by_rank,
         "schedule_microbatches": schedules,
@@ -396,5 +429,7 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
     lines.append("memory per GPU" + (" (the most loaded pipeline rank):" if result["stages"] else ":"))
     lines += [f"  {name:28s} {value / GIB:9.2f} GiB" for name, value in result["memory"].items()]
     lines.append(f"  fits {hardware.memory_gib:g} GiB (with a 10% margin): {'yes' if result['fits'] else 'NO'}")
+    choices = ", ".join(f"{mode} {value / GIB:.2f}" for mode, value in result["activations_by_checkpointing"].items())
+    lines.append(f"  activations (GiB) by parallelism.activation_checkpointing[_mode]: {choices}")
     lines += [f"note: {note}" for note in result["notes"]]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from omegaconf import DictConfig
 from glm46.modules import GLM46Config
 from glm46.optim.muon import is_muon
 from glm46.optim.schedules import accumulation_for
+from glm46.parallel.checkpointing import checkpointing_mode
 from glm46.parallel.layout import Layout
 from glm46.planning.plan import Hardware, plan
 from glm46.planning.rollout import add_colocated_engine
@@ -64,7 +65,7 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         cfg.data.seq_len,
         cfg.data.batch_size,
         optimizer,
-        cfg.parallelism.activation_checkpointing,
+        checkpointing_mode(cfg.parallelism.activation_checkpointing, cfg.parallelism.activation_checkpointing_mode),
         accumulation=accumulation_range(cfg, layout),
         **newton_schulz,
     )

@@ -46,6 +46,9 @@ class ParallelismConfig(LayoutSizes):
     name: str = MISSING
     strategy: Any = "auto"  # the Lightning strategy (a `_target_` node, or a Lightning name)
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (engine=mesh)
+    # full: each layer whole from its input; selective: the matmuls' and attention's outputs kept, the cheap ops
+    # between them recomputed (glm46.parallel.checkpointing)
+    activation_checkpointing_mode: str = "full"
     # FSDP2's policy (engine=mesh); both null: the policy trainer.precision implies (glm46.config.resolvers.fsdp_policy)
     mixed_precision: MixedPrecision = field(default_factory=MixedPrecision)
     # How long a rank waits in a collective (and at start-up, for the others to join) before it fails: the
