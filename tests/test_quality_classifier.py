@@ -12,7 +12,6 @@ import pytest
 
 from bench.planted_docs import TECHNICAL, paragraphs, spam
 from glm46.data.scorers.fasttext_quality import QualityClassifier, train_classifier
-from glm46.data.staged.executors import StageFailedError
 from glm46.errors import ConfigError
 
 from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool
@@ -88,6 +87,5 @@ def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp
 
 def test_a_diverging_training_names_its_hyperparameters(planted, tmp_path):
     diverging = SETTINGS["hyperparameters"] | {"lr": 100.0}
-    key = r"prepare\.quality_classifier\.hyperparameters"
-    with pytest.raises(StageFailedError, match=rf"stage quality_model task 1/1 failed: ConfigError: {key}=.*diverged"):
+    with pytest.raises(ConfigError, match=r"^prepare\.quality_classifier\.hyperparameters=.*diverged.*lower lr$"):
         _prepare(planted, tmp_path / "out", hyperparameters=diverging)

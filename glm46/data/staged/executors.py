@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 
+from glm46.errors import ConfigError
+
 from ..prepare import EmptyDatasetError
 from .stages import run_task
 from .work import StagedPlan, progress_table, stage_row
@@ -37,8 +39,8 @@ def run_local(plan: StagedPlan, workers: int) -> None:
             for index in pending:
                 try:
                     run_task(plan.output_dir, stage, index, say=log.debug)  # the stage's row below says it
-                except EmptyDatasetError:
-                    raise  # the data's verdict, with every reason's count: nothing to resume
+                except (EmptyDatasetError, ConfigError):
+                    raise  # the data's verdict, or a setting that cannot run on this data: rerunning cannot help
                 except Exception as error:
                     raise _failed(plan, stage, index, f"{type(error).__name__}: {error}") from error
         else:
