@@ -48,12 +48,17 @@ def _prepare(source, output, tasks: int = 1, **settings):
     return prepare_filtered(source, output, tasks, quality_classifier=SETTINGS | settings)
 
 
+def _dropped_before(output) -> set[str]:
+    """The ids of the documents dropped before the classifier (deduplication, the rules)."""
+    found = {json.loads(line)["id"] for f in (output / "excluded").rglob("*.jsonl") for line in f.open()}
+    return found - {r["id"] for r in excluded_records(output, "quality_classifier")}
+
+
 def test_boilerplate_is_dropped_and_prose_kept_the_same_over_two_tasks(planted, tmp_path):
     output = _prepare(planted, tmp_path / "one")
     manifest = json.loads((output / "manifest.json").read_text())
     excluded = excluded_records(output, "quality_classifier")
-    dropped_before = {json.loads(line)["id"] for f in (output / "excluded").glob("*.jsonl") for line in f.open()}
-    spams = {f"spam-{i}" for i in range(40)} - (dropped_before - {r["id"] for r in excluded})
+    spams = {f"spam-{i}" for i in range(40)} - _dropped_before(output)
     assert len(spams) >= 30 and {r["id"] for r in excluded} == spams  # every one that reached it, nothing else
     assert manifest["dropped"]["quality_classifier"] == len(excluded) and all(r["score"] < 0.4 for r in excluded)
     kept = {json.loads(line)["id"] for line in (output / "documents" / "general.jsonl").open()}
@@ -89,3 +94,18 @@ def test_a_diverging_training_names_its_hyperparameters(planted, tmp_path):
     diverging = SETTINGS["hyperparameters"] | {"lr": 100.0}
     with pytest.raises(ConfigError, match=r"^prepare\.quality_classifier\.hyperparameters=.*diverged.*lower lr$"):
         _prepare(planted, tmp_path / "out", hyperparameters=diverging)
+
+
+def test_keep_fraction_cuts_at_the_percentile_of_the_scored_documents(planted, tmp_path):
+    """DCLM's threshold: the top share kept, the cut the scores' percentile (here over every scored document)."""
+    output = _prepare(planted, tmp_path / "out", min_score=None, keep_fraction=0.5, threshold_sample=10000)
+    manifest = json.loads((output / "manifest.json").read_text())
+    cut, excluded = (
+        manifest["models"]["quality_classifier"]["min_score"],
+        excluded_records(output, "quality_classifier"),
+    )
+    scored = manifest["domains"]["general"]["documents"] + len(excluded)
+    assert abs(len(excluded) / scored - 0.5) <= 1 / scored and all(r["score"] < cut for r in excluded)
+    assert {f"spam-{i}" for i in range(40)} <= {r["id"] for r in excluded} | _dropped_before(output)
+    with pytest.raises(ConfigError, match=r"prepare\.quality_classifier\.keep_fraction=0\.5: .* in place of min_score"):
+        _prepare(planted, tmp_path / "both", keep_fraction=0.5, threshold_sample=10000)

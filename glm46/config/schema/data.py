@@ -129,6 +129,8 @@ class QualityClassifierSettings:
     model: Optional[str] = None
     domains: List[str] = MISSING
     min_score: Optional[float] = None
+    keep_fraction: Optional[float] = None
+    threshold_sample: int = MISSING
     max_documents: int = MISSING
     folds: int = MISSING
     seed: int = MISSING

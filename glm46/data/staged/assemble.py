@@ -146,7 +146,9 @@ def finish(plan: StagedPlan, index: int, folder: Path) -> dict:
         manifest["models"] = {"perplexity": {k: fitted[k] for k in ("sha256", "ngrams", "documents", "cutoffs")}}
     if "quality_model" in plan.stages:
         fitted = plan.stats("quality_model", 0)
-        manifest.setdefault("models", {})["quality_classifier"] = {k: fitted[k] for k in ("sha256", "trained")}
+        manifest.setdefault("models", {})["quality_classifier"] = {
+            k: fitted[k] for k in ("sha256", "trained", "min_score") if k in fitted
+        }
     if "toxicity" in plan.stages:
         manifest.setdefault("models", {})["toxicity"] = toxicity_classifier()
     if "semantic_clusters" in plan.stages:

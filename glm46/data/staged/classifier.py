@@ -3,9 +3,11 @@
     quality_model      [1]  trains fastText classifiers (glm46.data.scorers.fasttext_quality) on the kept documents
                             of `reference_domains` (hq) against those of the other scored `domains` (cc, the raw
                             pool), one without each of `folds` folds of the pool; or copies the given `model`
+                            and, for `keep_fraction`, the score its top fraction of the first `threshold_sample`
+                            scored documents is above (DCLM keeps a percentile, not a fixed probability)
     quality_classifier [N]  per read task, each kept document of `domains` scored by its probability of hq (by the
-                            classifier that did not train on its fold); those below `min_score` dropped (reason
-                            `quality_classifier`)
+                            classifier that did not train on its fold); those below `min_score`, or below that
+                            percentile, dropped (reason `quality_classifier`)
 
 It runs after the perplexity filter, on what it kept."""
 
@@ -13,7 +15,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+from functools import partial
 from pathlib import Path
+
+import numpy as np
 
 from glm46.errors import ConfigError
 
@@ -31,9 +36,13 @@ def check_quality_classifier(settings: dict | None) -> None:
     if not filter_on("quality_classifier", settings):
         return
     key = "prepare.quality_classifier"
-    limit = settings.get("min_score")
+    limit, fraction = settings.get("min_score"), settings.get("keep_fraction")
     if limit is not None and not 0 <= limit < 1:
         raise ConfigError(f"{key}.min_score={limit}: a probability from 0 to below 1 (or null: score, drop nothing)")
+    if fraction is not None and (limit is not None or not 0 < fraction <= 1):
+        raise ConfigError(
+            f"{key}.keep_fraction={fraction}: a share above 0, at most 1, in place of min_score (here {limit})"
+        )
     if settings["folds"] < 1:
         raise ConfigError(f"{key}.folds={settings['folds']}: at least 1 (1: one classifier, scoring what it saw)")
     unknown = sorted(set(settings.get("hyperparameters") or {}) - HYPERPARAMETERS)
@@ -84,28 +93,34 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
                     f"({error}); lower lr"
                 ) from None
             examples.append(count)
-    digests = []
-    for path in _models(folder):
-        try:
-            QualityClassifier(path)
-        except ValueError as error:
-            raise ConfigError(f"prepare.quality_classifier.model={settings['model']}: {error}") from None
-        digests.append(hashlib.sha256(path.read_bytes()).hexdigest())
-    return {"documents": sum(examples), "trained": examples, "sha256": digests}  # trained: per class, per model
+    try:
+        models = [QualityClassifier(path) for path in _models(folder)]
+    except ValueError as error:
+        raise ConfigError(f"prepare.quality_classifier.model={settings['model']}: {error}") from None
+    digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in _models(folder)]
+    stats = {"documents": sum(examples), "trained": examples, "sha256": digests}  # trained: per class, per model
+    if settings.get("keep_fraction") is not None:  # the percentile's score, from the first scored documents
+        sample = _kept(plan, list(settings["domains"]))[: settings["threshold_sample"]]
+        scores = score_with(models, sample)
+        stats["min_score"] = float(np.quantile(scores, 1 - settings["keep_fraction"])) if scores else 0.0
+    return stats
 
 
 def _models(folder: Path) -> list[Path]:
     return sorted(folder.glob("model-*.bin"), key=lambda path: int(path.stem.split("-")[1]))
 
 
+def score_with(models: list[QualityClassifier], texts: list[str]) -> list[float]:
+    """Each text's probability of hq by the classifier of its fold (the one that did not train on it)."""
+    folds = [fold_of(text, len(models)) for text in texts]
+    found = {fold: iter(models[fold].scores([t for t, f in zip(texts, folds) if f == fold])) for fold in set(folds)}
+    return [next(found[fold]) for fold in folds]
+
+
 def quality_classifier(plan: StagedPlan, reader: int, folder: Path) -> dict:
-    models = [QualityClassifier(path) for path in _models(plan.task_dir("quality_model", 0))]
-    limit = plan.quality_classifier.get("min_score")
-
-    def score(texts: list[str]) -> list[float]:
-        folds = [fold_of(text, len(models)) for text in texts]
-        found = {fold: iter(models[fold].scores([t for t, f in zip(texts, folds) if f == fold])) for fold in set(folds)}
-        return [next(found[fold]) for fold in folds]
-
+    trained = plan.task_dir("quality_model", 0)
+    models = [QualityClassifier(path) for path in _models(trained)]
+    limit = plan.stats("quality_model", 0).get("min_score", plan.quality_classifier.get("min_score"))
     drop = (lambda values: values < limit) if limit is not None else None
+    score = partial(score_with, models)
     return judge(plan, reader, folder, "quality_classifier", plan.quality_classifier["domains"], score, drop)
