@@ -36,7 +36,7 @@ def fold_of(text: str, folds: int) -> int:
 
 def check_model_file(path: str | Path) -> None:
     """Raise ValueError unless `path` starts as a fastText 0.9 binary model does (its magic number and version);
-    the model is not loaded (DCLM's is gigabytes)."""
+    the model is not loaded (with bigram buckets one runs to hundreds of megabytes and more)."""
     with open(path, "rb") as f:
         head = f.read(8)
     if len(head) < 8 or struct.unpack("<ii", head) != (MAGIC, VERSION):
