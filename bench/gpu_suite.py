@@ -434,6 +434,8 @@ def throughput(args, device: torch.device) -> list[Row]:
         "glm46 Muon": lambda: bench.ours(fields, device, autocast, "muon"),
         # bf16 weights with fp32 masters through FSDP2's policy on the one rank (run.py: parallelism=fsdp2), no autocast
         **({"glm46 AdamW FSDP2-bf16": lambda: bench.ours_fsdp2(fields, device)} if gpu else {}),
+        # the decoder layers' dense linears in float8 (torchao), against the AdamW row: an option only where it pays
+        **({"glm46 AdamW float8": lambda: bench.ours_float8(fields, device, autocast)} if gpu else {}),
         "torchtitan AdamW": lambda: bench.torchtitan_peer(fields, seq, device, autocast, "sdpa"),
         # transformers stands in only where torchtitan does not import
         "transformers AdamW": lambda: bench.transformers_peer(fields, device, autocast),
@@ -479,6 +481,9 @@ def throughput(args, device: torch.device) -> list[Row]:
     for name in ("glm46 AdamW", "glm46 Muon", "glm46 AdamW FSDP2-bf16"):
         if peer and name in rates:
             rows.append(Row("throughput", f"{name} / {peer}", f"x{rates[name] / rates[peer]:.2f}", "info", shape))
+    if {"glm46 AdamW float8", "glm46 AdamW"} <= rates.keys():
+        speedup = rates["glm46 AdamW float8"] / rates["glm46 AdamW"]
+        rows.append(Row("throughput", "glm46 AdamW float8 / bf16", f"x{speedup:.2f}", "info", shape))
     rows.append(
         Row(
             "throughput",

@@ -145,6 +145,26 @@ def ours(fields: dict, device, autocast_dtype, optimizer: str, mtp: int = 0) -> 
     return Runner(name, model, opt, glm46_loss, device, autocast_dtype, model.config)
 
 
+def ours_float8(fields: dict, device, autocast_dtype) -> Runner:
+    """glm46 with AdamW, the dense linears of its decoder layers trained in float8 through torchao (torchtitan's
+    float8 converter: dynamic tensorwise scales, e4m3 forward, e5m2 gradients); the embeddings, the lm_head, the
+    router and the grouped experts as before. Measured by bench/gpu_suite.py before it becomes an option of run.py
+    (issue: kept only where it pays); fp8 matmuls need dimensions that are multiples of 16."""
+    from torchao.float8 import convert_to_float8_training
+
+    from glm46.modules.model import decoder_layers
+
+    runner = ours(fields, device, autocast_dtype, "adamw")
+    inside = {id(m) for layer in decoder_layers(runner.model) for m in layer.modules()}
+
+    def converted(module: torch.nn.Module, name: str) -> bool:
+        return id(module) in inside and module.in_features % 16 == 0 and module.out_features % 16 == 0
+
+    convert_to_float8_training(runner.model, module_filter_fn=converted)  # the same Parameters: the optimizer's
+    runner.name = "glm46 (AdamW, float8 linears)"
+    return runner
+
+
 def ours_fsdp2(fields: dict, device) -> Runner:
     """glm46 with AdamW laid out as run.py lays out `parallelism=fsdp2` on one rank under trainer.precision=bf16-mixed
     (glm46.parallel.parallelize): FSDP2's policy keeps bf16 weights for the step, fp32 masters for the optimizer and

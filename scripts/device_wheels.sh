@@ -20,6 +20,7 @@ WHEELS=(  # name==version; bench/gpu_suite.py reads this list (its environment r
   datasketch==2.0.0 submitit==1.5.4 gguf==0.19.0
   torchtitan==0.2.2 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 torchdata==0.11.0
   datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19  # torchtitan.models.qwen3 imports its HF dataset loaders
+  torchao==0.18.0  # the suite's float8 row (torchao.float8; its pure-Python wheel, without the CUDA kernels)
 )
 mkdir -p "$OUT"
 rm -f "$OUT"/*.whl

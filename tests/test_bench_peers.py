@@ -75,3 +75,25 @@ def test_throughput_bench_runs_both_peers_in_one_process():
     assert [row.split(" (")[0] for row in rows] == ["glm46", "glm46", "torchtitan", "transformers Glm4Moe"]
     for row in rows[:2]:
         assert " vs torchtitan (fwd+bwd x" in row and " vs transformers (fwd+bwd x" in row, row
+
+
+def test_the_float8_runner_trains_the_decoder_linears_in_float8_near_the_fp32_loss():
+    """bench/gpu_suite.py's float8 row (torchao's converter): the attention and MLP linears of the decoder layers
+    become Float8Linear, the lm_head stays; the same parameters and keys; the loss within float8's rounding (2%)."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from bench.train_throughput import PRESETS, glm46_loss, ours, ours_float8
+
+    fields, device = PRESETS["small"][0], torch.device("cpu")
+    plain, float8 = ours(fields, device, None, "adamw"), ours_float8(fields, device, None)
+    converted = {name for name, m in float8.model.named_modules() if isinstance(m, Float8Linear)}
+    assert converted and all(name.startswith("model.layers.") for name in converted)
+    assert "model.layers.0.self_attn.q_proj" in converted and "lm_head" not in converted
+    assert list(float8.model.state_dict()) == list(plain.model.state_dict())
+    x = torch.randint(0, fields["vocab_size"], (2, 64), generator=torch.Generator().manual_seed(0))
+    reference, loss = glm46_loss(plain.model, x), glm46_loss(float8.model, x)
+    assert abs(loss.item() - reference.item()) < 0.02 * reference.item()
+    loss.backward()
+    weights = {id(p) for group in float8.optimizer.param_groups for p in group["params"]}
+    q_proj = float8.model.model.layers["0"].self_attn.q_proj.weight
+    assert id(q_proj) in weights and q_proj.grad is not None and q_proj.grad.isfinite().all()
