@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import shutil
 from functools import partial
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +25,7 @@ from glm46.errors import ConfigError
 
 from ..cache import filter_on
 from ..scorers.fasttext_quality import QualityClassifier, check_model_file, fold_of, train_classifier
-from .verdicts import judge, kept_documents
+from .verdicts import judge, kept_texts
 from .work import StagedPlan
 
 HYPERPARAMETERS = {"lr", "dim", "ws", "epoch", "minCount", "wordNgrams", "minn", "maxn", "bucket", "loss"}
@@ -56,9 +57,9 @@ def check_quality_classifier(settings: dict | None) -> None:
             raise ConfigError(message) from None
 
 
-def _kept(plan: StagedPlan, domains: list[str]) -> list[str]:
-    """The texts of every read task's documents of `domains` kept before the classifier, in input order."""
-    return [text for reader in range(plan.tasks) for _, text in kept_documents(plan, reader, domains, "quality_model")]
+def _kept(plan: StagedPlan, domains: list[str], limit: int | None = None) -> list[str]:
+    """The first `limit` (all: None) texts of the documents of `domains` kept before the classifier, in input order."""
+    return list(islice(kept_texts(plan, domains, "quality_model"), limit))
 
 
 def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
@@ -69,13 +70,14 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     else:
         reference_domains = list(settings["reference_domains"])
         pool_domains = [d for d in settings["domains"] if d not in reference_domains]
-        reference, pool = _kept(plan, reference_domains), _kept(plan, pool_domains)
+        limit = int(settings["max_documents"])
+        reference, pool = _kept(plan, reference_domains, limit), _kept(plan, pool_domains)
         if not reference:
             raise ConfigError(
                 f"prepare.quality_classifier.reference_domains={reference_domains}: no document of these domains is "
                 f"left to train on"
             )
-        folds, limit, examples = int(settings["folds"]), int(settings["max_documents"]), []
+        folds, examples = int(settings["folds"]), []
         for fold in range(folds):
             others = [text for text in pool if folds == 1 or fold_of(text, folds) != fold]
             if not others:
@@ -100,7 +102,7 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     digests = [hashlib.sha256(path.read_bytes()).hexdigest() for path in _models(folder)]
     stats = {"documents": sum(examples), "trained": examples, "sha256": digests}  # trained: per class, per model
     if settings.get("keep_fraction") is not None:  # the percentile's score, from the first scored documents
-        sample = _kept(plan, list(settings["domains"]))[: settings["threshold_sample"]]
+        sample = _kept(plan, list(settings["domains"]), settings["threshold_sample"])
         scores = score_with(models, sample)
         stats["min_score"] = float(np.quantile(scores, 1 - settings["keep_fraction"])) if scores else 0.0
     return stats

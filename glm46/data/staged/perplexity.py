@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +24,7 @@ from glm46.errors import ConfigError
 
 from ..cache import filter_on
 from ..scorers.ngram import KenLMScorer, arpa_counts, fit_kneser_ney
-from .verdicts import judge, kept_documents
+from .verdicts import judge, kept_texts
 from .work import StagedPlan
 
 BUCKETS = ("head", "middle", "tail")
@@ -57,19 +56,13 @@ def check_perplexity(settings: dict | None) -> None:
         model_counts(settings["model"])
 
 
-def _kept(plan: StagedPlan, domains: list[str]) -> Iterator[str]:
-    """The texts of every read task's documents of `domains` kept before the filter, in input order."""
-    for reader in range(plan.tasks):
-        yield from (text for _, text in kept_documents(plan, reader, domains, "perplexity_model"))
-
-
 def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     settings = plan.perplexity
     if settings.get("model"):
         shutil.copyfile(settings["model"], folder / "model.arpa")
         reference = 0
     else:
-        texts = list(_kept(plan, list(settings["reference_domains"])))
+        texts = list(kept_texts(plan, list(settings["reference_domains"]), "perplexity_model"))
         if not texts:
             raise ConfigError(
                 f"prepare.perplexity.reference_domains={list(settings['reference_domains'])}: no document of these "
@@ -78,7 +71,7 @@ def perplexity_model(plan: StagedPlan, index: int, folder: Path) -> dict:
         fit_kneser_ney(texts, int(settings["order"])).write_arpa(folder / "model.arpa")
         reference = len(texts)
     scorer, sample = KenLMScorer(folder / "model.arpa"), []
-    for text in _kept(plan, list(settings["domains"])):
+    for text in kept_texts(plan, list(settings["domains"]), "perplexity_model"):
         if len(sample) == int(settings["bucket_sample"]):
             break
         sample.append(scorer.perplexity(text))

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +59,13 @@ def kept_documents(plan: StagedPlan, reader: int, domains: list[str], before: st
         keys = meta["keys"][rows].tolist()
         found += [(key, json.loads(line)["text"]) for r, key, line in zip(rows, keys, lines) if not verdict[r]]
     return sorted(found)
+
+
+def kept_texts(plan: StagedPlan, domains: list[str], before: str) -> Iterator[str]:
+    """The texts of every read task's documents of `domains` kept by the stages before `before`, in input order
+    (read task by task: a caller that takes the first n reads no further)."""
+    for reader in range(plan.tasks):
+        yield from (text for _, text in kept_documents(plan, reader, domains, before))
 
 
 def judge(
