@@ -26,17 +26,42 @@ the logits against glm46's with `partial_rotary_factor=1`.
 
 from __future__ import annotations
 
+import sys
+import types
 from contextlib import nullcontext
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torchtitan.models.moe import MoEArgs
-from torchtitan.models.moe.moe import FeedForward
-from torchtitan.models.qwen3.model.args import Qwen3ModelArgs
-from torchtitan.models.qwen3.model.model import Qwen3Model
 
-from glm46.modules import GLM46Config, GLM46ForCausalLM
+
+def _stand_in_for_hf_datasets() -> None:
+    """torchtitan's model modules import its training protocol, which imports its Hugging Face dataset loaders, which
+    import `datasets` (with pandas and pyarrow: binary wheels the GPU image lacks, over 50 MiB together). This peer
+    loads no data through torchtitan: where `datasets` does not import, the two names those loaders take stand in,
+    raising ImportError if ever called."""
+    try:
+        import datasets  # noqa: F401
+    except ImportError as error:
+        reason = f"torchtitan's dataset loaders need `datasets`, which does not import here ({error})"
+
+        def unavailable(*args, **kwargs):
+            raise ImportError(reason)
+
+        stand_in, distributed = types.ModuleType("datasets"), types.ModuleType("datasets.distributed")
+        stand_in.Dataset, stand_in.load_dataset = type("Dataset", (), {}), unavailable
+        stand_in.distributed, distributed.split_dataset_by_node = distributed, unavailable
+        sys.modules.update({"datasets": stand_in, "datasets.distributed": distributed})
+
+
+_stand_in_for_hf_datasets()
+
+from torchtitan.models.moe import MoEArgs  # noqa: E402
+from torchtitan.models.moe.moe import FeedForward  # noqa: E402
+from torchtitan.models.qwen3.model.args import Qwen3ModelArgs  # noqa: E402
+from torchtitan.models.qwen3.model.model import Qwen3Model  # noqa: E402
+
+from glm46.modules import GLM46Config, GLM46ForCausalLM  # noqa: E402
 
 
 class _FloatHistc(TorchFunctionMode):

@@ -2,11 +2,12 @@
 # The wheels a GPU machine's image lacks, for bench/gpu_suite.py and training there, downloaded into .whl/ (ignored).
 #
 # The GPU image this targets has Python 3.12 (x86-64) with torch 2.11 (CUDA), transformers, lightning, torchmetrics,
-# tokenizers, tiktoken, safetensors, triton, numpy, scipy, pyyaml, tensorboard and prometheus-client, and reaches no
-# package index. What glm46 imports beyond those (the config system, dedup, GGUF, submitit) and the peer of the
+# tokenizers, tiktoken, safetensors, triton, numpy, scipy, pyyaml, matplotlib, tensorboard and prometheus-client
+# (no pandas), and reaches no package index. What glm46 imports beyond those (the config system, dedup, GGUF, submitit) and the peer of the
 # throughput rows (torchtitan 0.2.2, the last release that imports under torch 2.11, with what importing its models
-# needs) travel as these wheels, pinned to the versions this project is tested with, all pure Python: under 64 MiB
-# together (checked at the end).
+# needs; not its dataset loaders' `datasets`, for which bench/torchtitan_glm.py stands in) travel as these wheels,
+# pinned to the versions this project is tested with, all pure Python: under 64 MiB together (checked at the end).
+# Before a GPU is lent, scripts/gpu_image_check.sh runs them here under the image's Python and torch.
 #
 #   bash scripts/device_wheels.sh            # -> .whl/*.whl
 #   # on the GPU machine, from the repository root:
@@ -19,7 +20,6 @@ WHEELS=(  # name==version; bench/gpu_suite.py reads this list (its environment r
   hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3
   datasketch==2.0.0 submitit==1.5.4 gguf==0.19.0
   torchtitan==0.2.2 tyro==1.0.17 docstring-parser==0.18.0 typeguard==4.6.1 torchdata==0.11.0
-  datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19  # torchtitan.models.qwen3 imports its HF dataset loaders
   torchao==0.18.0  # the suite's float8 row (torchao.float8; its pure-Python wheel, without the CUDA kernels)
 )
 mkdir -p "$OUT"

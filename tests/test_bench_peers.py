@@ -77,6 +77,27 @@ def test_throughput_bench_runs_both_peers_in_one_process():
         assert " vs torchtitan (fwd+bwd x" in row and " vs transformers (fwd+bwd x" in row, row
 
 
+def test_the_peer_imports_where_hugging_face_datasets_cannot():
+    """The GPU image has no pandas (nor pyarrow), so `datasets`, which torchtitan's model modules import through its
+    dataset loaders, does not import there: the peer builds its model all the same, and what stands in for
+    `datasets` says why if called."""
+    script = """
+import sys
+sys.modules["pandas"] = None  # as on the GPU image: `import pandas` fails
+from bench.torchtitan_glm import torchtitan_glm
+from tests.helpers import tiny_config
+model = torchtitan_glm(tiny_config(partial_rotary_factor=1.0, num_nextn_predict_layers=0), 32, grouped_mm=False)
+import datasets
+try:
+    datasets.load_dataset("c4")
+except ImportError as error:
+    print("refused:", error)
+"""
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "refused: torchtitan's dataset loaders need `datasets`, which does not import here (" in out.stdout
+
+
 def test_the_float8_runner_trains_the_decoder_linears_in_float8_near_the_fp32_loss():
     """bench/gpu_suite.py's float8 row (torchao's converter): the attention and MLP linears of the decoder layers
     become Float8Linear, the lm_head stays; the same parameters and keys; the loss within float8's rounding (2%)."""

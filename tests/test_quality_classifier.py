@@ -109,3 +109,21 @@ def test_keep_fraction_cuts_at_the_percentile_of_the_scored_documents(planted, t
     assert {f"spam-{i}" for i in range(40)} <= {r["id"] for r in excluded} | _dropped_before(output)
     with pytest.raises(ConfigError, match=r"prepare\.quality_classifier\.keep_fraction=0\.5: .* in place of min_score"):
         _prepare(planted, tmp_path / "both", keep_fraction=0.5, threshold_sample=10000)
+
+
+def test_each_fold_trains_on_the_first_documents_outside_it_and_the_pool_is_read_no_further(monkeypatch):
+    from glm46.data.scorers.fasttext_quality import fold_of
+    from glm46.data.staged import classifier
+
+    texts, read = [f"document {i}" for i in range(1000)], []
+
+    def kept_texts(plan, domains, before):
+        for text in texts:
+            read.append(text)
+            yield text
+
+    monkeypatch.setattr(classifier, "kept_texts", kept_texts)
+    pools = classifier._pools(None, ["general"], folds=3, limit=20)
+    assert pools == [[t for t in texts if fold_of(t, 3) != fold][:20] for fold in range(3)]
+    assert len(read) == max(texts.index(pool[-1]) for pool in pools) + 1  # stopped once every fold had its 20
+    assert classifier._pools(None, ["general"], folds=1, limit=7) == [texts[:7]]

@@ -29,8 +29,8 @@ from .generation import KVCache
 from .layers import RMSNorm, apply_rotary_pos_emb
 
 
-@dataclass(frozen=True)
-class Documents:
+@dataclass  # not frozen: torch 2.11's Dynamo takes a frozen dataclass's fields as constants, guarding on each row's
+class Documents:  # document count, so that each batch of other documents recompiled the layers (tests/test_compile.py)
     """The documents of rows of packed documents, found once per forward and shared by every layer."""
 
     ids: torch.Tensor  # [B, T] each token's document, counted from 0 in each row (on the model's device)

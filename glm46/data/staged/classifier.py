@@ -62,6 +62,20 @@ def _kept(plan: StagedPlan, domains: list[str], limit: int | None = None) -> lis
     return list(islice(kept_texts(plan, domains, "quality_model"), limit))
 
 
+def _pools(plan: StagedPlan, domains: list[str], folds: int, limit: int) -> list[list[str]]:
+    """For each fold, the first `limit` kept texts of `domains` outside it (all of them with one fold): the pool each
+    classifier trains on, read once and only as far as the fullest needs, never the whole pool at once."""
+    pools = [[] for _ in range(folds)]
+    for text in kept_texts(plan, domains, "quality_model"):
+        own = fold_of(text, folds) if folds > 1 else None
+        for fold, pool in enumerate(pools):
+            if fold != own and len(pool) < limit:
+                pool.append(text)
+        if all(len(pool) == limit for pool in pools):
+            break
+    return pools
+
+
 def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
     settings = plan.quality_classifier
     if settings.get("model"):
@@ -71,15 +85,14 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
         reference_domains = list(settings["reference_domains"])
         pool_domains = [d for d in settings["domains"] if d not in reference_domains]
         limit = int(settings["max_documents"])
-        reference, pool = _kept(plan, reference_domains, limit), _kept(plan, pool_domains)
+        reference, folds = _kept(plan, reference_domains, limit), int(settings["folds"])
         if not reference:
             raise ConfigError(
                 f"prepare.quality_classifier.reference_domains={reference_domains}: no document of these domains is "
                 f"left to train on"
             )
-        folds, examples = int(settings["folds"]), []
-        for fold in range(folds):
-            others = [text for text in pool if folds == 1 or fold_of(text, folds) != fold]
+        examples = []
+        for fold, others in enumerate(_pools(plan, pool_domains, folds, limit)):
             if not others:
                 without = f" without fold {fold} of {folds}" if folds > 1 else ""
                 raise ConfigError(
@@ -88,7 +101,7 @@ def quality_model(plan: StagedPlan, index: int, folder: Path) -> dict:
                 )
             path, hyperparameters = folder / f"model-{fold}.bin", dict(settings["hyperparameters"])
             try:
-                count = train_classifier(reference[:limit], others[:limit], path, hyperparameters, settings["seed"])
+                count = train_classifier(reference, others, path, hyperparameters, settings["seed"])
             except RuntimeError as error:  # fastText's "Encountered NaN": a rate too high for these documents
                 raise ConfigError(
                     f"prepare.quality_classifier.hyperparameters={hyperparameters}: fastText's training diverged "
