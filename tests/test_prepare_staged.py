@@ -20,7 +20,7 @@ from glm46.data.cache import prepare_fingerprint
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.quality import QualityRules
 from glm46.data.scorers.fasttext_quality import train_classifier
-from glm46.data.staged.executors import StageFailedError, run_local
+from glm46.data.staged.executors import StageFailedError, run_local, verdict_in
 from glm46.data.staged.stages import run_task
 from glm46.data.staged.work import WORK, StagedPlan, make_plan
 from glm46.errors import ConfigError
@@ -277,6 +277,22 @@ def _restore(file: Path, original: bytes) -> None:
     stat = file.stat()
     file.write_bytes(original)
     os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_setting_refused_inside_a_slurm_task_reaches_the_user_as_itself(tmp_path):
+    """submitit hands back a failed job's traceback as the text of a FailedJobError: the ConfigError in it (the last
+    exception, its message on several lines) is raised as itself, not as a task to rerun; anything else is not."""
+    import submitit
+
+    message = "prepare.quality_classifier.domains=['web']: no document left\nto train on"
+    executor = submitit.LocalExecutor(tmp_path)  # a real submitit job, its own process, as on Slurm
+    executor.update_parameters(timeout_min=5)
+    job = executor.submit(exec, f"from glm46.errors import ConfigError\nraise ConfigError({message!r})")
+    with pytest.raises(submitit.core.utils.FailedJobError) as failed:
+        job.result()
+    verdict = verdict_in(str(failed.value))
+    assert type(verdict) is ConfigError and str(verdict) == message
+    assert verdict_in("Traceback (most recent call last):\nValueError: bad footer") is None
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import random
+from functools import partial
 
 import pytest
 
@@ -14,7 +15,7 @@ from bench.planted_docs import TECHNICAL, paragraphs, spam
 from glm46.data.scorers.fasttext_quality import QualityClassifier, train_classifier
 from glm46.errors import ConfigError
 
-from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool
+from .test_prepare_staged import assert_same_dataset, excluded_records, prepare_filtered, reference_and_pool, staged
 
 PARAGRAPHS = paragraphs()
 REFERENCE, HELD_OUT = PARAGRAPHS[:-120], PARAGRAPHS[-120:]
@@ -44,8 +45,8 @@ def planted(tmp_path_factory):
     return reference_and_pool(folder, REFERENCE, pool)
 
 
-def _prepare(source, output, tasks: int = 1, **settings):
-    return prepare_filtered(source, output, tasks, quality_classifier=SETTINGS | settings)
+def _prepare(source, output, tasks: int = 1, quality_classifier=None, **settings):
+    return prepare_filtered(source, output, tasks, quality_classifier=(quality_classifier or SETTINGS) | settings)
 
 
 def _dropped_before(output) -> set[str]:
@@ -91,9 +92,11 @@ def test_a_model_file_that_cannot_be_read_is_refused_naming_the_key(planted, tmp
 
 
 def test_a_diverging_training_names_its_hyperparameters(planted, tmp_path):
-    diverging = SETTINGS["hyperparameters"] | {"lr": 100.0}
-    with pytest.raises(ConfigError, match=r"^prepare\.quality_classifier\.hyperparameters=.*diverged.*lower lr$"):
-        _prepare(planted, tmp_path / "out", hyperparameters=diverging)
+    """In this process, and from a task process of its own: the setting is named, not a failed task to rerun."""
+    diverging = SETTINGS | {"hyperparameters": SETTINGS["hyperparameters"] | {"lr": 100.0}}
+    for run, prepare in enumerate([_prepare, partial(staged, tasks=2, workers=2)]):
+        with pytest.raises(ConfigError, match=r"^prepare\.quality_classifier\.hyperparameters=.*diverged.*lower lr$"):
+            prepare(planted, tmp_path / f"run-{run}", quality_classifier=diverging)
 
 
 def test_keep_fraction_cuts_at_the_percentile_of_the_scored_documents(planted, tmp_path):

@@ -9,6 +9,7 @@ import logging
 import subprocess
 import sys
 import time
+from itertools import takewhile
 
 from glm46.errors import ConfigError
 
@@ -23,11 +24,27 @@ class StageFailedError(RuntimeError):
     """A stage task failed: its message names the stage, the task and the error, and how to resume."""
 
 
+# Raised by a task, these are the data's verdict or a setting that cannot run on this data: rerunning cannot help
+VERDICTS = {f"{kind.__module__}.{kind.__qualname__}": kind for kind in (ConfigError, EmptyDatasetError)}
+
+
 def _failed(plan: StagedPlan, stage: str, index: int, why: str) -> StageFailedError:
     return StageFailedError(
         f"prepare: stage {stage} task {index + 1}/{plan.size(stage)} failed: {why}; "
         f"run the same command again to resume (finished tasks are kept in {plan.work})"
     )
+
+
+def verdict_in(printed: str) -> Exception | None:
+    """A VERDICTS error that a task in another process (or on Slurm) raised, rebuilt from what Python printed for
+    it: the last line that starts with its name, and its message's further lines, up to submitit's rule of dashes."""
+    lines = printed.splitlines()
+    for start in range(len(lines) - 1, -1, -1):
+        name, _, first = lines[start].partition(": ")
+        if name in VERDICTS:
+            rest = takewhile(lambda line: not line.startswith("-----"), lines[start + 1 :])
+            return VERDICTS[name]("\n".join([first, *rest]).rstrip())
+    return None
 
 
 def run_local(plan: StagedPlan, workers: int) -> None:
@@ -51,7 +68,8 @@ def run_local(plan: StagedPlan, workers: int) -> None:
 
 def _run_processes(plan: StagedPlan, stage: str, pending: list[int], workers: int) -> None:
     """`python -m glm46.data.staged DIR --run STAGE INDEX` for each pending task, `workers` at a time, a new one as soon
-    as any ends; each task's output in `<work>/logs/<stage>-<index>.log` (its last line is in a failure's message)."""
+    as any ends; each task's output in `<work>/logs/<stage>-<index>.log` (its last line is in a failure's message; a
+    ConfigError or EmptyDatasetError is raised as itself)."""
     logs = plan.work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     queue, running, failures = list(pending), {}, []
@@ -67,13 +85,15 @@ def _run_processes(plan: StagedPlan, stage: str, pending: list[int], workers: in
                 continue
             del running[index]
             if process.returncode:
-                lines = (logs / f"{stage}-{index}.log").read_text(errors="replace").strip().splitlines()
-                failures.append(
-                    (index, f"{lines[-1] if lines else f'exit {process.returncode}'} ({logs / f'{stage}-{index}.log'})")
-                )
+                printed = (logs / f"{stage}-{index}.log").read_text(errors="replace").strip()
+                failures.append((index, printed, logs / f"{stage}-{index}.log", process.returncode))
+    failures.sort()
+    for _, printed, _, _ in failures:
+        if verdict := verdict_in(printed):
+            raise verdict  # rerunning cannot help: said as itself, before any task that merely crashed
     if failures:
-        index, last_line = min(failures)
-        raise _failed(plan, stage, index, last_line)
+        index, printed, path, code = failures[0]
+        raise _failed(plan, stage, index, f"{printed.splitlines()[-1] if printed else f'exit {code}'} ({path})")
 
 
 def submit_slurm(plan: StagedPlan, executor, sbatch: dict) -> list[dict]:
@@ -101,10 +121,12 @@ def submit_slurm(plan: StagedPlan, executor, sbatch: dict) -> list[dict]:
 
 
 def wait_slurm(plan: StagedPlan, submitted: list[dict]) -> None:
-    """Block until the last stage has ended; a failed task raises StageFailedError (its log path in the message)."""
+    """Block until the last stage has ended; a failed task raises StageFailedError (its log path in the message), or
+    the ConfigError or EmptyDatasetError it raised."""
     for stage in submitted:
         for index, job in zip(stage["tasks"], stage["jobs"]):
             try:
                 job.result()
             except Exception as error:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError
-                raise _failed(plan, stage["stage"], index, f"{error} (log {job.paths.stdout})") from None
+                failed = _failed(plan, stage["stage"], index, f"{error} (log {job.paths.stdout})")
+                raise verdict_in(str(error)) or failed from None
