@@ -308,3 +308,24 @@ def test_the_readers_former_data_spelling_is_rewritten_to_source():
         "prepare.quality_classifier.min_score=0.5",
         "++prepare.quality_classifier.min_score=0.4",
     ]
+
+
+def test_a_filters_cut_alone_fits_its_model_on_the_sources_reference_domains(compose_config):
+    """The design's keys turn the model-based filters on by themselves: a perplexity `max` or a classifier cut with no
+    reference of its own fits on the source's reference domains (the embedded corpus's documentation); unset, off."""
+    from omegaconf import OmegaConf
+
+    from glm46.config.aliases import renamed_overrides
+    from glm46.data.cache import filter_on
+
+    def prepare(*overrides):
+        cfg = compose_config(*renamed_overrides(["task=prepare", "source=embedded", *overrides]))
+        return OmegaConf.to_container(cfg.prepare, resolve=True)
+
+    off, on = prepare(), prepare("prepare.perplexity.max=3000", "prepare.quality.min_score=0.5")
+    for name in ("perplexity", "quality_classifier"):
+        assert (
+            not filter_on(name, off[name]) and filter_on(name, on[name]) and on[name]["reference_domains"] == ["docs"]
+        )
+    given = prepare("prepare.perplexity.max=3000", "prepare.perplexity.reference_domains=[license]")
+    assert given["perplexity"]["reference_domains"] == ["license"]

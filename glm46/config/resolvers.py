@@ -125,6 +125,13 @@ def matmul_dtype(precision: str) -> str:
     return "bfloat16" if str(precision).startswith("bf16") else "float32"
 
 
+def references(source_domains, *cuts) -> list[str]:
+    """`${references:${oc.select:source.reference_domains,[]},${.max}}`: a model-based filter's reference domains
+    when none are given: the source's (edited prose, which the filter's model is fitted on) once one of its `cuts`
+    is set, so that setting the cut turns the filter on; none (off) otherwise."""
+    return list(source_domains) if any(cut is not None for cut in cuts) else []
+
+
 def job_id() -> str:
     """`${job_id:}`: the Slurm job (and array task) id, the same on every rank and across requeues;
     outside Slurm, the local start time and process id."""
@@ -157,6 +164,7 @@ def register_resolvers() -> None:
         checkpointing,
         matmul_dtype,
         ns_batch_bytes,
+        references,
         job_id,
         job_dir,
     ):

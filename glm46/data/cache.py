@@ -58,7 +58,8 @@ def filter_on(name: str, settings: dict | None) -> bool:
 
 def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `source=embedded|jsonl|...` node) with `settings` (`prepare`)."""
-    source = {k: v for k, v in source.items() if k != "output_dir"}
+    # reference_domains acts through the filters' settings (theirs, resolved from it, are in `settings` when on)
+    source = {k: v for k, v in source.items() if k not in ("output_dir", "reference_domains")}
     settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks", "dry", "estimate")}
     if not settings.get("keep_excluded"):  # off: the fingerprint of a preparation from before the setting
         settings.pop("keep_excluded", None)

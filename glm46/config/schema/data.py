@@ -55,6 +55,9 @@ class SourceData:
     # source=embedded_tools: 1, which its copy drill needs. A property of the corpus, so that `source=jsonl` under an
     # experiment on the tools corpus keeps GLM's rule.
     max_digits: int = 3
+    # The domains of edited prose a model-based filter (prepare.perplexity, prepare.quality_classifier) is fitted on
+    # when its cut is set without reference_domains or a model of its own: source=embedded's [docs]
+    reference_domains: List[str] = field(default_factory=list)
     options: Optional[EmbeddedOptions] = None
 
 

@@ -23,7 +23,8 @@ def check_filters(settings: dict) -> None:
         if asked and not filter_on(name, node):  # it would be off: the cut asked for would silently do nothing
             raise ConfigError(
                 f"prepare.{name}.{asked}={node[asked]}: no model to score with; set prepare.{name}.reference_domains="
-                f"[...] (domains of edited prose to fit it on; source=embedded has [docs]) or prepare.{name}.model=FILE"
+                f"[...] or source.reference_domains=[...] (domains of edited prose to fit it on) or "
+                f"prepare.{name}.model=FILE"
             )
     check_perplexity(settings.get("perplexity"))
     check_quality_classifier(settings.get("quality_classifier"))
