@@ -122,7 +122,9 @@ class KenLMScorer:
     def __init__(self, path: str | Path):
         import kenlm
 
-        self.model = kenlm.Model(str(path))
+        config = kenlm.Config()
+        config.show_progress = False  # its loading bar, printed to stderr from C++ between the preparation's lines
+        self.model = kenlm.Model(str(path), config)
 
     def perplexity(self, text: str) -> float:
         return document_perplexity(lambda tokens: self.model.score(" ".join(tokens), bos=True, eos=True), text)
