@@ -63,8 +63,8 @@ def _kept(plan: StagedPlan, domains: list[str], limit: int | None = None) -> lis
 
 
 def _pools(plan: StagedPlan, domains: list[str], folds: int, limit: int) -> list[list[str]]:
-    """For each fold, the first `limit` kept texts of `domains` outside it (all of them with one fold): the pool each
-    classifier trains on, read once and only as far as the fullest needs, never the whole pool at once."""
+    """For each fold, the first `limit` kept texts of `domains` outside it (with one fold, the first `limit`): the
+    pool each classifier trains on, read once and only until every fold has its `limit`, never the whole pool."""
     pools = [[] for _ in range(folds)]
     for text in kept_texts(plan, domains, "quality_model"):
         own = fold_of(text, folds) if folds > 1 else None
