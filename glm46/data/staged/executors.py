@@ -56,7 +56,7 @@ def run_local(plan: StagedPlan, workers: int) -> None:
             for index in pending:
                 try:
                     run_task(plan.output_dir, stage, index, say=log.debug)  # the stage's row below says it
-                except (EmptyDatasetError, ConfigError):
+                except tuple(VERDICTS.values()):
                     raise  # the data's verdict, or a setting that cannot run on this data: rerunning cannot help
                 except Exception as error:
                     raise _failed(plan, stage, index, f"{type(error).__name__}: {error}") from error
