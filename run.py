@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 from glm46.app.tasks import run_task
 from glm46.config.aliases import renamed_overrides
 from glm46.config.checks import Refused
+from glm46.config.restore import restored_overrides
 from glm46.config.schema import register_configs
 from glm46.errors import ConfigError
 
@@ -23,5 +24,5 @@ def main(cfg: DictConfig) -> object:
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = renamed_overrides(sys.argv[1:])
+    sys.argv[1:] = renamed_overrides(restored_overrides(sys.argv[1:]))
     main()

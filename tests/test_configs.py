@@ -89,13 +89,15 @@ def test_every_model_config_composes_and_validates(compose_config, model):
 
 
 FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "midtrain_long", "midtrain_200k", "sft", "rl"}
-YOUR_DATA = {"reward_model", "dpo"}  # toy sizes on your prepared pairs, from your SFT export
+YOUR_DATA = {"reward_model", "dpo", "own_pretrain", "own_sft", "own_rl"}  # toy sizes on your prepared data
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
-def test_every_experiment_composes_and_validates(compose_config, experiment):
-    if experiment in YOUR_DATA:
-        validate(compose_config(f"experiment={experiment}", "data.path=/data", "init_from=/ckpt"))
+def test_every_experiment_composes_and_validates(compose_config, experiment, chat_dataset):
+    if experiment in YOUR_DATA:  # a prepared dataset: its vocabulary (and own_*: its domains) read at composition
+        pairs = experiment in ("reward_model", "dpo")
+        data = ["data.path=/data", "model.vocab_size=512"] if pairs else [f"data.path={chat_dataset}"]
+        validate(compose_config(f"experiment={experiment}", *data, "init_from=/ckpt"))
         return
     if experiment not in FULL_SCALE:
         validate(compose_config(f"experiment={experiment}"))

@@ -1,6 +1,7 @@
-"""Start from earlier weights (`init_from`): fill a model, whole or sharded, from an HF directory (each rank reads
-its slices), a Lightning checkpoint file (memory-mapped, each rank copies its slices), or a sharded layout's
-checkpoint folder (DCP reads in place, resharding into the model's layout; a DeepSpeed folder is read whole).
+"""Start from earlier weights (`init_from`): fill a model, whole or sharded, from an HF directory or a run
+directory's hf/ export (each rank reads its slices), a Lightning checkpoint file (memory-mapped, each rank copies its
+slices), or a sharded layout's checkpoint folder (DCP reads in place, resharding into the model's layout; a DeepSpeed
+folder is read whole).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Fill `model` (a GLM46ForCausalLM, whole or sharded) with the weights at `path` (see the module docstring).
     Only the weights: optimizer, schedules and data position start afresh."""
     path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file() and (path / "hf" / "config.json").is_file():
+        path = path / "hf"  # a run directory: its export
     if path.is_dir() and not (path / ".metadata").is_file() and not _is_deepspeed_folder(path):
         load_hf(path, model=model)  # safetensors: no pickle
         return

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from hydra.errors import CompactHydraException
 from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
 
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 
-from .data_checks import check_data, check_prepare
+from .data_checks import check_data, check_prepare, check_vocabulary
 from .export_checks import check_export, check_score, check_serve
 from .layout_checks import (
     check_cluster,
@@ -54,6 +55,7 @@ ALL, TRAIN = ("train", "estimate", "plan", "dryrun", "eval"), ("train",)
 
 
 CHECKS = (
+    ("data x init_from x model: one vocabulary", TRAIN, check_vocabulary),  # first: else its symptoms come first
     ("data x model x phase", ALL, check_data),
     ("cluster", ALL, check_cluster),
     ("parallelism x model x optimizer x cluster x data", ALL, check_composed_layout),
@@ -71,7 +73,17 @@ CHECKS = (
 
 def validate(cfg: DictConfig) -> GLM46Config:
     """Reject a composition that cannot run, before any work starts; return its model config (task=serve: the
-    export's)."""
+    export's). An interpolation that does not resolve (a resolver reading a missing dataset) is refused as itself,
+    naming its key."""
+    try:
+        return _validate(cfg)
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", None)
+        message = str(error).splitlines()[0].removeprefix("ValueError raised while resolving interpolation: ")
+        raise ConfigError(f"{key}: {message}" if key else message) from None
+
+
+def _validate(cfg: DictConfig) -> GLM46Config:
     if cfg.task == "serve":  # reads the export and serve.*, not the composition's model or data
         return check_serve(cfg)
     if cfg.task == "export":  # likewise: the export and export.*

@@ -8,6 +8,7 @@ from pathlib import Path
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
+from glm46.data.dataset_info import weights_folder
 from glm46.data.staged.filter_checks import check_filters
 from glm46.data.staged.work import plan_for
 from glm46.data.tokenizer import check_same_tokenizer
@@ -49,7 +50,7 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
         check_packing(data.packing)
     if data.get("mixture") is None:
         return
-    mixture = OmegaConf.to_container(data.mixture, resolve=True)
+    mixture = OmegaConf.to_container(OmegaConf.create({"m": data.mixture}), resolve=True)["m"]  # a resolver's dict too
     for domain, weight in mixture.items():
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0:
             raise ConfigError(f"data.mixture.{domain}={weight!r} (phase.mixture) must be a number >= 0")
@@ -60,6 +61,59 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
         check_mixture_domains(mixture, domains, data.path)
     if data.get("replay"):
         check_replay(data)
+
+
+# The fields of a checkpoint's config.json that fix its tensors' shapes: a model that differs in one cannot take its
+# weights (RoPE's base and the context length may change between stages: mid-training sets both).
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "n_routed_experts",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "num_nextn_predict_layers",
+    "attention_bias",
+    "use_qk_norm",
+    "tie_word_embeddings",
+)
+
+
+def check_vocabulary(cfg: DictConfig, config: GLM46Config) -> None:
+    """The data, `init_from` and the model speak one vocabulary: the data's tokenizer fits model.vocab_size,
+    init_from's config.json has the model's shapes, and the data was prepared with init_from's tokenizer (each where
+    its files exist: a curriculum's later stages are checked when they start)."""
+    path = value_at(cfg, "data.path")
+    data_tokenizer = Path(str(path)) / "tokenizer.json" if path else None
+    if data_tokenizer is not None and data_tokenizer.is_file():
+        tokens = json.loads((Path(str(path)) / "tokens" / "shards.json").read_text())["vocab_size"]
+        if tokens > config.vocab_size:
+            raise ConfigError(
+                f"data.path={path}: its tokenizer ({data_tokenizer}) has {tokens} tokens, more than "
+                f"model.vocab_size={config.vocab_size}; set model.vocab_size >= {tokens}, or leave it unset in a "
+                f"one-stage run (data=shards|sft|rl|preference), which takes the data's"
+            )
+    weights = weights_folder(cfg.get("init_from"))
+    if weights is None:
+        return
+    saved = json.loads((weights / "config.json").read_text())
+    differ = [
+        f"{k}: {saved[k]} there, {getattr(config, k)} here"
+        for k in SHAPE_FIELDS
+        if k in saved and saved[k] != getattr(config, k)
+    ]
+    if differ:
+        raise ConfigError(
+            f"init_from={cfg.init_from}: its config.json ({weights / 'config.json'}) differs from the composed model "
+            f"(model.*) in {'; '.join(differ)}: choose the model= it was trained as, or set those model.<field>"
+        )
+    if data_tokenizer is not None and data_tokenizer.is_file() and (weights / "tokenizer.json").is_file():
+        check_same_tokenizer(("init_from", weights / "tokenizer.json"), ("data.path", data_tokenizer))
 
 
 def check_replay(data: DictConfig) -> None:

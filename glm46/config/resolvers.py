@@ -1,4 +1,5 @@
-"""The OmegaConf resolvers of the config tree: token arithmetic, the recipe's clock and the run directory's job id."""
+"""The OmegaConf resolvers of the config tree: token arithmetic, the recipe's clock, a prepared dataset's vocabulary and
+mixture, and the run directory's job id."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from glm46.data import dataset_info
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
 from glm46.parallel.checkpointing import checkpointing_mode
@@ -132,6 +134,17 @@ def references(source_domains, *cuts) -> list[str]:
     return list(source_domains) if any(cut is not None for cut in cuts) else []
 
 
+def dataset_vocab(path: str, init_from: str | None = None) -> int:
+    """`${dataset_vocab:${data.path},${oc.select:init_from,null}}`: the vocabulary of a model trained on the prepared
+    dataset at `path` (init_from's where it has one; glm46.data.dataset_info)."""
+    return dataset_info.dataset_vocab(path, init_from)
+
+
+def dataset_mixture(path: str) -> dict[str, float]:
+    """`${dataset_mixture:${data.path}}`: each domain of the prepared dataset at `path` by its share of the tokens."""
+    return dataset_info.dataset_mixture(path)
+
+
 def job_id() -> str:
     """`${job_id:}`: the Slurm job (and array task) id, the same on every rank and across requeues;
     outside Slurm, the local start time and process id."""
@@ -165,6 +178,8 @@ def register_resolvers() -> None:
         matmul_dtype,
         ns_batch_bytes,
         references,
+        dataset_vocab,
+        dataset_mixture,
         job_id,
         job_dir,
     ):

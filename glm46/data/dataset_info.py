@@ -1,0 +1,60 @@
+"""What a prepared dataset and a starting checkpoint say about a run before it is built: the vocabulary its model
+needs, the natural mixture of its domains, and the tokenizer files that must agree. The one-stage runs on your own
+data read them through `${dataset_vocab:...}` and `${dataset_mixture:...}` (glm46.config.resolvers); the
+composition checks compare them (glm46.config.data_checks.check_vocabulary)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+# A vocabulary taken from a tokenizer is padded to a multiple of this (Megatron's --make-vocab-size-divisible-by
+# default), so that the embedding and the LM head split evenly over tensor-parallel ranks and keep aligned shapes.
+VOCAB_MULTIPLE = 128
+
+
+def prepared_index(path: str | Path, key: str = "data.path") -> dict:
+    """tokens/shards.json of the prepared dataset at `path`; a ValueError naming `key` and what to run if there is
+    none."""
+    file = Path(path) / "tokens" / "shards.json"
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{key}={path} holds no prepared dataset ({file}: {error.__class__.__name__}); prepare it first with "
+            f"python run.py task=prepare source=<reader> source.paths='[...]' source.output_dir={path}"
+        ) from None
+
+
+def weights_folder(init_from: str | Path | None) -> Path | None:
+    """The HF folder (config.json beside the weights) of `init_from`: an HF directory, a run directory's hf/, or the
+    hf/ of the run a `<run>/checkpoints/*.ckpt` belongs to; None where there is none (yet)."""
+    if not init_from:
+        return None
+    path = Path(init_from)
+    run = path.parent.parent if path.suffix == ".ckpt" and path.parent.name == "checkpoints" else path
+    for candidate in (path, run / "hf"):
+        if (candidate / "config.json").is_file():
+            return candidate
+    return None
+
+
+def padded_vocab(tokens: int) -> int:
+    return math.ceil(tokens / VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def dataset_vocab(path: str, init_from: str | None = None) -> int:
+    """The model's vocabulary for training on the dataset at `path`: `init_from`'s (its weights fix it) where it has
+    a config.json, else the dataset's tokenizer padded to VOCAB_MULTIPLE. Whether both agree is checked apart."""
+    weights = weights_folder(init_from)
+    if weights is not None:
+        return int(json.loads((weights / "config.json").read_text())["vocab_size"])
+    return padded_vocab(int(prepared_index(path)["vocab_size"]))
+
+
+def dataset_mixture(path: str) -> dict[str, float]:
+    """Every domain of the dataset at `path`, weighted by its share of the tokens (the data as it is)."""
+    domains = prepared_index(path)["domains"]
+    total = sum(int(counts["tokens"]) for counts in domains.values()) or 1
+    return {name: round(int(counts["tokens"]) / total, 6) for name, counts in domains.items() if counts["tokens"]}
