@@ -36,7 +36,7 @@ def command(*overrides: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(chat_dataset, tmp_path_factory) -> dict:
-    """Pre-training, then SFT from its export, on chat_dataset (a 512-token tokenizer), each by its one-stage command."""
+    """Pre-training, then SFT from its export, on chat_dataset (a 512-token tokenizer), each by its own command."""
     root = tmp_path_factory.mktemp("own")
     data = f"data.path={chat_dataset}"
     run_py("data=shards", data, "trainer.max_steps=2", *QUICK, f"hydra.run.dir={root / 'pretrain'}")
@@ -152,16 +152,11 @@ def test_the_vocabulary_follows_the_data_and_mismatches_are_refused(
     ):
         validate(compose_config(*command("data=shards", f"data.path={chat_dataset}", "model.vocab_size=256")))
     export = runs["pretrain"] / "hf"
+    both = f"\\({export}/tokenizer.json and {other_tokenizer}/tokenizer.json\\)"
     for data in ("sft", "rl", "preference"):  # every module: data from another tokenizer than init_from's
-        with pytest.raises(
-            ConfigError,
-            match=f"init_from and data.path have different tokenizers \\({export}/tokenizer.json and {other_tokenizer}/tokenizer.json\\)",
-        ):
-            validate(
-                compose_config(
-                    *command(f"data={data}", f"data.path={other_tokenizer}", f"init_from={runs['pretrain']}")
-                )
-            )
+        overrides = command(f"data={data}", f"data.path={other_tokenizer}", f"init_from={runs['pretrain']}")
+        with pytest.raises(ConfigError, match=f"init_from and data.path have different tokenizers {both}"):
+            validate(compose_config(*overrides))
     with pytest.raises(ConfigError, match="differs from the composed model .* in hidden_size: 128 there, 64 here"):
         validate(
             compose_config(
