@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM
 from glm46.data.chat import STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.hf import load_hf
+from glm46.reports.plots import plot_run
 
 from . import forked
 
@@ -413,6 +414,9 @@ def test_default_run_prepares_the_embedded_corpus_and_trains_through_the_curricu
         assert column(metrics(stage_dir), "eval/glm46_tool_arithmetic/tool_calls")
     printed = first.stdout + first.stderr
     assert "skills per stage" in printed and (run_dir / "curriculum.png").is_file()
+    (run_dir / "curriculum.png").unlink()  # `python -m glm46.reports.plots RUN_DIR` redraws every plot of the run
+    redrawn = plot_run(run_dir, curriculum=True)
+    assert run_dir / "curriculum.png" in redrawn and run_dir / "loss.png" in redrawn
     for skill in ("arithmetic", "tool_arithmetic", "tool_calls"):  # each skill's paired change from stage to stage
         assert re.search(rf"{skill} sft -> toy_rl: [+-]\d\.\d{{3}} \(paired 95% CI \[[+-]\d\.\d{{3}}, ", printed)
 

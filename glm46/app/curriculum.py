@@ -199,15 +199,10 @@ def report_skills(
     model's experts) and from where those started, and curriculum.png, when the stages were evaluated
     (eval.after_train). stages: (name, run directory, init_from) in order."""
     report_reward_models(stages)
-    scores = {
-        name: summarize(json.loads((where / "eval" / "results.json").read_text()))
-        for name, where, _ in stages
-        if (where / "eval" / "results.json").is_file()
-    }
+    scores = evaluations([(name, where) for name, where, _ in stages])
     if not scores:
         return
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
-    skills = {}
     pairs = compared_stages(stages, set(scores))
     pairs += taught_pairs(stages, taught or {}, set(scores))
     for skill, (task, metric) in SKILLS.items():
@@ -217,13 +212,39 @@ def report_skills(
             if before and after:
                 change, low, high = paired_change(before, after)
                 log.info(f"{skill} {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
+    log.info(f"wrote {plot_curriculum([(n, w) for n, w, _ in stages], skills_of(scores), run_dir / 'curriculum.png')}")
+
+
+def evaluations(stages: list[tuple[str, Path]]) -> dict[str, dict[str, float]]:
+    """Each evaluated stage's summarized scores (its eval/results.json, lm-eval's format)."""
+    return {
+        name: summarize(json.loads((where / "eval" / "results.json").read_text()))
+        for name, where in stages
+        if (where / "eval" / "results.json").is_file()
+    }
+
+
+def skills_of(scores: dict[str, dict[str, float]]) -> dict[str, dict[str, tuple[float, tuple[float, float]]]]:
+    """skill -> stage -> (its held-out share, the 95% interval), for the SKILLS some stage measured."""
+    skills = {}
+    for skill, (task, metric) in SKILLS.items():
         measured = {name: score for name, score in scores.items() if f"{task}/{metric}" in score}
         if measured:
             skills[skill] = {
                 name: (score[f"{task}/{metric}"], interval(score[f"{task}/{metric}"], int(score[f"{task}/n"])))
                 for name, score in measured.items()
             }
-    log.info(f"wrote {plot_curriculum([(n, w) for n, w, _ in stages], skills, run_dir / 'curriculum.png')}")
+    return skills
+
+
+def redraw_curriculum(run_dir: Path) -> Path | None:
+    """curriculum.png of a finished curriculum again, from its curriculum.json and its stages' directories
+    (`python -m glm46.reports.plots RUN_DIR`); None for a run that is no curriculum."""
+    file = run_dir / "curriculum.json"
+    if not file.is_file():
+        return None
+    stages = [(s["stage"], Path(s["run_dir"])) for s in json.loads(file.read_text()) if s["kind"] == "train"]
+    return plot_curriculum(stages, skills_of(evaluations(stages)), run_dir / "curriculum.png")
 
 
 def run_stage(kind: str, cfg: DictConfig, config: GLM46Config) -> object:

@@ -1,6 +1,7 @@
 """Pictures of a run: the loss curves and the expert load, from the files in its run directory.
 
-`python -m glm46.reports.plots RUN_DIR` redraws them; training draws them at the end of a run.
+`python -m glm46.reports.plots RUN_DIR` redraws every plot a run writes (a curriculum's curriculum.png too); training
+draws them at the end of a run.
 """
 
 from __future__ import annotations
@@ -187,9 +188,13 @@ def plot_sweep(members: list[tuple[str, Path, int, int, bool]], out: Path) -> li
     return [out]
 
 
-def plot_run(run_dir: str | Path) -> list[Path]:
+def plot_run(run_dir: str | Path, curriculum: bool = False) -> list[Path]:
+    """loss.png, reward_model.png and expert_load.png of a run where it has their data; with `curriculum`, also a
+    curriculum's curriculum.png (which the curriculum draws itself when it ends)."""
+    from glm46.app.curriculum import redraw_curriculum  # here: the curriculum imports this module
+
     run_dir = Path(run_dir)
-    written = []
+    written = [path for path in [redraw_curriculum(run_dir) if curriculum else None] if path]
     if (run_dir / "metrics.csv").exists():
         metrics = read_metrics(run_dir / "metrics.csv")
         written.append(plot_losses(metrics, run_dir / "loss.png"))
@@ -201,5 +206,5 @@ def plot_run(run_dir: str | Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in plot_run(sys.argv[1]):
+    for path in plot_run(sys.argv[1], curriculum=True):
         print(path)
