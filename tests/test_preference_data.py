@@ -3,6 +3,7 @@ deduplicated by prompt, two preparation tasks equal to one, and each served side
 with its reply's tokens masked."""
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -148,6 +149,38 @@ def test_pairs_longer_than_seq_len_are_left_out(preference_dataset):
         lengths.append(max(len(chosen), len(rejected)))
     cut = int(np.median(lengths))
     assert served(cut) == sum(n <= cut for n in lengths) < len(lengths) == served(512)
+
+
+def test_pairs_left_out_for_length_are_counted_and_logged_and_none_fitting_is_named(preference_dataset, caplog):
+    def module(seq_len: int) -> PreferenceDataModule:
+        return PreferenceDataModule(str(preference_dataset), seq_len=seq_len, batch_size=2, mixture={"preference": 1})
+
+    def longer_sides(data: PreferenceDataModule, split: str) -> list[int]:
+        stream = data.streams["preference"]
+        tokens, offsets = getattr(stream, split), getattr(stream, f"{split}_offsets")
+        sides = [split_pair(np.asarray(tokens[a:b]), data.chat)[:2] for a, b in zip(offsets, offsets[1:])]
+        return [max(len(chosen), len(rejected)) for chosen, rejected in sides]
+
+    whole = module(512)
+    whole.setup()
+    assert whole.dropped_overlong == {"train": 0, "val": 0}
+    lengths = {split: longer_sides(whole, split) for split in ("train", "val")}
+    cut = int(np.median(lengths["train"]))
+    with caplog.at_level(logging.INFO, logger="glm46.lit.preference_data"):
+        data = module(cut)
+        data.setup()
+        data.setup()  # fit, then validate: nothing counted twice
+    dropped = {split: sum(n > cut for n in lengths[split]) for split in lengths}
+    assert data.dropped_overlong == dropped and dropped["train"] > 0 and dropped["val"] > 0
+    assert caplog.text.count("preference pairs left out") == 1
+    assert (
+        f"domain 'preference': {dropped['train']} of {len(lengths['train'])} training and {dropped['val']} of "
+        f"{len(lengths['val'])} held-out preference pairs left out, a side longer than data.seq_len={cut}"
+    ) in caplog.text
+    shortest, longest = min(lengths["train"]), max(lengths["train"])
+    named = rf"data.seq_len={shortest - 1} .*side: {shortest} tokens, the longest side: {longest}"
+    with pytest.raises(ValueError, match=named):
+        module(shortest - 1).setup()
 
 
 @pytest.mark.parametrize(

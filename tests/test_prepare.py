@@ -301,8 +301,8 @@ def test_the_readers_former_data_spelling_is_rewritten_to_source():
         "source.output_dir=out",
         "seed=1",
     ]
-    training = ["data=shards", "data.path=/d", "data.batch_size=4"]  # a DataModule: left alone
-    assert renamed_overrides(training) == training
+    training = ["data=shards", "data.path=/d", "data.batch_size=4"]  # a DataModule: not renamed, trained in one stage
+    assert renamed_overrides(training) == ["experiment=own_pretrain", *training]
     # the design's name of the quality classifier's cut (prepare.quality is the Gopher rules' node)
     assert renamed_overrides(["prepare.quality.min_score=0.5", "++prepare.quality.min_score=0.4"]) == [
         "prepare.quality_classifier.min_score=0.5",

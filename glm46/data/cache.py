@@ -1,11 +1,11 @@
 """Prepare a dataset once: `task=prepare`'s output folder is reused while the preparation's fingerprint
 stays the same, and rebuilt when it changes.
 
-The fingerprint covers everything that decides the output: the reader and its options, the `prepare`
-settings (dedup, quality rules, tokenizer), the source files (path, size and modification time of each
-file read; for the embedded corpus, the standard library, pydoc topics and license texts) and the
-source code of glm46.data. It is written to `<output_dir>/prepared.json` after a successful preparation,
-with the shards' own content fingerprint, so an interrupted preparation, or another `task=prepare` into
+The fingerprint covers everything that decides the output: the reader, its options and the source's
+text_key, id_key and split, the `prepare` settings (dedup, quality rules, tokenizer), the source files (path,
+size and modification time of each file read; for the embedded corpus, the standard library, pydoc topics and
+license texts) and the source code of glm46.data. It is written to `<output_dir>/prepared.json` after a successful
+preparation, with the shards' own content fingerprint, so an interrupted preparation, or another `task=prepare` into
 the same folder, is not mistaken for this one.
 """
 
@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from .embedded import source_files as embedded_source_files
+from .prepare import SOURCE_KEYS
 
 CODE_DIR = Path(__file__).resolve().parent
 RECORD = "prepared.json"
@@ -60,6 +61,9 @@ def prepare_fingerprint(source: dict, settings: dict) -> str:
     """The fingerprint of preparing `source` (a `source=embedded|jsonl|...` node) with `settings` (`prepare`)."""
     # reference_domains acts through the filters' settings (theirs, resolved from it, are in `settings` when on)
     source = {k: v for k, v in source.items() if k not in ("output_dir", "reference_domains")}
+    for key, default in SOURCE_KEYS.items():  # at its default: the fingerprint of a source from before the field
+        if source.get(key, default) in (None, default):
+            source.pop(key, None)
     settings = {k: v for k, v in settings.items() if k not in ("num_workers", "tasks", "dry", "estimate")}
     if not settings.get("keep_excluded"):  # off: the fingerprint of a preparation from before the setting
         settings.pop("keep_excluded", None)

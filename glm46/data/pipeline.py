@@ -47,6 +47,9 @@ def prepare_dataset(
     *,
     default_domain: str = "general",
     options: dict | None = None,
+    text_key: str = "text",
+    id_key: str = "id",
+    split: str | None = None,
     dedup: dict | None = None,
     quality: QualityRules | None = None,
     tokenizer_path: str | None = None,
@@ -62,19 +65,24 @@ def prepare_dataset(
     """Write `output_dir`: documents/, manifest.json, tokenizer.json, tokens/ and prepared.json; return the
     manifest. Whatever `output_dir` held before is replaced.
 
-    reader: one of READERS (embedded, jsonl, chat, text, parquet); dedup: the stages' switches and MinHash settings
-    (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use as is (checked before any document is
-    read), else a byte-level BPE of `vocab_size` whose tokens hold at most `max_digits` digits is trained on the kept
-    documents; num_workers: threads for MinHash and tokenization; keep_excluded: every dropped input written to
-    `output_dir/excluded/<reason>.jsonl` (glm46.data.staged.excluded); perplexity, quality_classifier, toxicity,
-    semantic_dedup: the model-based filters, each with the keys of its node in conf/prepare/default.yaml (the
-    modules of glm46.data.staged: perplexity, classifier, toxicity, semantic; None: off)."""
+    reader: one of READERS (embedded, jsonl, chat, text, parquet, preference, hf); text_key, id_key: the fields of
+    a record's text and id (readers jsonl, parquet, hf); split: the split reader hf reads (None: train); dedup: the
+    stages' switches and MinHash settings (missing keys: DEDUP_DEFAULTS); tokenizer_path: a tokenizer.json to use
+    as is (checked before any document is read), else a byte-level BPE of `vocab_size` whose tokens hold at most
+    `max_digits` digits is trained on the kept documents; num_workers: threads for MinHash and tokenization;
+    keep_excluded: every dropped input written to `output_dir/excluded/<reason>.jsonl` (glm46.data.staged.excluded);
+    perplexity, quality_classifier, toxicity, semantic_dedup: the model-based filters, each with the keys of its
+    node in conf/prepare/default.yaml (the modules of glm46.data.staged: perplexity, classifier, toxicity, semantic;
+    None: off)."""
     source = {
         "reader": reader,
         "paths": list(paths),
         "output_dir": str(output_dir),
         "default_domain": default_domain,
         "options": options or {},
+        "text_key": text_key,
+        "id_key": id_key,
+        "split": split,
     }
     settings = {
         "tasks": 1,
@@ -98,7 +106,7 @@ def run_preparation(source: dict, settings: dict) -> dict:
     if source["reader"] not in READERS:
         raise ConfigError(
             f"source.reader={source['reader']!r}: task=prepare reads one of {sorted(READERS)} "
-            f"(source=embedded, jsonl, chat, text or parquet)"
+            f"(source=embedded, jsonl, chat, text, parquet, preference or hf)"
         )
     if settings["tokenizer"]["path"]:
         load_tokenizer(settings["tokenizer"]["path"])  # before any document is read

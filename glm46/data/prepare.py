@@ -16,8 +16,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from glm46.errors import ConfigError
+
 from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
+from .hf_source import read_hf
 from .preference import read_preference
 from .sources import read_chat, read_jsonl, read_parquet, read_text_folder
 
@@ -28,7 +31,24 @@ READERS = {
     "text": read_text_folder,
     "parquet": read_parquet,
     "preference": read_preference,
+    "hf": read_hf,
 }
+# The source's fields a reader takes besides its options, with their defaults: the record fields of the text and id
+RECORD_KEYS = {"text_key": "text", "id_key": "id"}
+READER_KEYS = {"jsonl": RECORD_KEYS, "parquet": RECORD_KEYS, "hf": RECORD_KEYS | {"split": "train"}}
+SOURCE_KEYS = RECORD_KEYS | {"split": None}  # a source's defaults (the schema's SourceData)
+
+
+def reader_options(source: dict) -> dict:
+    """The keyword arguments of `source`'s reader: source.options and the fields of READER_KEYS (source.text_key,
+    id_key; split for source=hf). A field set for a reader that does not take it is a ConfigError."""
+    reader, taken = source["reader"], READER_KEYS.get(source["reader"], {})
+    for key, default in SOURCE_KEYS.items():
+        if key not in taken and source.get(key, default) not in (None, default):
+            users = ", ".join(f"source={name}" for name, keys in READER_KEYS.items() if key in keys)
+            raise ConfigError(f"source.{key}={source[key]}: source={reader} has no use for it (it is read by {users})")
+    fields = {key: source.get(key) or default for key, default in taken.items()}
+    return dict(source.get("options") or {}) | fields
 
 
 class EmptyDatasetError(ValueError):

@@ -1,6 +1,7 @@
 """Schemas of the data side:
 
-- `source` (`source=embedded|jsonl|chat|text|parquet`): what `task=prepare` reads and where it writes the dataset;
+- `source` (`source=embedded|jsonl|chat|preference|text|parquet|hf`): what `task=prepare` reads and where it
+  writes the dataset;
 - `data` (`data=shards|sft|rl|stdlib` and the `embedded_*` members): the DataModule training reads.
 
 `phase` (sequence length, mixture, token budget of a curriculum stage) and `prepare` (dedup, filters,
@@ -51,6 +52,10 @@ class SourceData:
     paths: List[str] = MISSING
     output_dir: str = MISSING
     default_domain: str = MISSING
+    # The fields of a record's text and id (source=jsonl, parquet, hf): The Stack's `content`, for example
+    text_key: str = "text"
+    id_key: str = "id"
+    split: Optional[str] = None  # source=hf: the split read (conf/source/hf.yaml: train)
     # The digit rule a tokenizer trained on this corpus follows (prepare.tokenizer.max_digits takes it): GLM-4's 3;
     # source=embedded_tools: 1, which its copy drill needs. A property of the corpus, so that `source=jsonl` under an
     # experiment on the tools corpus keeps GLM's rule.

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..cache import FILTERS, filter_on
 from ..dedup import lsh_bands
 from ..embedded import source_files
+from ..prepare import reader_options
 from ..sources import input_files
 
 
@@ -17,8 +18,13 @@ def input_bytes(source: dict) -> int:
     if source["reader"] == "embedded":
         files = source_files()
     else:
-        files = input_files(source["reader"], list(source["paths"]), source.get("options"))
-    return sum(Path(f).stat().st_size for f in files)
+        files = input_files(source["reader"], list(source["paths"]), reader_options(source))
+    return sum(_size(Path(f)) for f in files)
+
+
+def _size(path: Path) -> int:
+    """A file's bytes, or those of every file under a folder (a `datasets` folder written by save_to_disk)."""
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else path.stat().st_size
 
 
 def estimate(source: dict, settings: dict, threads: int = 1) -> dict:

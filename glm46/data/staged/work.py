@@ -14,6 +14,7 @@ import numpy as np
 from glm46.errors import ConfigError
 
 from ..cache import FILTERS, RECORD, filter_on, prepare_fingerprint
+from ..prepare import reader_options
 from ..sources import input_files
 
 WORK = ".staged"
@@ -38,6 +39,7 @@ FILTER_STAGES = {
     "semantic_dedup": ["semantic_clusters", "embed", "semantic_dedup"],
 }
 DROP_REASONS = DEDUP_REASONS | FILTER_REASONS
+HF_INPUTS = " (source=hf: a folder written by save_to_disk is one input file, a folder in the Hub's layout its files)"
 
 
 @dataclass
@@ -47,7 +49,7 @@ class StagedPlan:
     reader: str
     shards: list[list[str]]  # per read task, its input files; none for the embedded corpus (a slice of its documents)
     default_domain: str
-    options: dict
+    options: dict  # the reader's keyword arguments (glm46.data.prepare.reader_options)
     dedup: dict
     quality: dict
     tokenizer_path: str | None
@@ -114,19 +116,22 @@ def split_files(files: list[Path], tasks: int) -> list[list[str]]:
 
 def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) -> StagedPlan:
     """The plan of preparing `source` with `settings` (the `prepare` node) over settings["tasks"] tasks, or a
-    ConfigError naming what cannot run: no input, more tasks than input files, an output directory that holds
-    another preparation (or this one's work over another number of tasks). `threads`: per task."""
+    ConfigError naming what cannot run: no input (or input the reader does not read), a source field the reader has
+    no use for, more tasks than input files, an output directory that holds another preparation (or this one's work
+    over another number of tasks). `threads`: per task."""
     tasks, output_dir = int(settings["tasks"]), Path(source["output_dir"])
+    options = reader_options(source)
     shards: list[list[str]] = []
     if source["reader"] != "embedded":
         try:
-            files = input_files(source["reader"], list(source["paths"]), source.get("options"))
-        except FileNotFoundError as error:
+            files = input_files(source["reader"], list(source["paths"]), options)
+        except (FileNotFoundError, ValueError) as error:  # ValueError: a file or folder the reader does not read
             raise ConfigError(str(error)) from None
         if tasks > len(files):
             raise ConfigError(
                 f"prepare.tasks={tasks}: source.paths holds {len(files)} input file(s), and each read task takes "
                 f"whole files; use at most {len(files)} tasks or split the input"
+                + (HF_INPUTS if source["reader"] == "hf" else "")
             )
         shards = split_files(files, tasks)
     _check_output_dir(output_dir, fingerprint, tasks)
@@ -136,7 +141,7 @@ def make_plan(source: dict, settings: dict, fingerprint: str, threads: int = 1) 
         reader=source["reader"],
         shards=shards,
         default_domain=source.get("default_domain") or "general",
-        options=dict(source.get("options") or {}),
+        options=options,
         dedup=dict(settings["dedup"]),
         quality={k: v for k, v in settings["quality"].items() if k != "_target_"},  # QualityRules' fields
         tokenizer_path=settings["tokenizer"]["path"],
