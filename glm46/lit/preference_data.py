@@ -8,7 +8,8 @@ chosen and the rejected conversation of one pair, right-padded to seq_len:
 A reply's tokens are its assistant tokens after the prompt (glm46.data.chat.assistant_mask: tool results inside a
 reply are not the model's), up to and including the token that closes its last turn; the reward model reads its
 score there, at `length - 1`. Pairs whose longer side exceeds seq_len are left out (a truncated reply would be
-judged without its end).
+judged without its end), counted: setup logs how many training and held-out pairs of each domain were, and keeps the
+totals in `dropped_overlong`; a domain none of whose training pairs fits is an error.
 
 With `reference` set (DPO: the starting policy's summed reply log-probs of every pair, computed once before
 training), each sample also holds its pair's `ref_chosen_logps` and `ref_rejected_logps`; the table is part of the
@@ -29,6 +30,9 @@ from glm46.data.chat import ChatTokens, assistant_mask, reply_starts
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import MixtureWindows
 from glm46.lit.shard_data import ShardDataModule
+from glm46.logs import rank_zero_logger
+
+log = rank_zero_logger(__name__)
 
 SIDES = ("chosen", "rejected")
 REFERENCE = ("ref_chosen_logps", "ref_rejected_logps")
@@ -51,9 +55,9 @@ def reply_mask(ids: np.ndarray, prompt_length: int, chat: ChatTokens) -> np.ndar
     return mask
 
 
-def pair_bins(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, chat: ChatTokens) -> list[list[tuple[int, int]]]:
-    """The pairs of a domain's tokens whose sides both fit seq_len, one per bin [(start, length)]; ValueError when
-    the documents are no pairs."""
+def pair_lengths(tokens: np.ndarray, offsets: np.ndarray, chat: ChatTokens) -> np.ndarray:
+    """The length of each pair's longer side, in tokens, for the pairs of a domain's tokens; ValueError when the
+    documents are no pairs."""
     ends = np.flatnonzero(tokens == chat.eos)
     middle = ends[~np.isin(ends + 1, offsets[1:])]  # each pair's first <|endoftext|>: the chosen side's end
     document = np.searchsorted(offsets, middle, side="right") - 1
@@ -61,8 +65,14 @@ def pair_bins(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, chat: ChatT
         raise ValueError("documents that are no preference pairs (prepare them with source=preference)")
     starts = reply_starts(tokens, chat)  # the rejected reply opens no reply (no <|user|> before it)
     prompt_end = starts[np.searchsorted(starts, middle) - 1]
-    longer = np.maximum(middle + 1 - offsets[:-1], prompt_end - 1 - offsets[:-1] + offsets[1:] - middle - 1)
-    return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in np.flatnonzero(longer <= seq_len)]
+    return np.maximum(middle + 1 - offsets[:-1], prompt_end - 1 - offsets[:-1] + offsets[1:] - middle - 1)
+
+
+def pair_bins(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, chat: ChatTokens) -> list[list[tuple[int, int]]]:
+    """The pairs of a domain's tokens whose sides both fit seq_len, one per bin [(start, length)]; ValueError when
+    the documents are no pairs."""
+    fits = np.flatnonzero(pair_lengths(tokens, offsets, chat) <= seq_len)
+    return [[(int(offsets[d]), int(offsets[d + 1] - offsets[d]))] for d in fits]
 
 
 class Pairs(MixtureWindows):
@@ -128,6 +138,7 @@ class PreferenceDataModule(ShardDataModule):
         self.chat = ChatTokens(GLMTokenizer.from_file(self.root / "tokenizer.json"))
         self.dataset = partial(Pairs, chat=self.chat)
         self.reference: dict[str, dict[str, np.ndarray]] | None = None  # split -> domain -> [bins, 2]
+        self.dropped_overlong = {"train": 0, "val": 0}  # the pairs left out for a side longer than seq_len
 
     def document_bins(self, tokens: np.ndarray, offsets: np.ndarray) -> list[list[tuple[int, int]]]:
         """The pairs whose sides both fit seq_len, one per bin."""
@@ -137,10 +148,34 @@ class PreferenceDataModule(ShardDataModule):
             raise ValueError(f"data.path: {self.root} holds {error}") from None
 
     def setup(self, stage: str | None = None) -> None:
+        new = [domain for domain in self.mixture if domain not in self.streams]
         super().setup(stage)
-        for domain, bins in self.bins.items():
-            if not bins:
-                raise ValueError(f"domain {domain!r} has no preference pair whose sides fit seq_len={self.seq_len}")
+        for domain in new:
+            self.count_overlong(domain)
+
+    def count_overlong(self, domain: str) -> None:
+        """Count and log a domain's pairs left out for length (its documents are pairs: document_bins read them);
+        ValueError when none of its training pairs fits."""
+        stream = self.streams[domain]
+        pairs = {"train": len(stream.train_offsets) - 1, "val": len(stream.val_offsets) - 1}
+        if not self.bins[domain]:
+            lengths = pair_lengths(stream.train, stream.train_offsets, self.chat)
+            raise ValueError(
+                f"domain {domain!r}: every one of its {pairs['train']} training pairs has a side longer than "
+                f"data.seq_len={self.seq_len} (the shortest pair's longer side: {lengths.min()} tokens, the longest "
+                f"side: {lengths.max()}); raise data.seq_len"
+            )
+        dropped = {
+            "train": pairs["train"] - len(self.bins[domain]),
+            "val": int((pair_lengths(stream.val, stream.val_offsets, self.chat) > self.seq_len).sum()),
+        }
+        for split in dropped:
+            self.dropped_overlong[split] += dropped[split]
+        if any(dropped.values()):
+            log.info(
+                f"domain {domain!r}: {dropped['train']} of {pairs['train']} training and {dropped['val']} of "
+                f"{pairs['val']} held-out preference pairs left out, a side longer than data.seq_len={self.seq_len}"
+            )
 
     def train_dataset(self, rank: int, world: int) -> Pairs:
         pairs = self.with_reference(super().train_dataset(rank, world), "train")
