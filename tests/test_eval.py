@@ -4,6 +4,7 @@ the same numbers and generations as lm-eval's own HFLM over the HF export."""
 import csv
 import io
 import json
+import logging
 import re
 from contextlib import redirect_stdout
 from pathlib import Path
@@ -92,13 +93,20 @@ def user_tasks(tmp_path_factory):
 @pytest.fixture(scope="module")
 def evaluated(dataset, model_dir, user_tasks, tmp_path_factory):
     """`python run.py task=eval` on the random model, the glm46 tasks and the user's local task:
-    (run directory, the task's summary, what it printed)."""
+    (run directory, the task's summary, what it printed and logged)."""
     output_dir = tmp_path_factory.mktemp("run")
     overrides = [f"eval.model={model_dir.parent}", f"eval.dataset={dataset}", "eval.batch_size=16", *SETTINGS]
     cfg = compose_run(output_dir, *overrides, f"eval.include_path={user_tasks}", "eval.tasks=[glm46,my_sums]")
-    with redirect_stdout(io.StringIO()) as printed:
-        summary = run_task(cfg)
-    return output_dir, summary, printed.getvalue()
+    logged, logger = logging.StreamHandler(io.StringIO()), logging.getLogger("glm46.eval.harness")
+    logger.addHandler(logged)
+    logger.setLevel(logging.INFO)  # as Hydra's logging sets it in a run
+    try:
+        with redirect_stdout(io.StringIO()) as printed:
+            summary = run_task(cfg)
+    finally:
+        logger.removeHandler(logged)
+        logger.setLevel(logging.NOTSET)
+    return output_dir, summary, printed.getvalue() + logged.stream.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +181,8 @@ def test_task_eval_writes_lm_eval_results_logs_metrics_and_prints_the_table(eval
     results = json.loads((output_dir / "eval" / "results.json").read_text())
     assert results["config"]["model"] == "glm46" and "samples" not in results
     assert "|Version|Filter|n-shot|" in printed  # lm-eval's table
+    for kind in ("generation", "log-likelihoods"):  # progress while the requests run, and when they are done
+        assert re.search(rf"eval {kind}: (\d+)/\1 requests \(100%\), [\d.]+/s, done in", printed), kind
     metrics = {
         "glm46_arithmetic": ["exact_match"],
         "glm46_arithmetic_mc": ["acc"],

@@ -160,6 +160,7 @@ def test_the_fp8_export_is_glm_fp8_layout_and_transformers_reads_it(tmp_path):
         f"export.model={source}", "export.format=fp8", f"export.output={tmp_path / 'fp8'}", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"FP8 export of {source}: 1/1 files (100%)" in result.stdout + result.stderr  # its progress
     config = json.loads((tmp_path / "fp8" / "config.json").read_text())
     assert config["quantization_config"] == FP8_CONFIG and config["torch_dtype"] == "bfloat16"
     written, original = load_file(tmp_path / "fp8" / SINGLE_FILE), load_file(source / SINGLE_FILE)

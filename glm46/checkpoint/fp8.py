@@ -19,6 +19,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from glm46.progress import Progress
+
 from .hub_config import CheckpointError
 from .hub_files import INDEX_FILE, shard_files
 from .safetensors_writer import StreamingSafetensors
@@ -101,8 +103,9 @@ def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
     if config.get("quantization_config"):
         raise CheckpointError(f"{source}: already quantized ({config['quantization_config']}); export its source")
     output.mkdir(parents=True, exist_ok=True)
-    weight_map, total = {}, 0
-    for file in shard_files(source):
+    weight_map, total, files = {}, 0, shard_files(source)
+    progress = Progress(log, f"FP8 export of {source}", len(files), "files")
+    for file in files:
         with safe_open(file, framework="pt", device="cpu") as handle:
             entries = []
             for key in handle.keys():
@@ -126,6 +129,7 @@ def export_fp8(source: Path, output: Path, block: int = 128) -> Path:
             writer.close()
         weight_map |= dict.fromkeys((key for key, _, _ in entries), file.name)
         total += sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in entries)
+        progress.advance()
     if (source / INDEX_FILE).exists():
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (output / INDEX_FILE).write_text(json.dumps(index, indent=2))

@@ -33,6 +33,8 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
+from glm46.progress import Progress
+
 from .hub_config import CheckpointError
 from .hub_files import shard_files
 
@@ -278,9 +280,11 @@ def write_gguf(source: Path, path: Path, gguf_type: str) -> Path:
     writer.write_ti_data_to_file()
     with ExitStack() as stack:
         handles = {file: stack.enter_context(safe_open(file, "pt", device="cpu")) for file in set(files.values())}
+        progress = Progress(log, f"GGUF {gguf_type} export of {source}", len(tensors), "tensors")
         for tensor in tensors:
             parts = list(tensor_data(tensor, handles, files))
             writer.write_tensor_data(np.concatenate(parts) if len(parts) > 1 else parts[0])
+            progress.advance()
     writer.close()
     log.info(
         "%s: GGUF %s of %s (%d tensors, %.2f MiB)", path, gguf_type, source, len(tensors), path.stat().st_size / 2**20

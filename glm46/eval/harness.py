@@ -33,9 +33,13 @@ from glm46.checkpoint import find_weights, load_hf
 from glm46.data.chat import EOS, STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.tools import environment
+from glm46.logs import rank_zero_logger
 from glm46.modules.model import positions_after
+from glm46.progress import Progress
 from glm46.rl.episodes import run_episodes
 from glm46.rl.turns import ModelTurns
+
+log = rank_zero_logger(__name__)
 
 
 def find_tokenizer(weights: Path, fallback: str | Path | None) -> Path:
@@ -112,7 +116,7 @@ class GLM46LM(TemplateLM):
     def _loglikelihood_tokens(self, requests: list, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """requests: (key, context ids, continuation ids) -> (sum of the continuation's log-probabilities, greedy)."""
         collator = Collator(requests, sort_fn=lambda r: (-len(r[1] + r[2]), tuple(r[1] + r[2])))
-        results = []
+        results, progress = [], Progress(log, "eval log-likelihoods", len(requests), "requests")
         for chunk in collator.get_batched(n=self.batch_size):
             inputs = [(context + continuation)[-(self.max_length + 1) :][:-1] for _, context, continuation in chunk]
             targets = [continuation for _, _, continuation in chunk]
@@ -123,6 +127,7 @@ class GLM46LM(TemplateLM):
             hidden, _ = self.model.model(ids, positions_after(None, ids))
             scored = torch.cat([hidden[i, len(x) - len(t) : len(x)] for i, (x, t) in enumerate(zip(inputs, targets))])
             results += self._score(scored, targets)
+            progress.advance(len(chunk))
         return collator.get_original(results)
 
     def loglikelihood_rolling(self, requests: list, disable_tqdm: bool = False) -> list[float]:
@@ -144,7 +149,7 @@ class GLM46LM(TemplateLM):
             group_by="gen_kwargs",
             group_fn=lambda args: args[1],
         )
-        results = []
+        results, progress = [], Progress(log, "eval generation", len(requests), "requests")
         for chunk in collator.get_batched(n=self.batch_size):
             contexts, gen_kwargs = zip(*chunk)
             kwargs = dict(gen_kwargs[0])
@@ -156,6 +161,7 @@ class GLM46LM(TemplateLM):
             prompts = [self.tok_encode(context)[-(self.max_length - new_tokens) :] for context in contexts]
             if tools:
                 results += self._episodes(prompts, tools, max_turns, new_tokens)
+                progress.advance(len(chunk))
                 continue
             stops = self.stop_ids + [ids[0] for ids in map(self.tok_encode, until) if len(ids) == 1]
             width = max(map(len, prompts))
@@ -165,6 +171,7 @@ class GLM46LM(TemplateLM):
             for row in output[:, width:].tolist():
                 end = next((i for i, token in enumerate(row) if token in stops), len(row))
                 results.append(postprocess_generated_text(self.tokenizer.decode(row[:end]), until, None))
+            progress.advance(len(chunk))
         return collator.get_original(results)
 
     def _episodes(self, prompts: list[list[int]], tools: list[str], max_turns: int, turn_tokens: int) -> list[str]:
