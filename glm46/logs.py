@@ -1,11 +1,13 @@
 """Status lines of the application: through `logging` (Hydra writes them to the console and the run
 directory's <task>.log), from global rank zero only, so a 64-process job prints each line once; and the
-dependencies' lines that are not the user's, dropped."""
+dependencies' lines that are not the user's, dropped; and progress lines for long work outside the training loop
+(evaluation's requests, an export's tensors)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+import time
 import warnings
 
 from lightning.fabric.utilities.rank_zero import rank_zero_only
@@ -49,3 +51,29 @@ def quiet_dependencies() -> None:
     if not sys.warnoptions:
         for message, category in FOREIGN_WARNINGS:
             warnings.filterwarnings("ignore", message=message, category=category)
+
+
+class Progress:
+    """`Progress(log, "eval loglikelihood", total=400, unit="requests")`, then `advance(n)` as work completes:
+    `eval loglikelihood: 128/400 requests (32%), 41.2/s, 7 s left` lines."""
+
+    def __init__(self, log: logging.Logger, what: str, total: int, unit: str, every_s: float = 10.0):
+        self.log, self.what, self.total, self.unit, self.every_s = log, what, total, unit, every_s
+        self.done, self.started = 0, time.monotonic()
+        self.last = self.started
+
+    def line(self) -> str:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.done / elapsed
+        left = (self.total - self.done) / rate if rate else float("inf")
+        share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        return f"{self.what}: {self.done}/{self.total} {self.unit}{share}, {rate:.1f}/s, " + (
+            f"{left:.0f} s left" if self.done < self.total else f"done in {elapsed:.0f} s"
+        )
+
+    def advance(self, count: int = 1) -> None:
+        self.done += count
+        now = time.monotonic()
+        if self.done >= self.total or now - self.last >= self.every_s:
+            self.last = now
+            self.log.info(self.line())

@@ -8,11 +8,11 @@ import json
 import numpy as np
 
 from glm46.data.chat import EOS, ChatTokens, render_chat
+from glm46.data.chat_formats import read_chat
 from glm46.data.documents import Ledger
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.preference import read_preference
 from glm46.data.shards import load_shard
-from glm46.data.sources import read_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lit.preference_data import PreferenceDataModule, pair_lengths
 

@@ -21,12 +21,13 @@ from datasets import Dataset, DatasetDict
 
 from glm46.config.data_checks import check_prepare
 from glm46.data.cache import prepare_fingerprint
+from glm46.data.chat_formats import read_chat
 from glm46.data.documents import Ledger
 from glm46.data.hf_source import read_hf
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.prepare import READERS
 from glm46.data.quality import QualityRules
-from glm46.data.sources import read_chat, read_jsonl, read_parquet
+from glm46.data.sources import read_jsonl, read_parquet
 from glm46.data.staged.work import make_plan
 from glm46.errors import ConfigError
 

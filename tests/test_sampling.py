@@ -10,10 +10,10 @@ import torch
 
 from glm46.config.checks import validate
 from glm46.data.chat import EOS, render_chat
+from glm46.data.chat_formats import read_chat
 from glm46.data.chat_parse import parse_chat
 from glm46.data.documents import Ledger
 from glm46.data.embedded import conversation, render, rl_prompt, tool_conversation
-from glm46.data.sources import read_chat
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.hf import load_hf, save_hf

@@ -39,11 +39,11 @@ from glm46.app.train import train
 from glm46.config.checks import validate
 from glm46.data.cache import RECORD
 from glm46.errors import ConfigError
-from glm46.eval import summarize
 from glm46.intervals import interval, paired_change
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46Config
 from glm46.reports.plots import plot_curriculum
+from glm46.reports.skills import SKILLS, evaluations, skills_of
 from glm46.sampling.rejection import emptiness, run_sample
 
 log = rank_zero_logger(__name__)
@@ -97,14 +97,6 @@ def _loss_summary(run_dir: Path) -> str:
         if values:
             parts.append(f"{name} {values[0]:.2f} -> {values[-1]:.2f}")
     return ", ".join(parts) or "no losses"
-
-
-SKILLS = {  # name -> (its lm-eval task, the 0/1 metric of each prompt)
-    "arithmetic": ("glm46_arithmetic", "exact_match"),
-    "tool_arithmetic": ("glm46_tool_arithmetic", "exact_match"),
-    "tool_calls": ("glm46_tool_arithmetic", "tool_calls"),  # whether the episode called the tool at all
-    "preference": ("glm46_style", "follows_style"),  # the generated preference task's hidden rule
-}
 
 
 def outcomes(run_dir: Path, task: str, metric: str = "exact_match") -> dict[int, float]:
@@ -213,38 +205,6 @@ def report_skills(
                 change, low, high = paired_change(before, after)
                 log.info(f"{skill} {first} -> {second}: {change:+.3f} (paired 95% CI [{low:+.3f}, {high:+.3f}])")
     log.info(f"wrote {plot_curriculum([(n, w) for n, w, _ in stages], skills_of(scores), run_dir / 'curriculum.png')}")
-
-
-def evaluations(stages: list[tuple[str, Path]]) -> dict[str, dict[str, float]]:
-    """Each evaluated stage's summarized scores (its eval/results.json, lm-eval's format)."""
-    return {
-        name: summarize(json.loads((where / "eval" / "results.json").read_text()))
-        for name, where in stages
-        if (where / "eval" / "results.json").is_file()
-    }
-
-
-def skills_of(scores: dict[str, dict[str, float]]) -> dict[str, dict[str, tuple[float, tuple[float, float]]]]:
-    """skill -> stage -> (its held-out share, the 95% interval), for the SKILLS some stage measured."""
-    skills = {}
-    for skill, (task, metric) in SKILLS.items():
-        measured = {name: score for name, score in scores.items() if f"{task}/{metric}" in score}
-        if measured:
-            skills[skill] = {
-                name: (score[f"{task}/{metric}"], interval(score[f"{task}/{metric}"], int(score[f"{task}/n"])))
-                for name, score in measured.items()
-            }
-    return skills
-
-
-def redraw_curriculum(run_dir: Path) -> Path | None:
-    """curriculum.png of a finished curriculum again, from its curriculum.json and its stages' directories
-    (`python -m glm46.reports.plots RUN_DIR`); None for a run that is no curriculum."""
-    file = run_dir / "curriculum.json"
-    if not file.is_file():
-        return None
-    stages = [(s["stage"], Path(s["run_dir"])) for s in json.loads(file.read_text()) if s["kind"] == "train"]
-    return plot_curriculum(stages, skills_of(evaluations(stages)), run_dir / "curriculum.png")
 
 
 def run_stage(kind: str, cfg: DictConfig, config: GLM46Config) -> object:

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from glm46.progress import Progress
+from glm46.logs import Progress
 
 from .hub_config import CheckpointError
 from .hub_files import INDEX_FILE, shard_files

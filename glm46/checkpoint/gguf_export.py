@@ -33,7 +33,7 @@ import torch
 from safetensors import safe_open
 from tokenizers import Tokenizer
 
-from glm46.progress import Progress
+from glm46.logs import Progress
 
 from .hub_config import CheckpointError
 from .hub_files import shard_files

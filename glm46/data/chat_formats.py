@@ -1,4 +1,5 @@
-"""The layouts chat data comes in, each converted to the OpenAI messages format glm46.data.chat renders.
+"""Conversations as `source=chat` reads them (read_chat): the layouts chat data comes in, each converted to the
+OpenAI messages format glm46.data.chat renders.
 `conversation(record)` takes the first layout that fits a record, in this order:
 
     1. OpenAI messages   {"messages": [{"role": "user", "content": "Hi"}, ...], "tools": [...]}
@@ -28,9 +29,12 @@ any conversation's (glm46.data.chat.conversation_problem).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
-from .sources import json_kind
+from .chat import conversation_problem, render_chat
+from .documents import Document, Ledger
+from .sources import admit_record, domain_problem, json_kind, jsonl_records
 
 SHAREGPT_ROLES = {
     "human": "user",
@@ -169,3 +173,26 @@ def prompt_completion(record: dict) -> tuple[list, Any]:
             raise FormatProblem("malformed", f"field {field!r} is {json_kind(value)}, not a string or messages")
         parts += [{"role": role, "content": value}] if isinstance(value, str) else value
     return parts, tools_field(record)
+
+
+def read_chat(paths: list[str], ledger: Ledger, default_domain: str = "sft") -> Iterator[Document]:
+    """Conversations as JSONL, one per line: OpenAI messages {"messages": [...], optional "tools", "id", "domain"},
+    or ShareGPT, Alpaca or prompt-completion records (glm46.data.chat_formats: how each is detected), each rendered
+    in GLM-4.6's chat format (glm46.data.chat). A conversation that cannot be trained on is counted under
+    chat/<reason> (glm46.data.chat.conversation_problem) at its file and line."""
+    for record, where, nbytes in jsonl_records(paths, ledger):
+        try:
+            messages, tools = conversation(record)
+            problem = conversation_problem(messages, tools)
+        except FormatProblem as error:
+            problem = error.reason, error.detail
+        if problem is None and (domain := domain_problem(record)):
+            problem = ("malformed", domain)
+        if problem:
+            reason, detail = problem
+            ledger.reject(reason if reason == "malformed" else f"chat/{reason}", where, detail, nbytes)
+            continue
+        text = render_chat(messages, tools)
+        doc = admit_record(text, "the conversation", record, where, ledger, default_domain, nbytes)
+        if doc is not None:
+            yield doc

@@ -22,9 +22,9 @@ from .documents import Document, Ledger
 from .sources import (
     SUFFIXES,
     _expand,
-    _files,
     _from_record,
     check_parquet,
+    files_of,
     formats,
     lacks_text_column,
     parquet_documents,
@@ -68,7 +68,7 @@ def hf_inputs(paths: list[str], split: str) -> list[Path]:
         elif path.is_dir():
             inputs += _split_files(path, split)
         else:
-            inputs += _files([str(path)], SUFFIXES["hf"])
+            inputs += files_of([str(path)], SUFFIXES["hf"])
     return inputs
 
 

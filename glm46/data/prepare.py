@@ -18,11 +18,12 @@ from pathlib import Path
 
 from glm46.errors import ConfigError
 
+from .chat_formats import read_chat
 from .documents import Document, Ledger, normalized
 from .embedded import read_embedded
-from .hf_source import read_hf
+from .hf_source import hf_inputs, read_hf
 from .preference import read_preference
-from .sources import read_chat, read_jsonl, read_parquet, read_text_folder
+from .sources import SUFFIXES, TEXT_SUFFIXES, files_of, read_jsonl, read_parquet, read_text_folder
 
 READERS = {
     "embedded": read_embedded,
@@ -49,6 +50,15 @@ def reader_options(source: dict) -> dict:
             raise ConfigError(f"source.{key}={source[key]}: source={reader} has no use for it (it is read by {users})")
     fields = {key: source.get(key) or default for key, default in taken.items()}
     return dict(source.get("options") or {}) | fields
+
+
+def input_files(reader: str, paths: list[str], options: dict | None = None) -> list[Path]:
+    """The files a file reader reads, in its order: what a staged preparation splits over its tasks (source=hf:
+    a folder written by save_to_disk is one input, a folder in the Hub's layout its split's data files)."""
+    if reader == "hf":
+        return hf_inputs(paths, (options or {}).get("split", "train"))
+    suffixes = SUFFIXES.get(reader) or tuple((options or {}).get("suffixes", TEXT_SUFFIXES))
+    return files_of(paths, suffixes)
 
 
 class EmptyDatasetError(ValueError):

@@ -1,8 +1,8 @@
-"""Readers for user data: JSON records (JSONL, JSON arrays, plain or compressed), JSONL conversations, plain-text
-folders and parquet. Unreadable input is counted in the ledger with its file and line, never raised and never
-silently skipped; what cannot be counted (a missing path, a folder without input files, a file of a format the
-reader does not read, a parquet file whose footer does not read) is an error naming the path, raised before the
-first document is read."""
+"""Readers for user data: JSON records (JSONL, JSON arrays, plain or compressed), plain-text folders and parquet
+(conversations: glm46.data.chat_formats; preference pairs: glm46.data.preference). Unreadable input is counted in the
+ledger with its file and line, never raised and never silently skipped; what cannot be counted (a missing path, a
+folder without input files, a file of a format the reader does not read, a parquet file whose footer does not read)
+is an error naming the path, raised before the first document is read."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from pathlib import Path
 
 import zstandard
 
-from .chat import conversation_problem, render_chat
 from .documents import Document, Ledger
 
 # A domain names files (documents/<domain>.jsonl, tokens/<domain>.bin) and mixture keys.
@@ -66,17 +65,6 @@ def _expand(paths: list[str]) -> list[Path]:
     return expanded
 
 
-def input_files(reader: str, paths: list[str], options: dict | None = None) -> list[Path]:
-    """The files a file reader reads, in its order: what a staged preparation splits over its tasks (source=hf:
-    a folder written by save_to_disk is one input, a folder in the Hub's layout its split's data files)."""
-    if reader == "hf":
-        from .hf_source import hf_inputs
-
-        return hf_inputs(paths, (options or {}).get("split", "train"))
-    suffixes = SUFFIXES.get(reader) or tuple((options or {}).get("suffixes", TEXT_SUFFIXES))
-    return _files(paths, suffixes)
-
-
 def formats(suffixes: tuple[str, ...]) -> str:
     """What files of these suffixes are, for a message: `.jsonl or .json files, plain or compressed (.gz, .zst)`."""
     kinds = list(dict.fromkeys(_kind(suffix) for suffix in suffixes))
@@ -97,7 +85,7 @@ def _kind(name: str | Path) -> str:
     return "." + name.rsplit(".", 1)[1] if "." in name else ""
 
 
-def _files(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
+def files_of(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     files = []
     for path in _expand(paths):
         if path.is_dir():
@@ -238,7 +226,7 @@ def jsonl_records(paths: list[str], ledger: Ledger) -> Iterator[tuple[object, st
     """(record, where, bytes) of every JSON record of the files: each line of a .jsonl ("file:line"), each element
     of a .json holding an array ("file:item N", from 0), each line of a .json of lines; .gz and .zst files
     decompressed. What does not decode is counted (undecodable, malformed) where it is; blank lines skipped."""
-    for file in _files(paths, SUFFIXES["jsonl"]):
+    for file in files_of(paths, SUFFIXES["jsonl"]):
         before = ledger.documents_in
         yield from _json_records(file, ledger) if _kind(file) == ".json" else _line_records(file, ledger)
         ledger.read_file(file, before)
@@ -308,36 +296,11 @@ def read_jsonl(
             yield doc
 
 
-def read_chat(paths: list[str], ledger: Ledger, default_domain: str = "sft") -> Iterator[Document]:
-    """Conversations as JSONL, one per line: OpenAI messages {"messages": [...], optional "tools", "id", "domain"},
-    or ShareGPT, Alpaca or prompt-completion records (glm46.data.chat_formats: how each is detected), each rendered
-    in GLM-4.6's chat format (glm46.data.chat). A conversation that cannot be trained on is counted under
-    chat/<reason> (glm46.data.chat.conversation_problem) at its file and line."""
-    from .chat_formats import FormatProblem, conversation  # chat_formats reads this module's json_kind
-
-    for record, where, nbytes in jsonl_records(paths, ledger):
-        try:
-            messages, tools = conversation(record)
-            problem = conversation_problem(messages, tools)
-        except FormatProblem as error:
-            problem = error.reason, error.detail
-        if problem is None and (domain := domain_problem(record)):
-            problem = ("malformed", domain)
-        if problem:
-            reason, detail = problem
-            ledger.reject(reason if reason == "malformed" else f"chat/{reason}", where, detail, nbytes)
-            continue
-        text = render_chat(messages, tools)
-        doc = admit_record(text, "the conversation", record, where, ledger, default_domain, nbytes)
-        if doc is not None:
-            yield doc
-
-
 def read_parquet(
     paths: list[str], ledger: Ledger, default_domain: str = "general", text_key: str = "text", id_key: str = "id"
 ) -> Iterator[Document]:
     """One document per row, its text in the column `text_key` and its id in `id_key` (parquet_documents)."""
-    files = _files(paths, SUFFIXES["parquet"])
+    files = files_of(paths, SUFFIXES["parquet"])
     check_parquet(files)
     for file in files:
         yield from parquet_documents(file, ledger, default_domain, text_key, id_key)
@@ -408,7 +371,7 @@ def read_text_folder(
     paths: list[str], ledger: Ledger, default_domain: str = "general", suffixes: tuple[str, ...] = TEXT_SUFFIXES
 ) -> Iterator[Document]:
     """One document per file."""
-    for file in _files(paths, tuple(suffixes)):
+    for file in files_of(paths, tuple(suffixes)):
         before, raw = ledger.documents_in, file.read_bytes()
         try:
             text = raw.decode("utf-8-sig")

@@ -33,9 +33,8 @@ from glm46.checkpoint import find_weights, load_hf
 from glm46.data.chat import EOS, STOP_TOKENS
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.tools import environment
-from glm46.logs import rank_zero_logger
+from glm46.logs import Progress, rank_zero_logger
 from glm46.modules.model import positions_after
-from glm46.progress import Progress
 from glm46.rl.episodes import run_episodes
 from glm46.rl.turns import ModelTurns
 

@@ -7,6 +7,7 @@ draws them at the end of a run.
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402
+
+from glm46.reports.skills import evaluations, skills_of  # noqa: E402
 
 
 def read_metrics(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -191,8 +194,6 @@ def plot_sweep(members: list[tuple[str, Path, int, int, bool]], out: Path) -> li
 def plot_run(run_dir: str | Path, curriculum: bool = False) -> list[Path]:
     """loss.png, reward_model.png and expert_load.png of a run where it has their data; with `curriculum`, also a
     curriculum's curriculum.png (which the curriculum draws itself when it ends)."""
-    from glm46.app.curriculum import redraw_curriculum  # here: the curriculum imports this module
-
     run_dir = Path(run_dir)
     written = [path for path in [redraw_curriculum(run_dir) if curriculum else None] if path]
     if (run_dir / "metrics.csv").exists():
@@ -203,6 +204,16 @@ def plot_run(run_dir: str | Path, curriculum: bool = False) -> list[Path]:
     if (run_dir / "expert_load.npz").exists():
         written.append(plot_expert_load(run_dir / "expert_load.npz", run_dir / "expert_load.png"))
     return written
+
+
+def redraw_curriculum(run_dir: Path) -> Path | None:
+    """curriculum.png of a finished curriculum again, from its curriculum.json and its stages' directories
+    (`python -m glm46.reports.plots RUN_DIR`); None for a run that is no curriculum."""
+    file = run_dir / "curriculum.json"
+    if not file.is_file():
+        return None
+    stages = [(s["stage"], Path(s["run_dir"])) for s in json.loads(file.read_text()) if s["kind"] == "train"]
+    return plot_curriculum(stages, skills_of(evaluations(stages)), run_dir / "curriculum.png")
 
 
 if __name__ == "__main__":

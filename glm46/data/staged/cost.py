@@ -9,8 +9,7 @@ from pathlib import Path
 from ..cache import FILTERS, filter_on
 from ..dedup import lsh_bands
 from ..embedded import source_files
-from ..prepare import reader_options
-from ..sources import input_files
+from ..prepare import input_files, reader_options
 
 
 def input_bytes(source: dict) -> int:

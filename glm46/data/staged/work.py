@@ -14,8 +14,7 @@ import numpy as np
 from glm46.errors import ConfigError
 
 from ..cache import FILTERS, RECORD, filter_on, prepare_fingerprint
-from ..prepare import reader_options
-from ..sources import input_files
+from ..prepare import input_files, reader_options
 
 WORK = ".staged"
 # stages of one task; the others: prepare.tasks
