@@ -74,8 +74,12 @@ def run_py(*overrides: str, killed: bool = False, timeout: float = 900) -> subpr
 
 
 def kill_at(batch: int) -> list[str]:
-    """The overrides that SIGKILL a run as its micro-batch `batch` starts."""
+    """The overrides that SIGKILL a run as its micro-batch `batch` starts. A resume (`ckpt_path=last`) restores the
+    run directory's overrides, these too: it names UNKILLED to leave them out."""
     return ["+callbacks.kill._target_=tests.helpers.KillAtBatch", f"+callbacks.kill.batch={batch}"]
+
+
+UNKILLED = ["~callbacks.kill"]  # a resume without kill_at's callback (glm46.config.restore)
 
 
 def tiny_config(**overrides) -> GLM46Config:

@@ -9,6 +9,7 @@ them when they exist), since a tiny export is not a 355B checkpoint. A sweep (`-
 """
 
 import os
+import random
 import re
 import shlex
 import shutil
@@ -19,12 +20,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from bench.planted_docs import paragraphs, spam
 from glm46.config.aliases import renamed_overrides
 from glm46.config.checks import validate
 from glm46.config.restore import restored_overrides
 from glm46.config.values import model_config
 from glm46.data.pipeline import prepare_dataset
 from glm46.data.preference_task import write_task
+from glm46.data.scorers.fasttext_quality import train_classifier
+from glm46.data.scorers.ngram import fit_kneser_ney
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.errors import ConfigError
 from glm46.hf import save_hf
@@ -64,14 +68,15 @@ COMMANDS = documented_commands()
 
 
 def arguments(command: str) -> tuple[list[str], bool]:
-    """(the overrides of a run.py line, whether it is a sweep), comments dropped, and `...` or `<same overrides>`:
-    the user's other overrides."""
+    """(the overrides of a run.py line, whether it is a sweep), comments and `<same overrides>` (a run's own, which a
+    resume restores) dropped."""
     command = re.sub(r"<same overrides>", "", command)
     command = re.sub(r"\$\([^)]*\)", "<its output>", command)  # `serve.python=$(bash scripts/serving_venv.sh)`
     command = re.sub(r"<[^<>]+>", lambda m: m.group(0).replace(" ", "_"), command)  # `<SFT export>`: one word
     words = shlex.split(command, comments=True)
     words = words[words.index("run.py") + 1 :]
-    overrides = [w for w in words if w not in ("-m", "--multirun", "...")]
+    assert "..." not in words, f"{command}: a fragment, not a command (write out the overrides it stands for)"
+    overrides = [w for w in words if w not in ("-m", "--multirun")]
     return overrides, any(w in ("-m", "--multirun") for w in words)
 
 
@@ -101,6 +106,10 @@ def files(chat_dataset, tmp_path_factory) -> dict[str, Path]:
     documents = root / "docs.jsonl"
     documents.write_text('{"text": "A document."}\n')
     (root / "empty").mkdir()
+    fit_kneser_ney(paragraphs()[:20], order=2).write_arpa(root / "model.arpa")  # your own filter models
+    rng = random.Random(0)
+    hyperparameters = {"lr": 1.0, "dim": 10, "epoch": 2, "minCount": 1, "wordNgrams": 1, "bucket": 1000}
+    train_classifier(paragraphs()[:20], [spam(rng) for _ in range(20)], root / "model.bin", hyperparameters, seed=0)
     resumed = root / "out" / "run" / ".hydra"  # the run a resume line names: parallel.md's, written under FSDP2
     resumed.mkdir(parents=True)
     (resumed / "overrides.yaml").write_text(
@@ -110,11 +119,11 @@ def files(chat_dataset, tmp_path_factory) -> dict[str, Path]:
     default_export = save_hf(random_model(config, seed=0), root / "default-run" / "hf").parent  # its tokenizer: none
     return {"chat": chat_dataset, "pairs": root / "pairs-data", "export": export, "reward_model": reward_model,
             "pairs_file": pairs, "documents": documents, "tokenizer": chat_dataset / "tokenizer.json",
-            "empty": root / "empty", "out": root / "out", "default_export": default_export}  # fmt: skip
+            "empty": root / "empty", "out": root / "out", "default_export": default_export,
+            "arpa": root / "model.arpa", "fasttext": root / "model.bin"}  # fmt: skip
 
 
 PLACEHOLDER = re.compile(r"DIR|FILE|RUN|<[^>]+>|outputs/|/ckpt|/data\b|/lustre|/models/|\.\.\.")
-USERS_MODELS = ("prepare.perplexity.model", "prepare.quality_classifier.model")  # files of yours the tests cannot make
 
 
 def input_folder(root: Path, count: int) -> Path:
@@ -131,8 +140,7 @@ def input_folder(root: Path, count: int) -> Path:
 
 def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
     """The overrides with each placeholder given a file of `files` (by its key; data.path by the data group, the
-    weights by the experiment: the default run's model for its own stages), `seed=S` a seed, and your own filter
-    models left out."""
+    weights by the experiment: the default run's model for its own stages), and `seed=S` a seed."""
     values = dict(o.partition("=")[::2] for o in overrides)
     experiment = next(
         o for o in [*renamed_overrides(overrides), "experiment=toy_recipe_tools"] if o.startswith("experiment=")
@@ -162,6 +170,8 @@ def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
         "sample.prompts": files["chat"],
         "eval.include_path": files["empty"],
         "prepare.tokenizer.path": files["tokenizer"],
+        "prepare.perplexity.model": files["arpa"],
+        "prepare.quality_classifier.model": files["fasttext"],
         "source.paths": f"[{inputs}]",
         "source.output_dir": files["out"] / "prepared",
         "export.output": files["out"] / "export",
@@ -176,8 +186,6 @@ def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
         key, sign, value = override.partition("=")
         bare = key.lstrip("+~")
         placeholder = PLACEHOLDER.search(value) or (bare == "seed" and value == "S")
-        if bare in USERS_MODELS and placeholder:
-            continue
         if bare in paths and sign and placeholder and not value.startswith("@"):
             value = "/ckpt/missing" if full_scale and bare in ("init_from", "data.path") else str(paths[bare])
         given.append(f"{key}{sign}{value}")

@@ -14,7 +14,7 @@ from glm46.config.checks import validate
 from glm46.errors import ConfigError
 from glm46.optim.schedules import recipe_values
 
-from .helpers import SHORT_RUN, kill_at, run_py
+from .helpers import SHORT_RUN, UNKILLED, kill_at, run_py
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 10**12
@@ -254,7 +254,7 @@ def test_a_resume_inside_the_batch_warmup_lands_on_the_same_curve(phase_a, tmp_p
     # sixth step, after the checkpoint of step 4, which was written at an accumulation of 2
     run(tmp_path, *PHASE_A, *kill_at(10), killed=True)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 4
-    run(tmp_path, *PHASE_A, "ckpt_path=last")
+    run(tmp_path, *PHASE_A, "ckpt_path=last", *UNKILLED)
     assert steps(tmp_path) == steps(phase_a)
     a, b = load_file(tmp_path / "hf" / "model.safetensors"), load_file(phase_a / "hf" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in b)

@@ -81,6 +81,12 @@ def interrupted_after(step: int) -> list[str]:
     return ["+callbacks.signal._target_=tests.helpers.SignalAtStep", f"+callbacks.signal.step={step}"]
 
 
+# A resume restores the run directory's overrides (glm46.config.restore): it states the layout it continues under
+# and leaves out the interruption.
+ONE_PROCESS = ["parallelism=single", "cluster.devices=1"]
+UNINTERRUPTED = ["~callbacks.signal"]
+
+
 def steps(record: Path) -> list[dict]:
     return [json.loads(line) for line in record.read_text().splitlines()]
 
@@ -156,7 +162,7 @@ def test_fsdp2_on_4_processes_continues_as_fsdp2_ep_on_2_with_the_same_samples_a
     assert len(list(last.glob("*.distcp"))) == 4 and not (tmp_path / "hf").exists()
     assert torch.load(last / "meta.pt", weights_only=False)["layout"]["parallelism"] == "fsdp2"
     then = ["parallelism=fsdp2_ep", "cluster.devices=2", "data.batch_size=1", "trainer.accumulate_grad_batches=2"]
-    run(tmp_path, record, *then, "ckpt_path=last", init_from=initial)
+    run(tmp_path, record, *then, "ckpt_path=last", *UNINTERRUPTED, init_from=initial)
     assert_same_run(record, straight)
     assert (tmp_path / "hf" / "model.safetensors").is_file()
 
@@ -177,7 +183,7 @@ def test_single_continues_as_fsdp2_on_2_processes_and_back_with_the_same_samples
     run(tmp_path, record, *mesh, *interrupted_after(3), init_from=initial)
     reference = straight.parent / "checkpoints" / "step0000004.ckpt"
     assert_same_optimizer_state(tmp_path / "checkpoints" / "last.ckpt", reference)
-    run(tmp_path, record, "data.batch_size=4", "ckpt_path=last", init_from=initial)
+    run(tmp_path, record, *ONE_PROCESS, "data.batch_size=4", "ckpt_path=last", *UNINTERRUPTED, init_from=initial)
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
     assert_same_run(record, straight)
 
@@ -206,6 +212,7 @@ def test_two_pipeline_stages_continue_as_fsdp2_with_the_same_samples_and_losses(
         "cluster.devices=2",
         "data.batch_size=2",
         "ckpt_path=last",
+        *UNINTERRUPTED,
         init_from=initial,
     )
     assert_same_run(record, straight)
@@ -263,7 +270,7 @@ def test_a_dcp_folder_under_deepspeed_and_another_global_batch_are_refused(tmp_p
         "parallelism=deepspeed_zero3 on 2 processes",
         f"init_from={checkpoint}",
     )
-    one = ["data.batch_size=1", "ckpt_path=last"]
+    one = [*ONE_PROCESS, "optim=muon", "data.batch_size=1", "ckpt_path=last"]
     result = run(tmp_path, tmp_path / "steps.jsonl", *one, init_from=initial, fails=True)
     assert_refused_before_training(
         result, tmp_path, "global_batch_tokens=128", "global_batch_tokens=32", "data.batch_size or trainer.accumulate"

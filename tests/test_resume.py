@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from .helpers import SHORT_RUN, kill_at, run_py
+from .helpers import SHORT_RUN, UNKILLED, kill_at, run_py
 
 # 6 optimizer steps of 2 micro-batches, a checkpoint every 2 steps, every step logged.
 RUN = [*SHORT_RUN, "trainer.max_steps=6", "trainer.accumulate_grad_batches=2"]
@@ -58,7 +58,7 @@ def test_sigkill_then_resume_is_bitwise_the_straight_run(straight, tmp_path, bat
     run(tmp_path, *kill_at(batch), killed=True)
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == resumed_from
     assert not (tmp_path / "hf").exists()
-    run(tmp_path, "ckpt_path=last")
+    run(tmp_path, "ckpt_path=last", *UNKILLED)
     assert_same_run(tmp_path, straight, after_step=resumed_from)
 
 
@@ -68,7 +68,7 @@ def test_a_curriculum_killed_in_its_first_stage_resumes_across_the_phase_boundar
     run(straight, *STAGES)
     run(killed, *STAGES, *kill_at(5), killed=True)
     assert not (killed / "stages" / "first" / "hf").exists()
-    resumed = run(killed, *STAGES, "ckpt_path=last")
+    resumed = run(killed, *STAGES, "ckpt_path=last", *UNKILLED)
     assert "stage first:" in resumed.stdout
     assert_same_run(killed / "stages" / "first", straight / "stages" / "first", after_step=2)
     assert_same_run(killed, straight, after_step=0)
@@ -79,6 +79,6 @@ def test_a_truncated_last_checkpoint_is_skipped_for_the_newest_valid_one(straigh
     run(tmp_path, *kill_at(8), killed=True)
     last = tmp_path / "checkpoints" / "last.ckpt"
     last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # as a disk that filled up would leave it
-    resumed = run(tmp_path, "ckpt_path=last")
+    resumed = run(tmp_path, "ckpt_path=last", *UNKILLED)
     assert f"skipping {last}: not a readable checkpoint" in resumed.stdout + resumed.stderr
     assert_same_run(tmp_path, straight, after_step=4)  # from step0000004.ckpt, the same step

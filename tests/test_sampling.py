@@ -26,7 +26,7 @@ from glm46.sampling.prompt_records import SamplePrompt, jsonl_prompts, read_prom
 from glm46.sampling.rejection import judged
 
 from . import forked
-from .helpers import ROOT, kill_at, run_py, train_tiny
+from .helpers import ROOT, UNKILLED, kill_at, run_py, train_tiny
 from .slurm import require_slurm
 from .test_sft import make_chat_dataset
 
@@ -323,7 +323,7 @@ def test_a_stage_graph_killed_in_a_stage_resumes_without_sampling_again(setting,
     }
     assert not (run_dir / "stages" / "unified" / "hf").exists()
     assert (run_dir / "stages" / "unified" / "checkpoints" / "last.ckpt").is_file()
-    resumed = run_py(*command, "ckpt_path=last").stdout
+    resumed = run_py(*command, "ckpt_path=last", *UNKILLED).stdout
     assert "stage sample: finished before, skipped" in resumed and "stage samples_data: finished before" in resumed
     assert "1. sample (sample)\n  2. samples_data (prepare)\n  3. unified (train)\n  4. final (train)" in resumed
     assert {path: path.stat().st_mtime_ns for path in made} == made

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
+import yaml
 
 
 def _key(override: str) -> str:
@@ -29,13 +29,21 @@ def _value(overrides: list[str], key: str) -> str | None:
 def saved_overrides(run_dir: str | Path) -> list[str] | None:
     """The overrides `run_dir` was composed with (its .hydra/overrides.yaml), or None where it has none."""
     file = Path(run_dir) / ".hydra" / "overrides.yaml"
-    return [str(o) for o in OmegaConf.load(file)] if file.is_file() else None
+    return [str(o) for o in yaml.safe_load(file.read_text()) or []] if file.is_file() else None  # not resolved
+
+
+def _under(key: str, node: str) -> bool:
+    return key == node or key.startswith(node + ".")
 
 
 def on_top(saved: list[str], new: list[str]) -> list[str]:
-    """The saved overrides whose keys `new` does not set again, then `new`."""
-    keys = {_key(o) for o in new}
-    return [o for o in saved if _key(o) not in keys] + list(new)
+    """The saved overrides whose keys `new` neither sets again nor removes (`~key`), then `new`; a `~key` that only
+    removes what saved overrides added (`+key...`) goes with them, as there is nothing left for it to delete."""
+    keys = {_key(o) for o in new if not o.startswith("~")}
+    removed = [_key(o) for o in new if o.startswith("~")]
+    kept = [o for o in saved if _key(o) not in keys and not any(_under(_key(o), node) for node in removed)]
+    added = {node for node in removed if any(o.startswith("+") and _under(_key(o), node) for o in saved)}
+    return kept + [o for o in new if not (o.startswith("~") and _key(o) in added)]
 
 
 def restored_overrides(overrides: list[str]) -> list[str]:
