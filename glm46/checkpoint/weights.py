@@ -15,6 +15,7 @@ import torch.distributed as dist
 from glm46.parallel.boxes import local_box, local_tensor
 
 from .hf_read import load_hf
+from .hub_files import find_weights
 from .safe_load import check_safe, load
 
 
@@ -22,10 +23,8 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     """Fill `model` (a GLM46ForCausalLM, whole or sharded) with the weights at `path` (see the module docstring).
     Only the weights: optimizer, schedules and data position start afresh."""
     path = Path(path)
-    if path.is_dir() and not (path / "config.json").is_file() and (path / "hf" / "config.json").is_file():
-        path = path / "hf"  # a run directory: its export
     if path.is_dir() and not (path / ".metadata").is_file() and not _is_deepspeed_folder(path):
-        load_hf(path, model=model)  # safetensors: no pickle
+        load_hf(find_weights(path), model=model)  # an HF directory or a run directory's hf/; safetensors: no pickle
         return
     if path.is_dir():  # before DCP or DeepSpeed unpickles anything of it (a file's `load` is its own check)
         check_safe(path)

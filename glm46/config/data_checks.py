@@ -8,7 +8,6 @@ from pathlib import Path
 from hydra.utils import get_class
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.data.dataset_info import weights_folder
 from glm46.data.staged.filter_checks import check_filters
 from glm46.data.staged.work import plan_for
 from glm46.data.tokenizer import check_same_tokenizer
@@ -17,6 +16,7 @@ from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
 
+from .dataset_info import prepared_index, weights_folder
 from .values import value_at
 
 
@@ -91,7 +91,7 @@ def check_vocabulary(cfg: DictConfig, config: GLM46Config) -> None:
     path = value_at(cfg, "data.path")
     data_tokenizer = Path(str(path)) / "tokenizer.json" if path else None
     if data_tokenizer is not None and data_tokenizer.is_file():
-        tokens = json.loads((Path(str(path)) / "tokens" / "shards.json").read_text())["vocab_size"]
+        tokens = prepared_index(path)["vocab_size"]
         if tokens > config.vocab_size:
             raise ConfigError(
                 f"data.path={path}: its tokenizer ({data_tokenizer}) has {tokens} tokens, more than "

@@ -10,7 +10,7 @@ import time
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.data import dataset_info
+from glm46.config.dataset_info import dataset_mixture, dataset_vocab
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
 from glm46.parallel.checkpointing import checkpointing_mode
@@ -132,17 +132,6 @@ def references(source_domains, *cuts) -> list[str]:
     when none are given: the source's (edited prose, which the filter's model is fitted on) once one of its `cuts`
     is set, so that setting the cut turns the filter on; none (off) otherwise."""
     return list(source_domains) if any(cut is not None for cut in cuts) else []
-
-
-def dataset_vocab(path: str, init_from: str | None = None) -> int:
-    """`${dataset_vocab:${data.path},${oc.select:init_from,null}}`: the vocabulary of a model trained on the prepared
-    dataset at `path` (init_from's where it has one; glm46.data.dataset_info)."""
-    return dataset_info.dataset_vocab(path, init_from)
-
-
-def dataset_mixture(path: str) -> dict[str, float]:
-    """`${dataset_mixture:${data.path}}`: each domain of the prepared dataset at `path` by its share of the tokens."""
-    return dataset_info.dataset_mixture(path)
 
 
 def job_id() -> str:

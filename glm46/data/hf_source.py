@@ -21,15 +21,15 @@ from pathlib import Path
 from .documents import Document, Ledger
 from .sources import (
     SUFFIXES,
-    _expand,
-    _from_record,
     check_parquet,
+    expanded_paths,
     files_of,
     formats,
     lacks_text_column,
     parquet_documents,
     read_jsonl,
     record_columns,
+    record_document,
 )
 
 DATASET_DICT, DATASET = "dataset_dict.json", "state.json"  # what save_to_disk writes into its folder
@@ -61,7 +61,7 @@ def hf_inputs(paths: list[str], split: str) -> list[Path]:
     the data files of `split` of each folder in the Hub's layout, each data file given as such; anything else is
     an error naming the path."""
     inputs = []
-    for path in _expand(paths):
+    for path in expanded_paths(paths):
         if _saved(path):
             _check_split(path, split)
             inputs.append(path)
@@ -125,7 +125,7 @@ def _saved_documents(
         table = dataset.select_columns(record_columns(names, text_key, id_key)).with_format("arrow")
         records = (record for batch in table.iter(batch_size=BATCH) for record in batch.to_pylist())
         for row, record in enumerate(records):
-            doc = _from_record(record, f"{where}:row {row}", ledger, default_domain, 0, text_key, id_key)
+            doc = record_document(record, f"{where}:row {row}", ledger, default_domain, 0, text_key, id_key)
             if doc is not None:
                 yield doc
     ledger.read_file(where, before)

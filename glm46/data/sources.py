@@ -51,7 +51,7 @@ class BrokenStream(Exception):
         self.nbytes = nbytes
 
 
-def _expand(paths: list[str]) -> list[Path]:
+def expanded_paths(paths: list[str]) -> list[Path]:
     """Each path as given, or the sorted matches of a glob pattern (`data/*.jsonl`) that is no existing path."""
     expanded = []
     for path in paths:
@@ -87,7 +87,7 @@ def _kind(name: str | Path) -> str:
 
 def files_of(paths: list[str], suffixes: tuple[str, ...]) -> list[Path]:
     files = []
-    for path in _expand(paths):
+    for path in expanded_paths(paths):
         if path.is_dir():
             found = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(suffixes))
             if not found:
@@ -176,7 +176,7 @@ def domain_problem(record: dict) -> str | None:
     return None
 
 
-def _from_record(
+def record_document(
     record,
     where: str,
     ledger: Ledger,
@@ -291,7 +291,7 @@ def read_jsonl(
 ) -> Iterator[Document]:
     """One document per JSON record (jsonl_records): its text in the field `text_key`, its id in `id_key`."""
     for record, where, nbytes in jsonl_records(paths, ledger):
-        doc = _from_record(record, where, ledger, default_domain, nbytes, text_key, id_key)
+        doc = record_document(record, where, ledger, default_domain, nbytes, text_key, id_key)
         if doc is not None:
             yield doc
 
@@ -345,7 +345,7 @@ def parquet_documents(
                 )
                 records = []
             for row, record in enumerate(records, start=first):
-                doc = _from_record(record, f"{file}:row {row}", ledger, default_domain, 0, text_key, id_key)
+                doc = record_document(record, f"{file}:row {row}", ledger, default_domain, 0, text_key, id_key)
                 if doc is not None:
                     yield doc
             first += size

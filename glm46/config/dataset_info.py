@@ -1,6 +1,6 @@
 """What a prepared dataset and a starting checkpoint say about a run before it is built: the vocabulary its model
-needs, the natural mixture of its domains, and the tokenizer files that must agree. The one-stage runs on your own
-data read them through `${dataset_vocab:...}` and `${dataset_mixture:...}` (glm46.config.resolvers); the
+needs, the natural mixture of its domains, and where the weights' config and tokenizer are. The one-stage runs on
+your own data read them through `${dataset_vocab:...}` and `${dataset_mixture:...}` (glm46.config.resolvers); the
 composition checks compare them (glm46.config.data_checks.check_vocabulary)."""
 
 from __future__ import annotations
@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+
+from glm46.checkpoint import find_weights
+from glm46.data.shards import read_index
 
 # A vocabulary taken from a tokenizer is padded to a multiple of this (Megatron's --make-vocab-size-divisible-by
 # default), so that the embedding and the LM head split evenly over tensor-parallel ranks and keep aligned shapes.
@@ -17,13 +20,13 @@ VOCAB_MULTIPLE = 128
 def prepared_index(path: str | Path, key: str = "data.path") -> dict:
     """tokens/shards.json of the prepared dataset at `path`; a ValueError naming `key` and what to run if there is
     none."""
-    file = Path(path) / "tokens" / "shards.json"
     try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as error:
+        return read_index(Path(path) / "tokens")
+    except OSError as error:
         raise ValueError(
-            f"{key}={path} holds no prepared dataset ({file}: {error.__class__.__name__}); prepare it first with "
-            f"python run.py task=prepare source=<reader> source.paths='[...]' source.output_dir={path}"
+            f"{key}={path} holds no prepared dataset ({Path(path) / 'tokens' / 'shards.json'}: "
+            f"{error.__class__.__name__}); prepare it first with python run.py task=prepare source=<reader> "
+            f"source.paths='[...]' source.output_dir={path}"
         ) from None
 
 
@@ -33,11 +36,12 @@ def weights_folder(init_from: str | Path | None) -> Path | None:
     if not init_from:
         return None
     path = Path(init_from)
-    run = path.parent.parent if path.suffix == ".ckpt" and path.parent.name == "checkpoints" else path
-    for candidate in (path, run / "hf"):
-        if (candidate / "config.json").is_file():
-            return candidate
-    return None
+    try:
+        return find_weights(
+            path.parent.parent if path.suffix == ".ckpt" and path.parent.name == "checkpoints" else path
+        )
+    except FileNotFoundError:
+        return None
 
 
 def padded_vocab(tokens: int) -> int:
