@@ -16,6 +16,7 @@ from glm46.modules import GLM46ForCausalLM
 from glm46.parallel.boxes import intersect, local_box, local_tensor, shift
 from glm46.parallel.materialize import ShardedNormal
 from glm46.parallel.state import is_sharded
+from glm46.peft.inject import base_state_dict
 
 from .fp8 import SCALE_SUFFIX, block_size, dequantize, scale_region
 from .hub_config import CheckpointError, config_from_hf
@@ -70,7 +71,7 @@ def _read_slices(model: GLM46ForCausalLM, handles: dict, path: Path, block: int 
     """Copy into each of the model's tensors the part this rank holds, from the open safetensors `handles`
     (Hub key -> file), dequantizing block-wise FP8 weights (`block`: their block size, glm46.checkpoint.fp8);
     returns the missing MTP slots, raises CheckpointError for anything else missing."""
-    state = model.state_dict(keep_vars=True)  # parameters and persistent buffers themselves (DTensors stay sharded)
+    state = base_state_dict(model, keep_vars=True)  # parameters, persistent buffers (DTensors stay sharded)
     shapes = {name: tensor.shape for name, tensor in state.items()}  # a DTensor's shape is the global one
     slots_by_name = defaultdict(set)  # a whole stacked tensor (transformers v5 files) fills all its slots
     for slot in expected_slots(shapes):

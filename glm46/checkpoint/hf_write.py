@@ -12,6 +12,7 @@ import torch
 
 from glm46.modules import GLM46ForCausalLM
 from glm46.parallel.state import gathered_parts, is_sharded, is_writer, rank_and_world, state_shapes
+from glm46.peft.inject import adapter_parameters
 
 from .hub_config import write_configs
 from .hub_files import INDEX_FILE, SINGLE_FILE
@@ -40,6 +41,8 @@ def save_hf(
     it, glm46.parallel.boxes.gather_box), so no rank holds more than one Hub tensor beyond its shards;
     global rank 0 writes the index and configs. The folder must be on a filesystem all ranks share.
     """
+    if adapter_parameters(model):
+        raise ValueError("save_hf writes a base model: fold the adapters in first (glm46.peft.merge_and_unload)")
     path = Path(path)
     if not is_sharded(model) and not is_writer():
         return path  # a whole model is written by global rank 0 alone (it may be the only caller)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from glm46.parallel.boxes import local_box, local_tensor
+from glm46.peft.inject import base_state_dict
 
 from .hf_read import load_hf
 from .hub_files import find_weights
@@ -38,7 +39,7 @@ def load_weights(model: torch.nn.Module, path: str | Path) -> None:
     else:
         state = load(path, map_location="cpu", mmap=True)["state_dict"]
     state = {k.removeprefix("model."): v for k, v in state.items() if k.startswith("model.")}
-    own = model.state_dict(keep_vars=True)
+    own = base_state_dict(model, keep_vars=True)  # a PEFT run's adapters start afresh (glm46.peft)
     if not model.is_whole():  # a pipeline stage's part: only its weights
         state = {name: state[name] for name in own.keys() & state.keys()}
     if own.keys() != state.keys():
@@ -65,7 +66,7 @@ def _load_dcp(model: torch.nn.Module, path: Path) -> None:
     into a whole model, also in one process. The LightningModule's `model.` prefix is in the checkpoint."""
     import torch.distributed.checkpoint as dcp
 
-    state = {"state_dict": {f"model.{k}": v for k, v in model.state_dict().items()}}  # views of the weights
+    state = {"state_dict": {f"model.{k}": v for k, v in base_state_dict(model).items()}}  # views of the weights
     with warnings.catch_warnings():  # "torch.distributed is ... uninitialized": reading in one process is the point
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=path, no_dist=not (dist.is_available() and dist.is_initialized()))

@@ -48,10 +48,24 @@ def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) 
     return torch.cat([F.linear(block, w) for block, w in zip(blocks, weight)])
 
 
-def swiglu_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """x [M, hidden] sorted by expert, counts [E] -> SwiGLU expert outputs [M, hidden]."""
-    gate, up = grouped_linear(x, gate_up, counts).chunk(2, dim=-1)
-    return grouped_linear(F.silu(gate) * up, down, counts)
+def swiglu_experts(
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    counts: torch.Tensor,
+    adapter: nn.ModuleDict | None = None,
+) -> torch.Tensor:
+    """x [M, hidden] sorted by expert, counts [E] -> SwiGLU expert outputs [M, hidden]. adapter: low-rank adapters
+    of the weights by name (`gate_up_proj`, `down_proj`; glm46.peft), each with `linear(x, weight, counts)` in
+    place of grouped_linear."""
+
+    def linear(name: str, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if adapter is not None and name in adapter:
+            return adapter[name].linear(rows, weight, counts)
+        return grouped_linear(rows, weight, counts)
+
+    gate, up = linear("gate_up_proj", x, gate_up).chunk(2, dim=-1)
+    return linear("down_proj", F.silu(gate) * up, down)
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
@@ -65,6 +79,7 @@ class GroupedExperts(nn.Module):
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
+        self.adapter: nn.ModuleDict | None = None  # LoRA/DoRA on the weights (glm46.peft), by weight name
 
     def init_weights(self, std: float, normal_: Callable[[torch.Tensor, float], None]) -> None:
         normal_(self.gate_up_proj, std)
@@ -72,4 +87,4 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, hidden], rows sorted by expert; counts [E] rows per expert -> [M, hidden]."""
-        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts)
+        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts, self.adapter)

@@ -24,6 +24,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from glm46.modules.experts import GroupedExperts, swiglu_experts
 
+from .boxes import local_tensor
 from .sequence_parallel import block_sizes, gather_blocks, split_blocks
 
 
@@ -38,6 +39,11 @@ class _ScaleGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         return grad * ctx.scale, None
+
+
+def scale_grad(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x, its gradient times `scale`."""
+    return x if scale == 1.0 else _ScaleGrad.apply(x, scale)
 
 
 def rows_of_rank(counts: torch.Tensor, sizes: list[int], rank: int) -> torch.Tensor:
@@ -55,10 +61,16 @@ def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[in
 
 
 def expert_parallel_swiglu(
-    x: torch.Tensor, counts: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, group: dist.ProcessGroup
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    group: dist.ProcessGroup,
+    adapter: nn.ModuleDict | None = None,
 ) -> torch.Tensor:
     """The experts of an ep group on the rows of this rank: x [M, hidden] sorted by global expert,
-    counts [E] rows per global expert; gate_up, down hold this rank's E / ep experts -> [M, hidden]."""
+    counts [E] rows per global expert; gate_up, down (and the adapters) hold this rank's E / ep experts
+    -> [M, hidden]."""
     ep = dist.get_world_size(group)
     local_experts = gate_up.shape[0]
     with torch.no_grad():
@@ -72,9 +84,11 @@ def expert_parallel_swiglu(
     order = expert_of_row.argsort(stable=True)  # -> rows by (local expert, source rank)
     local_counts = received.sum(dim=0)
     if rows.shape[0] == 0:  # nothing routed here: keep the weights in the graph, zero gradients
-        out = rows + 0 * (gate_up.sum() + down.sum())
+        adapted = [] if adapter is None else [local_tensor(p) for p in adapter.parameters()]
+        out = rows + 0 * sum(w.sum() for w in (gate_up, down, *adapted))
     else:
-        out = torch.empty_like(rows).index_copy(0, order, swiglu_experts(rows[order], gate_up, down, local_counts))
+        routed = swiglu_experts(rows[order], gate_up, down, local_counts, adapter)
+        out = torch.empty_like(rows).index_copy(0, order, routed)
     return _all_to_all(out, input_splits, output_splits, group)
 
 
@@ -93,16 +107,21 @@ class ExpertParallelExperts(GroupedExperts):
             weight = getattr(experts, name)
             sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
             self.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        self.adapter = experts.adapter
+        for adapter in [] if self.adapter is None else self.adapter.values():  # per expert: sharded as the experts
+            for name, weight in list(adapter.named_parameters(recurse=False)):
+                sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+                adapter.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+            adapter.grad_scale = grad_scale
         self.group, self.grad_scale, self.tp_group = ep_mesh.get_group(), grad_scale, tp_group
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
-        if self.grad_scale != 1.0:
-            gate_up, down = _ScaleGrad.apply(gate_up, self.grad_scale), _ScaleGrad.apply(down, self.grad_scale)
+        gate_up, down = scale_grad(gate_up, self.grad_scale), scale_grad(down, self.grad_scale)
         if self.tp_group is None:
-            return expert_parallel_swiglu(x, counts, gate_up, down, self.group)
+            return expert_parallel_swiglu(x, counts, gate_up, down, self.group, self.adapter)
         tp, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)
         sizes = block_sizes(x.shape[0], tp)
         mine = split_blocks(x, sizes, 0, self.tp_group)
-        out = expert_parallel_swiglu(mine, rows_of_rank(counts, sizes, rank), gate_up, down, self.group)
+        out = expert_parallel_swiglu(mine, rows_of_rank(counts, sizes, rank), gate_up, down, self.group, self.adapter)
         return gather_blocks(out, sizes, 0, self.tp_group)

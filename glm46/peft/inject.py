@@ -1,0 +1,123 @@
+"""Put adapters on a GLM46ForCausalLM's targets, freeze everything else, and find them again.
+
+The base keeps its parameter names (loading, the layouts and the HF export read them unchanged): an nn.Linear's
+adapter is its child `adapter`, applied by a forward hook; a GroupedExperts' adapters are its `adapter` ModuleDict
+by weight name, applied inside the grouped matmuls (glm46.modules.experts.swiglu_experts). Only the main model's
+decoder layers are adapted: the MTP layers, the routers and their correction biases stay as they were (the
+balancer leaves a PEFT run's biases alone), and the embedding and lm_head train whole only when named.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from glm46.modules import GLM46ForCausalLM
+from glm46.modules.experts import GroupedExperts
+
+from .adapters import Adapter, ExpertAdapter, LinearAdapter
+from .settings import BASE_DTYPES, TRAINED_WHOLE, AdapterSettings
+
+ADAPTER = ".adapter."  # in the name of every adapter tensor, and of no base tensor
+
+
+def is_adapter_name(name: str) -> bool:
+    return ADAPTER in f".{name}"
+
+
+def _adapted_forward(module: nn.Linear, args: tuple, output: torch.Tensor) -> torch.Tensor:
+    return module.adapter.adapt(module, args[0], output)
+
+
+def _adapt_linear(linear: nn.Linear, settings: AdapterSettings) -> None:
+    linear.adapter = LinearAdapter(linear, settings.r, settings.alpha, settings.dropout, settings.dora)
+    linear.adapter.hook = linear.register_forward_hook(_adapted_forward)
+
+
+def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
+    """Freeze the model (in settings.base_dtype) and add the adapters of `settings.targets`, built on the device the
+    model is on (meta included: glm46.parallel.materialize allocates them, `reset_adapters` fills them)."""
+    base_dtype = getattr(torch, BASE_DTYPES[settings.base_dtype])
+    for p in model.parameters():
+        p.requires_grad_(False)
+        p.data = p.data.to(base_dtype)  # buffers (the correction biases, RoPE's frequencies) keep theirs
+    targets = settings.target_names()
+    for layer in model.model.layers.values():
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            if name in targets:
+                _adapt_linear(getattr(layer.self_attn, name), settings)
+        mlps = [layer.mlp] if not layer.is_moe and "dense_mlp" in targets else []
+        if layer.is_moe and layer.mlp.shared_experts is not None and "shared_experts" in targets:
+            mlps.append(layer.mlp.shared_experts)
+        for mlp in mlps:
+            for linear in (mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                _adapt_linear(linear, settings)
+        if layer.is_moe and "experts" in targets:
+            experts = layer.mlp.experts
+            experts.adapter = nn.ModuleDict(
+                {
+                    name: ExpertAdapter(
+                        getattr(experts, name).shape,
+                        settings.r,
+                        settings.alpha,
+                        settings.experts == "shared",
+                        settings.dora,
+                    )
+                    for name in ("gate_up_proj", "down_proj")
+                }
+            )
+    for name in TRAINED_WHOLE:
+        if name in targets:
+            module = model.lm_head if name == "lm_head" else model.model.embed_tokens
+            module.weight.requires_grad_(True)
+    for name, p in model.named_parameters():
+        if is_adapter_name(name):
+            p.data = p.data.float()  # the adapters (and their optimizer) in fp32 whatever the base
+            p.requires_grad_(True)
+
+
+def adapted_weights(model: nn.Module) -> Iterator[tuple[str, Adapter, torch.Tensor]]:
+    """(the base weight's name, its adapter, the base weight) for every adapted weight, in the model's order."""
+    for name, module in model.named_modules():
+        adapter = getattr(module, "adapter", None)
+        if isinstance(adapter, LinearAdapter):
+            yield f"{name}.weight", adapter, module.weight
+        elif isinstance(module, GroupedExperts) and adapter is not None:
+            for weight_name, expert_adapter in adapter.items():
+                yield f"{name}.{weight_name}", expert_adapter, getattr(module, weight_name)
+
+
+def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The adapters' tensors by name."""
+    return {name: p for name, p in model.named_parameters() if is_adapter_name(name)}
+
+
+def base_state_dict(model: nn.Module, keep_vars: bool = False) -> dict[str, torch.Tensor]:
+    """The model's state dict without its adapters: what a base checkpoint holds."""
+    return {k: v for k, v in model.state_dict(keep_vars=keep_vars).items() if not is_adapter_name(k)}
+
+
+@torch.no_grad()
+def reset_adapters(model: nn.Module, seed: int) -> None:
+    """Initialise every adapter as peft does (A drawn, B zero, DoRA's magnitude from the loaded base weights): after
+    the base weights are in place. Each adapter draws from a generator seeded by (seed, its position), so every
+    rank and layout draws the same adapters."""
+    for position, (_, adapter, weight) in enumerate(adapted_weights(model)):
+        generator = torch.Generator().manual_seed(hash((seed, position)) % 2**63)
+        adapter.reset_parameters(weight, generator)
+
+
+@contextmanager
+def adapters_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model alone inside the block (DPO's reference, the merged weights' check)."""
+    adapters = [adapter for _, adapter, _ in adapted_weights(model)]
+    for adapter in adapters:
+        adapter.active = False
+    try:
+        yield
+    finally:
+        for adapter in adapters:
+            adapter.active = True

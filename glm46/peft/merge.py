@@ -1,0 +1,29 @@
+"""The adapters folded into the base: W <- W + s B A (DoRA: m (W + s B A) / ||W + s B A||_row), as peft's
+merge_and_unload, leaving a plain GLM46ForCausalLM that every exporter (HF, FP8, GGUF) and engine reads."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from glm46.modules.experts import GroupedExperts
+from glm46.parallel.boxes import local_tensor
+
+from .adapters import LinearAdapter
+from .inject import adapted_weights
+
+
+@torch.no_grad()
+def merge_and_unload(model: nn.Module) -> nn.Module:
+    """Fold every adapter into its weight (in place, each rank its shards, in the base's dtype), then remove the
+    adapters and their hooks; returns the model. The MTP layers, never adapted, are kept as they are."""
+    for _, adapter, weight in list(adapted_weights(model)):
+        local = local_tensor(weight)
+        local.copy_(adapter.merged_weight(weight).to(local.dtype))
+    for module in model.modules():
+        if isinstance(getattr(module, "adapter", None), LinearAdapter):
+            module.adapter.hook.remove()
+            del module.adapter
+        elif isinstance(module, GroupedExperts):
+            module.adapter = None
+    return model

@@ -1,0 +1,60 @@
+"""What `peft=lora|dora` asks for (conf/peft): the method, the rank, the targets by name and the adapters' optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Targets by name: each attention projection, the dense MLP (the first_k_dense_replace layers), the shared experts,
+# the routed experts, and the embedding and lm_head, which are trained whole (not adapted) when named.
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+TARGETS = (*ATTENTION, "dense_mlp", "shared_experts", "experts", "embed_tokens", "lm_head")
+ALIASES = {"attention": ATTENTION}
+TRAINED_WHOLE = ("embed_tokens", "lm_head")
+METHODS = ("lora", "dora")
+EXPERT_VARIANTS = ("per_expert", "shared")
+BASE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # name -> torch dtype
+
+
+@dataclass
+class AdapterSettings:
+    """method: lora or dora (DoRA: peft's formulation). r, alpha: the rank and LoRA's alpha (scaling alpha / r).
+    dropout: on the adapters' input (0 by default: on-policy RL wants none, and peft's parameter targets, which the
+    experts and MLPs export through, support none). targets: names from TARGETS (`attention` = q, k, v, o).
+    experts: per_expert (each routed expert its own pair) or shared (one pair for a layer's experts).
+    base_dtype: the frozen base's storage dtype (bf16: half of fp32's bytes, under bf16 precision; fp32 keeps the CPU
+    exact).
+    adapter: a peft-format adapter directory to start from (on top of init_from). lr, weight_decay: AdamW's, for the
+    adapters (and the embedding or lm_head when named)."""
+
+    method: str = "lora"
+    r: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    targets: list[str] = field(default_factory=lambda: ["attention", "dense_mlp", "shared_experts", "experts"])
+    experts: str = "per_expert"
+    base_dtype: str = "fp32"
+    adapter: str | None = None
+    lr: float = 1.0e-4
+    weight_decay: float = 0.0
+
+    def __post_init__(self):
+        for key, value, allowed in (
+            ("method", self.method, METHODS),
+            ("experts", self.experts, EXPERT_VARIANTS),
+            ("base_dtype", self.base_dtype, BASE_DTYPES),
+        ):
+            if value not in allowed:
+                raise ValueError(f"peft.{key}={value!r}: expected one of {list(allowed)}")
+        unknown = [t for t in self.targets if t not in TARGETS and t not in ALIASES]
+        if unknown:
+            raise ValueError(f"peft.targets: unknown {unknown}; known: {[*ALIASES, *TARGETS]}")
+        if self.r < 1:
+            raise ValueError(f"peft.r={self.r}: the rank must be at least 1")
+
+    @property
+    def dora(self) -> bool:
+        return self.method == "dora"
+
+    def target_names(self) -> set[str]:
+        """The targets, aliases expanded."""
+        return {name for target in self.targets for name in ALIASES.get(target, (target,))}

@@ -1,0 +1,174 @@
+"""LoRA and DoRA (glm46.peft) against the peft library on transformers' Glm4MoeForCausalLM, the merge, the frozen base
+and the adapter files in peft's format."""
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel
+from peft.tuners.lora import Linear as PeftLinear
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from glm46.hf import save_hf
+from glm46.peft import AdapterSettings, adapted_weights, adapter_parameters, adapters_disabled, add_adapters
+from glm46.peft.merge import merge_and_unload
+from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
+
+from .helpers import random_model, relative_error, tiny_config
+
+TOLERANCE = 1e-6  # fp32 relative logits error against peft (the same operations in the same order)
+MERGED_TOLERANCE = 1e-5  # a merged weight rounds W + s B A once, then multiplies: measured up to 1.6e-6
+ALL = ["attention", "dense_mlp", "shared_experts", "experts"]
+
+
+def config():
+    return tiny_config(n_shared_experts=1, num_hidden_layers=2, use_qk_norm=True, attention_bias=True)
+
+
+def random_adapters(model: nn.Module, seed: int) -> None:
+    """Non-zero B (and magnitudes away from the base norms): an adapter that changes nothing hides every mismatch."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, adapter, weight in adapted_weights(model):
+            adapter.lora_A.copy_(torch.randn(adapter.lora_A.shape, generator=generator) * 0.3)
+            adapter.lora_B.copy_(torch.randn(adapter.lora_B.shape, generator=generator) * 0.3)
+            if adapter.lora_magnitude_vector is not None:
+                adapter.reset_magnitude(weight)
+                adapter.lora_magnitude_vector.mul_(1 + 0.2 * torch.rand(adapter.lora_magnitude_vector.shape))
+
+
+def adapted_model(settings: AdapterSettings, seed: int = 0):
+    model = random_model(config(), seed)
+    add_adapters(model, settings)
+    random_adapters(model, seed + 1)
+    return model.eval()
+
+
+def tokens(vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (2, 13), generator=torch.Generator().manual_seed(5))
+
+
+CASES = {
+    "lora_per_expert": AdapterSettings(targets=ALL),
+    "lora_shared": AdapterSettings(targets=ALL, experts="shared"),
+    "dora_attention": AdapterSettings(method="dora", targets=["attention"]),
+    "lora_attention_dropout": AdapterSettings(targets=["q_proj", "v_proj"], dropout=0.1, r=4, alpha=32),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_adapters_load_in_peft_on_transformers_with_our_logits(case, tmp_path):
+    settings = CASES[case]
+    base = random_model(config(), 0)
+    save_hf(base, tmp_path / "base")
+    model = adapted_model(settings)
+    model.load_state_dict(base.state_dict(), strict=False)  # the same base under the adapters
+    save_adapter(model, settings, tmp_path / "adapter")
+
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+    peft_model = PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    x = tokens(model.config.vocab_size)
+    with torch.no_grad():
+        ours, theirs = model(x).logits, peft_model(input_ids=x).logits
+    assert relative_error(ours, theirs) < TOLERANCE
+    with torch.no_grad(), adapters_disabled(model), peft_model.disable_adapter():
+        assert relative_error(model(x).logits, peft_model(input_ids=x).logits) < TOLERANCE
+    assert relative_error(ours, base(x).logits) > 1e-2, "the adapters change nothing: the test would prove nothing"
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["per_expert", "shared"])
+def test_dora_on_experts_is_peft_dora_on_each_expert(shared):
+    """peft's parameter targets have no DoRA: each expert's weight as an nn.Linear under peft's DoRA is the reference."""
+    from glm46.peft import ExpertAdapter
+
+    torch.manual_seed(0)
+    experts, out_features, in_features, rank = 4, 6, 8, 2
+    weight = torch.randn(experts, out_features, in_features)
+    adapter = ExpertAdapter(weight.shape, rank, alpha=4, shared=shared, dora=True)
+    with torch.no_grad():
+        adapter.lora_A.normal_(0, 0.3)
+        adapter.lora_B.normal_(0, 0.3)
+        adapter.reset_magnitude(weight)
+        adapter.lora_magnitude_vector.mul_(1 + 0.2 * torch.rand(experts, out_features))
+    counts = torch.tensor([3, 0, 2, 4])
+    x = torch.randn(int(counts.sum()), in_features)
+    ours = adapter.linear(x, weight, counts)
+
+    expected = []
+    for e, rows in enumerate(x.split(counts.tolist())):
+        linear = nn.Linear(in_features, out_features, bias=False)
+        linear.weight.data.copy_(weight[e])
+        config = LoraConfig(r=rank, lora_alpha=4, use_dora=True)
+        reference = PeftLinear(linear, "default", r=rank, lora_alpha=4, use_dora=True, config=config)
+        with torch.no_grad():
+            reference.lora_A["default"].weight.copy_(adapter.lora_A if shared else adapter.lora_A[e])
+            reference.lora_B["default"].weight.copy_(adapter.lora_B if shared else adapter.lora_B[e])
+            reference.lora_magnitude_vector["default"].weight.copy_(adapter.lora_magnitude_vector[e])
+        expected.append(reference(rows))
+    assert relative_error(ours, torch.cat(expected)) < TOLERANCE
+
+
+MERGES = {
+    "lora_per_expert": AdapterSettings(targets=ALL),
+    "lora_shared": AdapterSettings(targets=ALL, experts="shared"),
+    "dora_per_expert": AdapterSettings(method="dora", targets=ALL),
+    "dora_shared": AdapterSettings(method="dora", targets=ALL, experts="shared"),
+}
+
+
+@pytest.mark.parametrize("case", MERGES)
+def test_merged_model_gives_the_adapted_logits(case, tmp_path):
+    model = adapted_model(MERGES[case])
+    x = tokens(model.config.vocab_size)
+    with torch.no_grad():
+        adapted = model(x).logits
+        merged = merge_and_unload(model)
+        assert not adapter_parameters(merged) and not list(adapted_weights(merged))
+        assert relative_error(merged(x).logits, adapted) < MERGED_TOLERANCE
+    save_hf(merged, tmp_path)  # a plain model again: every exporter reads it
+
+
+def test_only_the_adapters_train_and_the_base_stays_bit_identical():
+    settings = AdapterSettings(method="dora", targets=ALL)
+    model = random_model(config(), 0)
+    add_adapters(model, settings)
+    base = {name: t.clone() for name, t in model.state_dict().items() if ".adapter." not in name}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {id(p) for p in trainable} == {id(p) for p in adapter_parameters(model).values()}
+    from glm46.peft import reset_adapters
+
+    reset_adapters(model, seed=0)
+    optimizer = torch.optim.AdamW(trainable, lr=1e-2)
+    x = tokens(model.config.vocab_size)
+    for _ in range(3):
+        loss = model(x, labels=x.roll(-1, 1)).loss
+        loss.backward()
+        assert all(p.grad is None for name, p in model.named_parameters() if ".adapter." not in name)
+        optimizer.step()
+        optimizer.zero_grad()
+    after = model.state_dict()
+    changed = [name for name, tensor in base.items() if not torch.equal(after[name], tensor)]
+    assert changed == []
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in adapter_parameters(model).items() if "lora_B" in n)
+
+
+def test_adapter_files_round_trip_and_refuse_what_they_do_not_hold(tmp_path):
+    settings = AdapterSettings(targets=ALL)
+    model = adapted_model(settings)
+    save_adapter(model, settings, tmp_path)
+    fresh = random_model(config(), 0)
+    add_adapters(fresh, settings)
+    load_adapter(fresh, settings, tmp_path)
+    x = tokens(model.config.vocab_size)
+    with torch.no_grad():
+        assert torch.equal(fresh(x).logits, model(x).logits)
+
+    shared = random_model(config(), 0)
+    add_adapters(shared, AdapterSettings(targets=ALL, experts="shared"))
+    with pytest.raises(ValueError, match="a pair per expert"):
+        load_adapter(shared, AdapterSettings(targets=ALL, experts="shared"), tmp_path)
+    other_rank = random_model(config(), 0)
+    add_adapters(other_rank, AdapterSettings(targets=ALL, r=4))
+    with pytest.raises(ValueError, match="peft.r=4"):
+        load_adapter(other_rank, AdapterSettings(targets=ALL, r=4), tmp_path)
+    assert "DoRA" in unsupported(AdapterSettings(method="dora", targets=ALL))
+    assert unsupported(AdapterSettings(method="dora", targets=["attention"])) is None
