@@ -26,6 +26,7 @@ from .layout_checks import (
     check_engine,
     check_memory,
 )
+from .peft_checks import check_peft
 from .sample_checks import check_sample
 from .training_checks import check_budget, check_checkpoints, check_recipe, check_training
 from .values import check_values, model_config, refuse_missing, resolve
@@ -66,6 +67,7 @@ CHECKS = (
     ("every interpolation training reads", TRAIN, lambda cfg, config: resolve(cfg, RESOLVED_BEFORE_TRAINING)),
     ("optimizer x precision, components, RL", TRAIN, lambda cfg, config: check_training(cfg)),
     ("checkpoints read (init_from, ckpt_path)", TRAIN, lambda cfg, config: check_checkpoints(cfg)),
+    ("peft x parallelism x precision", TRAIN, check_peft),
     ("memory per GPU x cluster", TRAIN, check_memory),
     ("context parallelism x accelerator", TRAIN, check_context_parallel_kernel),
 )

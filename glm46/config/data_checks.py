@@ -16,7 +16,7 @@ from glm46.errors import ConfigError
 from glm46.lit.sft_data import SFTDataModule, check_packing
 from glm46.modules import GLM46Config
 
-from .dataset_info import prepared_index, weights_folder
+from .dataset_info import checkpoint_config, prepared_index, weights_folder
 from .values import value_at
 
 
@@ -63,9 +63,10 @@ def check_data(cfg: DictConfig, config: GLM46Config) -> None:
         check_replay(data)
 
 
-# The fields of a checkpoint's config.json that fix its tensors' shapes: a model that differs in one cannot take its
-# weights (RoPE's base and the context length may change between stages: mid-training sets both).
-SHAPE_FIELDS = (
+# The fields of a checkpoint's config.json that its weights fix: their shapes, and what their numbers mean (routing,
+# the rotary share of each head, the norms). RoPE's base and the context length may change between stages
+# (mid-training sets both).
+ARCHITECTURE_FIELDS = (
     "vocab_size",
     "hidden_size",
     "num_hidden_layers",
@@ -81,6 +82,14 @@ SHAPE_FIELDS = (
     "attention_bias",
     "use_qk_norm",
     "tie_word_embeddings",
+    "num_experts_per_tok",
+    "routed_scaling_factor",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "partial_rotary_factor",
+    "rms_norm_eps",
+    "hidden_act",
 )
 
 
@@ -101,16 +110,16 @@ def check_vocabulary(cfg: DictConfig, config: GLM46Config) -> None:
     weights = weights_folder(cfg.get("init_from"))
     if weights is None:
         return
-    saved = json.loads((weights / "config.json").read_text())
+    saved = checkpoint_config(cfg.init_from)
     differ = [
-        f"{k}: {saved[k]} there, {getattr(config, k)} here"
-        for k in SHAPE_FIELDS
-        if k in saved and saved[k] != getattr(config, k)
+        f"{k}: {getattr(saved, k)} there, {getattr(config, k)} here"
+        for k in ARCHITECTURE_FIELDS
+        if getattr(saved, k) != getattr(config, k)
     ]
     if differ:
         raise ConfigError(
             f"init_from={cfg.init_from}: its config.json ({weights / 'config.json'}) differs from the composed model "
-            f"(model.*) in {'; '.join(differ)}: choose the model= it was trained as, or set those model.<field>"
+            f"(model.*) in {'; '.join(differ)}: use model=auto (its architecture), or the model= it was trained as"
         )
     if data_tokenizer is not None and data_tokenizer.is_file() and (weights / "tokenizer.json").is_file():
         check_same_tokenizer(("init_from", weights / "tokenizer.json"), ("data.path", data_tokenizer))

@@ -1,16 +1,20 @@
 """What a prepared dataset and a starting checkpoint say about a run before it is built: the vocabulary its model
-needs, the natural mixture of its domains, and where the weights' config and tokenizer are. The one-stage runs on
+needs, the natural mixture of its domains, where the weights' config and tokenizer are, and the architecture in that
+config (model=auto). The one-stage runs on
 your own data read them through `${dataset_vocab:...}` and `${dataset_mixture:...}` (glm46.config.resolvers); the
 composition checks compare them (glm46.config.data_checks.check_vocabulary)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
 
 from glm46.checkpoint import find_weights
+from glm46.checkpoint.hub_config import config_from_hf
 from glm46.data.shards import read_index
+from glm46.modules import GLM46Config
 
 # A vocabulary taken from a tokenizer is padded to a multiple of this (Megatron's --make-vocab-size-divisible-by
 # default), so that the embedding and the LM head split evenly over tensor-parallel ranks and keep aligned shapes.
@@ -42,6 +46,27 @@ def weights_folder(init_from: str | Path | None) -> Path | None:
         )
     except FileNotFoundError:
         return None
+
+
+@functools.cache
+def _checkpoint_config(folder: Path, modified: float) -> GLM46Config:
+    return config_from_hf(json.loads((folder / "config.json").read_text()))
+
+
+def checkpoint_config(init_from: str | Path | None) -> GLM46Config:
+    """The architecture in `init_from`'s config.json (model=auto); a ValueError naming init_from if there is none."""
+    folder = weights_folder(init_from)
+    if folder is None:
+        raise ValueError(
+            f"model=auto takes the architecture from init_from's config.json, and init_from={init_from} has none: "
+            f"set init_from to an HF directory (GLM's released weights) or a run directory, or name a model="
+        )
+    return _checkpoint_config(folder, (folder / "config.json").stat().st_mtime)
+
+
+def checkpoint_field(init_from: str | None, key: str):
+    """`${checkpoint_field:${init_from},hidden_size}`: one field of init_from's architecture (conf/model/auto.yaml)."""
+    return getattr(checkpoint_config(init_from), key)
 
 
 def padded_vocab(tokens: int) -> int:

@@ -10,7 +10,7 @@ import time
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from glm46.config.dataset_info import dataset_mixture, dataset_vocab
+from glm46.config.dataset_info import checkpoint_field, dataset_mixture, dataset_vocab
 from glm46.lit.callbacks.preemption import slurm_job_id
 from glm46.optim.schedules import steps_for
 from glm46.parallel.checkpointing import checkpointing_mode
@@ -169,6 +169,7 @@ def register_resolvers() -> None:
         references,
         dataset_vocab,
         dataset_mixture,
+        checkpoint_field,
         job_id,
         job_dir,
     ):

@@ -44,6 +44,9 @@ from glm46.parallel.data_parallel import data_parallel_size
 from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_grad_norm
 from glm46.parallel.materialize import has_meta_tensors, materialize
 from glm46.parallel.model_step import ModelStep
+from glm46.peft import AdapterSettings, add_adapters, reset_adapters
+from glm46.peft.merge import merge_and_unload
+from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +65,7 @@ class GLM46LitModule(L.LightningModule):
         recipe_start: int = 0,
         compile: bool | None = None,
         compile_backend: str = "inductor",
+        peft: AdapterSettings | None = None,
     ):
         """recipe_start: tokens of the recipe before this phase (`schedule.start_tokens`; 0 for a run of its own).
         empty_init: build the model on the meta device; `configure_model` shards it and each rank materialises
@@ -70,11 +74,16 @@ class GLM46LitModule(L.LightningModule):
         compile: torch.compile each decoder layer in place, after the layout (glm46.parallel.compile); None: on a
         CUDA device once the GPU suite has verified it (glm46.modules.cuda_kernels), off on CPU, where inductor takes
         about a minute on 2 cores. compile_backend: torch.compile's backend (`aot_eager` traces without
-        generating kernels)."""
+        generating kernels).
+        peft: LoRA or DoRA adapters on the frozen base (glm46.peft), the only weights the optimizer trains; the
+        export writes them in peft's format beside the merged model. None: every weight trains."""
         super().__init__()
         self.config = model_config
         with torch.device("meta") if empty_init else nullcontext():
             self.model = GLM46ForCausalLM(model_config)
+            if peft is not None:
+                add_adapters(self.model, peft)
+        self.peft = peft
         self.init_from = init_from
         self.optimizer_factory = optimizer
         self.lr_schedule = lr_schedule
@@ -108,6 +117,10 @@ class GLM46LitModule(L.LightningModule):
             materialize(self.model, self.trainer.strategy.root_device)
         if self.init_from:
             load_weights(self.model, self.init_from)
+        if self.peft is not None:  # on the weights just read (DoRA's magnitudes are their norms)
+            reset_adapters(self.model, torch.initial_seed())
+            if self.peft.adapter:
+                load_adapter(self.model, self.peft, self.peft.adapter)
         if self.compiles:
             compile_decoder_layers(self.model, self.compile_backend)
         model_step = getattr(self.trainer.strategy, "model_step", None)
@@ -260,8 +273,17 @@ class GLM46LitModule(L.LightningModule):
         self.log("val/ppl", torch.exp(loss))
 
     def param_groups(self) -> list[dict]:
-        """What the optimizer trains, in Muon's and AdamW's groups (glm46.optim.muon_param_groups)."""
-        return muon_param_groups(self.model)
+        """What the optimizer trains, in Muon's and AdamW's groups (glm46.optim.muon_param_groups); with adapters,
+        they alone (and an embedding or lm_head named to train), in AdamW's group at peft.lr."""
+        if self.peft is None:
+            return muon_param_groups(self.model)
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return [{"params": trainable, "use_muon": False, "lr": self.peft.lr, "weight_decay": self.peft.weight_decay}]
+
+    @property
+    def moves_routing_bias(self) -> bool:
+        """Whether the balancer moves the routers' correction biases: not under adapters, which keep routing frozen."""
+        return self.peft is None
 
     def configure_optimizers(self):
         optimizer = self.optimizer_factory(self.param_groups())
@@ -270,7 +292,16 @@ class GLM46LitModule(L.LightningModule):
 
     def export(self, path: Path, tokenizer: GLMTokenizer | None) -> Path:
         """The final weights as an HF directory (glm46.checkpoint.save_hf), with the tokenizer beside them. Every rank
-        calls it: sharded weights are gathered."""
+        calls it: sharded weights are gathered. With adapters: first the adapters in peft's format (`adapter/` beside
+        `path`) where the format holds them, then the merged model at `path` (the adapters are folded in: the
+        module trains no further)."""
+        if self.peft is not None:
+            reason = unsupported(self.peft)
+            if reason is None:
+                save_adapter(self.model, self.peft, path.parent / "adapter", base_model=self.init_from)
+            else:
+                log.warning(f"no {path.parent / 'adapter'}: {reason}; {path} holds the merged model")
+            merge_and_unload(self.model)
         return save_hf(self.model, path, tokenizer=tokenizer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

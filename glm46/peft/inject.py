@@ -19,7 +19,7 @@ from glm46.modules import GLM46ForCausalLM
 from glm46.modules.experts import GroupedExperts
 
 from .adapters import Adapter, ExpertAdapter, LinearAdapter
-from .settings import BASE_DTYPES, TRAINED_WHOLE, AdapterSettings
+from .settings import TRAINED_WHOLE, AdapterSettings
 
 ADAPTER = ".adapter."  # in the name of every adapter tensor, and of no base tensor
 
@@ -40,7 +40,7 @@ def _adapt_linear(linear: nn.Linear, settings: AdapterSettings) -> None:
 def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
     """Freeze the model (in settings.base_dtype) and add the adapters of `settings.targets`, built on the device the
     model is on (meta included: glm46.parallel.materialize allocates them, `reset_adapters` fills them)."""
-    base_dtype = getattr(torch, BASE_DTYPES[settings.base_dtype])
+    base_dtype = getattr(torch, settings.base_dtype)
     for p in model.parameters():
         p.requires_grad_(False)
         p.data = p.data.to(base_dtype)  # buffers (the correction biases, RoPE's frequencies) keep theirs

@@ -12,7 +12,7 @@ ALIASES = {"attention": ATTENTION}
 TRAINED_WHOLE = ("embed_tokens", "lm_head")
 METHODS = ("lora", "dora")
 EXPERT_VARIANTS = ("per_expert", "shared")
-BASE_DTYPES = {"bf16": "bfloat16", "fp32": "float32"}  # name -> torch dtype
+BASE_DTYPES = ("bfloat16", "float32")  # torch dtype names
 
 
 @dataclass
@@ -21,8 +21,8 @@ class AdapterSettings:
     dropout: on the adapters' input (0 by default: on-policy RL wants none, and peft's parameter targets, which the
     experts and MLPs export through, support none). targets: names from TARGETS (`attention` = q, k, v, o).
     experts: per_expert (each routed expert its own pair) or shared (one pair for a layer's experts).
-    base_dtype: the frozen base's storage dtype (bf16: half of fp32's bytes, under bf16 precision; fp32 keeps the CPU
-    exact).
+    base_dtype: the frozen base's storage dtype (bfloat16, half of fp32's bytes, where training computes in bf16;
+    float32 keeps the CPU exact).
     adapter: a peft-format adapter directory to start from (on top of init_from). lr, weight_decay: AdamW's, for the
     adapters (and the embedding or lm_head when named)."""
 
@@ -32,7 +32,7 @@ class AdapterSettings:
     dropout: float = 0.0
     targets: list[str] = field(default_factory=lambda: ["attention", "dense_mlp", "shared_experts", "experts"])
     experts: str = "per_expert"
-    base_dtype: str = "fp32"
+    base_dtype: str = "float32"
     adapter: str | None = None
     lr: float = 1.0e-4
     weight_decay: float = 0.0

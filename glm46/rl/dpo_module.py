@@ -24,6 +24,7 @@ from glm46.lit.preference_data import PreferenceDataModule
 from glm46.logs import rank_zero_logger
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
+from glm46.peft import adapters_disabled
 from glm46.rl.core_algos import token_logprobs
 from glm46.rl.preference_loss import DPO_LOSSES, dpo_loss, sequence_logprobs
 from glm46.rl.preference_module import PreferenceLitModule
@@ -118,10 +119,11 @@ class DPOLitModule(PreferenceLitModule):
         was_training = self.training
         self.eval()
         values = []
-        for start in range(0, len(mine), self.reference_batch_size):
-            rows = [dataset.sample(0, item) for _, _, dataset, item in mine[start : start + self.reference_batch_size]]
-            batch = {key: torch.from_numpy(np.stack([row[key] for row in rows])).to(self.device) for key in rows[0]}
-            values.append(torch.stack(self.sequence_logps(batch), dim=1).float())
+        with adapters_disabled(self.model):  # under peft=lora|dora the reference is the base alone: no second model
+            for start in range(0, len(mine), self.reference_batch_size):
+                rows = [dataset.sample(0, i) for _, _, dataset, i in mine[start : start + self.reference_batch_size]]
+                batch = {key: torch.from_numpy(np.stack([row[key] for row in rows])).to(self.device) for key in rows[0]}
+                values.append(torch.stack(self.sequence_logps(batch), dim=1).float())
         self.train(was_training)
         local = torch.cat(values) if values else torch.zeros(0, 2, device=self.device)
         if ranks > 1:

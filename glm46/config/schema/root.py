@@ -18,7 +18,7 @@ from glm46.sampling.filters import FilterSettings
 from .data import PrepareConfig, SourceData
 from .derive import target_schema
 from .launch import ClusterConfig, PathsConfig
-from .training import GuardConfig, RecipeConfig, ScheduleConfig, TrainerConfig
+from .training import GuardConfig, PeftConfig, RecipeConfig, ScheduleConfig, TrainerConfig
 
 
 class Task(StrEnum):
@@ -209,6 +209,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     callbacks: Dict[str, Any] = field(default_factory=dict)
     guard: Optional[GuardConfig] = None
+    peft: Optional[PeftConfig] = None  # conf/peft: lora | dora; null: full fine-tuning
     parallelism: Any = MISSING
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     logger: Dict[str, Any] = field(default_factory=dict)

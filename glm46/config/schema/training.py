@@ -30,6 +30,7 @@ from glm46.lit.callbacks import (
 from glm46.lit.csv_logger import AppendingCSVLogger
 from glm46.lit.guard import StepGuard
 from glm46.optim import LinearRamp, Muon, Piecewise, WarmupCosine, WarmupStableDecay
+from glm46.peft import AdapterSettings
 from glm46.rl.dpo_module import DPOLitModule
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.ppo_module import PPOLitModule
@@ -124,6 +125,7 @@ RewardModelModule = target_schema(
 )
 DPOModule = target_schema(DPOLitModule, path="glm46.rl.dpo_module.DPOLitModule", base=CausalLMModule, name="DPOModule")
 GuardConfig = target_schema(StepGuard, path="glm46.lit.guard.StepGuard", name="GuardConfig")
+PeftConfig = target_schema(AdapterSettings, path="glm46.peft.AdapterSettings", name="PeftConfig")
 CALLBACKS = {
     "model_checkpoint": target_schema(
         ModelCheckpoint, path="glm46.lit.callbacks.ModelCheckpoint", name="ModelCheckpointCallback"

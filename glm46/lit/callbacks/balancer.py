@@ -61,8 +61,9 @@ class ExpertBalancer(L.Callback):
         mean = counts.mean(dim=-1, keepdim=True)
         error = mean - counts
         step = error.sign() if self.rule == "sign" else error / mean.clamp(min=1e-9)
+        moves = getattr(pl_module, "moves_routing_bias", True)  # adapters on a frozen base keep routing frozen
         with torch.no_grad():
-            for router, delta in zip(pl_module.model.routers(), step):
+            for router, delta in zip(pl_module.model.routers() if moves else [], step):
                 router.e_score_correction_bias.add_(rate * delta.to(router.e_score_correction_bias.device))
 
         model_step = getattr(pl_module, "model_step", None)

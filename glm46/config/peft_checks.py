@@ -1,0 +1,57 @@
+"""What `peft=lora|dora` needs of the rest of the run, checked at composition: its own settings, a layout that trains
+adapters, a precision its base dtype can compute in, and an adapter to start from that exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from glm46.errors import ConfigError
+from glm46.modules import GLM46Config
+from glm46.peft import AdapterSettings
+from glm46.peft.peft_format import CONFIG_FILE, WEIGHTS_FILE
+
+
+def peft_settings(cfg: DictConfig) -> AdapterSettings | None:
+    """The run's AdapterSettings, or None for full fine-tuning; a ConfigError naming the key it refuses."""
+    if cfg.get("peft") is None:
+        return None
+    try:
+        return instantiate(cfg.peft)
+    except Exception as error:
+        raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
+
+
+def check_peft(cfg: DictConfig, config: GLM46Config) -> None:
+    settings = peft_settings(cfg)
+    if settings is None:
+        return
+    parallelism = cfg.parallelism
+    if parallelism.tensor_parallel > 1:
+        raise ConfigError(
+            f"peft={settings.method} under parallelism.tensor_parallel={parallelism.tensor_parallel}: adapters on "
+            "tensor-parallel weights are not supported yet; train them under FSDP2, expert and pipeline parallelism "
+            "(parallelism.tensor_parallel=1), or use peft=null"
+        )
+    if parallelism.engine == "deepspeed":
+        raise ConfigError(f"peft={settings.method} under DeepSpeed: use parallelism=ddp|fsdp2|ep|fsdp2_ep")
+    if settings.experts == "shared" and parallelism.expert_parallel > 1 and "experts" in settings.target_names():
+        raise ConfigError(
+            f"peft.experts=shared under parallelism.expert_parallel={parallelism.expert_parallel}: one pair for a "
+            "layer's experts would span the expert-parallel ranks; use peft.experts=per_expert (each rank holds its "
+            "own experts' pairs)"
+        )
+    if settings.base_dtype == "bfloat16" and not str(cfg.trainer.precision).startswith("bf16"):
+        raise ConfigError(
+            f"peft.base_dtype=bfloat16 with trainer.precision={cfg.trainer.precision}: a bf16 base computes under bf16 "
+            "precision (trainer.precision=bf16-mixed); or keep peft.base_dtype=float32"
+        )
+    if settings.adapter:
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            if not (Path(settings.adapter) / name).is_file():
+                raise ConfigError(
+                    f"peft.adapter={settings.adapter}: no {name} there (an adapter in peft's format, as a PEFT run "
+                    "writes to <run dir>/adapter/)"
+                )
