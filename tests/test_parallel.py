@@ -73,6 +73,7 @@ def main(spec: dict) -> None:
     from glm46.parallel import Layout, data_parallel_group
     from glm46.parallel.layout import model_problems
     from glm46.parallel.state import full_state_items, is_writer
+    from glm46.peft import AdapterSettings
     from tests.helpers import tiny_config
 
     devices = spec.get("devices", 1)
@@ -100,6 +101,7 @@ def main(spec: dict) -> None:
         empty_init=cfg.parallelism.engine == "mesh",
         init_from=spec["init_from"],
         guard=StepGuard(warmup_steps=1, max_bad_steps=3) if "nan_gradient_at" in spec else None,
+        peft=AdapterSettings(**spec["peft"]) if "peft" in spec else None,
     )
     data = samples(config.vocab_size, 8 * GLOBAL_BATCH, spec.get("packed", False))
 

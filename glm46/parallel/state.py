@@ -54,7 +54,9 @@ def _whole_model_shapes(model: torch.nn.Module, own: dict) -> tuple[dict[str, tu
     dist.all_gather_object(parts, own)
     merged = {name: entry for part in parts for name, entry in part.items()}
     with torch.device("meta"):
-        order = GLM46ForCausalLM(model.config).state_dict().keys()
+        order = list(GLM46ForCausalLM(model.config).state_dict().keys())
+    known = set(order)
+    order += [name for name in merged if name not in known]  # what the base has not: adapters (glm46.peft)
     first_rank = next(rank for rank, part in enumerate(parts) if part.keys() == own.keys())
     return {name: merged[name] for name in order}, first_rank
 

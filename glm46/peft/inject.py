@@ -9,6 +9,7 @@ balancer leaves a PEFT run's biases alone), and the embedding and lm_head train 
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -103,10 +104,10 @@ def base_state_dict(model: nn.Module, keep_vars: bool = False) -> dict[str, torc
 @torch.no_grad()
 def reset_adapters(model: nn.Module, seed: int) -> None:
     """Initialise every adapter as peft does (A drawn, B zero, DoRA's magnitude from the loaded base weights): after
-    the base weights are in place. Each adapter draws from a generator seeded by (seed, its position), so every
-    rank and layout draws the same adapters."""
-    for position, (_, adapter, weight) in enumerate(adapted_weights(model)):
-        generator = torch.Generator().manual_seed(hash((seed, position)) % 2**63)
+    the base weights are in place. Each adapter draws from a generator seeded by the seed and its weight's name, so
+    every rank and layout (a pipeline stage holds some of the layers) draws the same adapters."""
+    for name, adapter, weight in adapted_weights(model):
+        generator = torch.Generator().manual_seed((seed * 2**32 + zlib.crc32(name.encode())) % 2**63)
         adapter.reset_parameters(weight, generator)
 
 

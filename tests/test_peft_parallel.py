@@ -1,0 +1,38 @@
+"""Adapters under the layouts: expert parallelism (each rank its own experts' pairs) and FSDP2 on 2 processes train
+them as one process does, and leave every base tensor as init_from gave it (tests.test_parallel's harness)."""
+
+import pytest
+import torch
+
+from glm46.peft import is_adapter_name
+
+from .test_parallel import assert_same_run, initial_weights, run_layout  # noqa: F401 - the fixture
+
+PEFT = {"method": "dora", "r": 4, "alpha": 8, "lr": 1e-2}  # DoRA: the magnitudes are norms over sharded rows too
+
+
+@pytest.fixture(scope="module")
+def single_peft(tmp_path_factory, initial_weights):  # noqa: F811
+    return run_layout(tmp_path_factory.mktemp("single"), "single", init_from=initial_weights, peft=PEFT)
+
+
+def assert_base_untouched(run: dict) -> None:
+    base = [name for name in run["state"] if not is_adapter_name(name)]
+    assert base and all(torch.equal(run["state"][name], run["initial"][name]) for name in base)
+    adapters = [name for name in run["state"] if is_adapter_name(name) and "lora_B" in name]
+    assert adapters and all(run["state"][name].abs().sum() > 0 for name in adapters), "the adapters did not train"
+
+
+def test_one_process_trains_the_adapters_alone(single_peft):
+    assert_base_untouched(single_peft)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["ep", "fsdp2", "pp", "fsdp2_ep"])
+def test_adapters_on_two_processes_equal_one_process(tmp_path, initial_weights, single_peft, layout):  # noqa: F811
+    run = run_layout(tmp_path, layout, init_from=initial_weights, devices=2, peft=PEFT)
+    if layout == "ep":
+        assert run["expert_parallel"] == 2, "the experts (and their adapters) must be split over 2 ranks"
+    assert_same_run(run, single_peft)
+    assert_base_untouched(run)
