@@ -172,3 +172,23 @@ def test_adapter_files_round_trip_and_refuse_what_they_do_not_hold(tmp_path):
         load_adapter(other_rank, AdapterSettings(targets=ALL, r=4), tmp_path)
     assert "DoRA" in unsupported(AdapterSettings(method="dora", targets=ALL))
     assert unsupported(AdapterSettings(method="dora", targets=["attention"])) is None
+
+
+def test_merged_weights_for_a_weight_push_then_the_base_back_bit_for_bit(tmp_path):
+    """RL's push to the rollout engine: save_hf inside merged_weights writes the adapted model; after it the base and
+    the adapters are as they were, and save_hf outside refuses active adapters."""
+    from glm46.hf import load_hf
+    from glm46.peft.merge import merged_weights
+
+    model = adapted_model(MERGES["dora_per_expert"])
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    x = tokens(model.config.vocab_size)
+    with torch.no_grad():
+        adapted = model(x).logits
+        with merged_weights(model):
+            save_hf(model, tmp_path)
+        pushed = load_hf(tmp_path)(x).logits
+    assert relative_error(pushed, adapted) < MERGED_TOLERANCE
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in before.items())
+    with pytest.raises(ValueError, match="fold the adapters in"):
+        save_hf(model, tmp_path / "again")

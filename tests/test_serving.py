@@ -211,6 +211,19 @@ def test_task_serve_prints_vllms_command_with_mtp_and_tensor_parallel(compose_co
     assert printed.startswith("VLLM_CPU_KVCACHE_SPACE=2 /venv/bin/python -m vllm.entrypoints.openai.api_server")
 
 
+def test_task_serve_serves_a_peft_adapter_on_gpus_with_vllms_lora_flags_and_refuses_it_on_cpu(
+    compose_config, capsys, export, tmp_path
+):
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA", "r": 12}')
+    command, _ = serve(compose_config, capsys, f"serve.model={export}", f"serve.lora={tmp_path}")
+    at = command.index("--enable-lora")
+    assert command[at : at + 5] == ["--enable-lora", "--lora-modules", f"adapter={tmp_path}", "--max-lora-rank", "16"]
+    with pytest.raises(ConfigError, match="adapters are served by vLLM on GPUs"):
+        serve(compose_config, capsys, f"serve.model={export}", f"serve.lora={tmp_path}", "serve.device=cpu")
+    with pytest.raises(ConfigError, match="no adapter_config.json there"):
+        serve(compose_config, capsys, f"serve.model={export}", f"serve.lora={tmp_path / 'none'}")
+
+
 def test_task_serve_prints_sglangs_command_with_eagle_mtp(compose_config, capsys, export):
     command, _ = serve(
         compose_config,

@@ -184,12 +184,16 @@ def taught_pairs(
 
 
 def report_skills(
-    run_dir: Path, stages: list[tuple[str, Path, str | None]], taught: dict[str, list[str]] | None = None
+    run_dir: Path,
+    stages: list[tuple[str, Path, str | None]],
+    taught: dict[str, list[str]] | None = None,
+    compared: list[tuple[str, str]] = (),
 ) -> None:
     """The table of every stage's evaluation (each stage's eval/results.json, lm-eval's format), each skill's paired
     change from the stage it started from, from each stage whose samples it was trained on (`taught`: a unified
-    model's experts) and from where those started, and curriculum.png, when the stages were evaluated
-    (eval.after_train). stages: (name, run directory, init_from) in order."""
+    model's experts) and from where those started, and between the `compared` (before, after) stages (an
+    experiment's compare_stages), and curriculum.png, when the stages were evaluated (eval.after_train).
+    stages: (name, run directory, init_from) in order."""
     report_reward_models(stages)
     scores = evaluations([(name, where) for name, where, _ in stages])
     if not scores:
@@ -197,6 +201,7 @@ def report_skills(
     log.info("skills per stage (lm-eval on held-out data):\n" + skill_table(scores))
     pairs = compared_stages(stages, set(scores))
     pairs += taught_pairs(stages, taught or {}, set(scores))
+    pairs += [pair for pair in compared if set(pair) <= set(scores)]
     for skill, (task, metric) in SKILLS.items():
         evaluated = {name: outcomes(where, task, metric) for name, where, _ in stages if name in scores}
         for first, second in pairs:
@@ -248,6 +253,10 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
     hydra_overrides = HydraConfig.get().overrides
     run_overrides = list(hydra_overrides.task) + [o for o in hydra_overrides.hydra if o.startswith("hydra.searchpath=")]
     kinds = {name: stage_kind(overrides) for name, overrides in listed.items()}
+    final_name = str(cfg.get("final_stage") or cfg.phase.get("name", "final"))
+    unknown = [name for pair in cfg.get("compare_stages") or [] for name in pair if name not in {*listed, final_name}]
+    if unknown:
+        raise ConfigError(f"compare_stages: {unknown} are not stages of this run ({[*listed, final_name]})")
     final = [f"init_from={cfg.init_from}"] if str(cfg.init_from).startswith("@") else []
     needs = dependencies(listed, final)
     stages = {
@@ -289,14 +298,14 @@ def train_stages(cfg: DictConfig, config: GLM46Config) -> dict:
         cfg.init_from = resolved(final, run_dir, kinds)[0].partition("=")[2] if final else str(init_from)
     started = time.time()
     metrics = train(cfg, config)
-    report.append((str(cfg.phase.get("name", "final")), time.time() - started, run_dir, cfg.init_from, "train"))
+    report.append((final_name, time.time() - started, run_dir, cfg.init_from, "train"))
     log.info(
         "curriculum:\n"
         + "\n".join(f"  {name:<24} {seconds:6.0f} s  {_loss_summary(where)}" for name, seconds, where, _, _ in report)
     )
     trained = [(name, where, start) for name, _, where, start, kind in report if kind == "train"]
     taught = {name: teachers(name if name in listed else "final", needs, kinds, listed) for name, _, _ in trained}
-    report_skills(run_dir, trained, taught)
+    report_skills(run_dir, trained, taught, [tuple(pair) for pair in cfg.get("compare_stages") or []])
     (run_dir / "curriculum.json").write_text(
         json.dumps(
             [

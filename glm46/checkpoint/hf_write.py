@@ -12,7 +12,7 @@ import torch
 
 from glm46.modules import GLM46ForCausalLM
 from glm46.parallel.state import gathered_parts, is_sharded, is_writer, rank_and_world, state_shapes
-from glm46.peft.inject import adapter_parameters
+from glm46.peft.inject import adapted_weights, is_adapter_name
 
 from .hub_config import write_configs
 from .hub_files import INDEX_FILE, SINGLE_FILE
@@ -41,15 +41,15 @@ def save_hf(
     it, glm46.parallel.boxes.gather_box), so no rank holds more than one Hub tensor beyond its shards;
     global rank 0 writes the index and configs. The folder must be on a filesystem all ranks share.
     """
-    if adapter_parameters(model):
-        raise ValueError("save_hf writes a base model: fold the adapters in first (glm46.peft.merge_and_unload)")
+    if any(adapter.active for _, adapter, _ in adapted_weights(model)):
+        raise ValueError("save_hf writes a base model: fold the adapters in first (glm46.peft.merge)")
     path = Path(path)
     if not is_sharded(model) and not is_writer():
         return path  # a whole model is written by global rank 0 alone (it may be the only caller)
     rank, world = rank_and_world() if is_sharded(model) else (0, 1)
     path.mkdir(parents=True, exist_ok=True)
     config = model.config
-    shapes = state_shapes(model)
+    shapes = {name: v for name, v in state_shapes(model).items() if not is_adapter_name(name)}  # merged or off
     dtype = dtype or shapes["lm_head.weight"][1]
 
     def export_dtype(name: str, own: torch.dtype) -> torch.dtype:

@@ -10,6 +10,9 @@ selects the one-stage experiment of its kind (ONE_STAGE: `data=sft data.path=DIR
 `experiment=own_sft ...`), and `module=reward_model` (or `module=dpo`) the experiment of that name, which sets its
 data, phase and callbacks (`python run.py module=reward_model data=preference data.path=DIR init_from=EXPORT`).
 
+`peft=null` (full fine-tuning, also where an experiment sets adapters) is `peft=none`: Hydra's command line cannot
+set a config group to null.
+
 The quality classifier's cut is `prepare.quality.min_score` in the design's command-line names; its settings are
 the `prepare.quality_classifier` node (`prepare.quality` is the Gopher rules'), so the key is rewritten there.
 """
@@ -28,6 +31,7 @@ def renamed_overrides(overrides: list[str]) -> list[str]:
     then, every `data.<key>=` as `source.<key>=`; without an experiment, a standalone module gets its experiment
     first, or else a data group of ONE_STAGE its one-stage experiment."""
     overrides = [_renamed_key(o) for o in overrides]
+    overrides = ["peft=none" if o == "peft=null" else o for o in overrides]  # Hydra cannot set a group to null
     if "experiment" not in {o.partition("=")[0] for o in overrides}:
         experiment = _implied_experiment(overrides)
         overrides = [f"experiment={experiment}", *overrides] if experiment else overrides

@@ -15,6 +15,7 @@ from glm46.data.tokenizer import check_same_tokenizer
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 from glm46.rl.reward_export import INFO_FILE as REWARD_INFO
+from glm46.serve.command import VLLM_LORA_RANKS
 from glm46.serve.llama_cpp import BUILD_SCRIPT as LLAMA_CPP_BUILD_SCRIPT
 from glm46.serve.llama_cpp import llama_cpp_python
 
@@ -47,7 +48,25 @@ def check_serve(cfg: DictConfig) -> GLM46Config:
     if problems:
         where = f"serve.engine={settings.engine} serve.device={settings.device}: {weights} cannot be served: "
         raise ConfigError(where + "; ".join(problems))
+    if settings.lora:
+        check_served_adapter(settings)
     return config
+
+
+def check_served_adapter(settings: DictConfig) -> None:
+    """serve.lora: a peft-format adapter, of a rank vLLM takes, on an engine and device that serve GLM's MoE with it."""
+    adapter = Path(settings.lora) / "adapter_config.json"
+    if not adapter.is_file():
+        raise ConfigError(f"serve.lora={settings.lora}: no {adapter.name} there (a PEFT run's <run dir>/adapter/)")
+    if settings.engine != "vllm" or settings.device != "gpu":
+        raise ConfigError(
+            f"serve.lora with serve.engine={settings.engine} serve.device={settings.device}: adapters are served by "
+            "vLLM on GPUs (its CPU build runs GLM's MoE layers with LoRA through a Triton kernel it does not have); "
+            "serve the run's merged model instead (serve.model=<run dir>, whose hf/ has the adapters folded in)"
+        )
+    rank = json.loads(adapter.read_text()).get("r", 0)
+    if not 0 < rank <= max(VLLM_LORA_RANKS):
+        raise ConfigError(f"serve.lora={settings.lora}: rank r={rank}; vLLM serves ranks up to {max(VLLM_LORA_RANKS)}")
 
 
 def check_export(cfg: DictConfig) -> GLM46Config:

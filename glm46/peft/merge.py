@@ -1,7 +1,11 @@
 """The adapters folded into the base: W <- W + s B A (DoRA: m (W + s B A) / ||W + s B A||_row), as peft's
-merge_and_unload, leaving a plain GLM46ForCausalLM that every exporter (HF, FP8, GGUF) and engine reads."""
+merge_and_unload, leaving a plain GLM46ForCausalLM that every exporter (HF, FP8, GGUF) and engine reads; or for the
+length of a block (`merged_weights`: RL's weight pushes to the rollout engine, as slime merges before each sync)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -10,7 +14,7 @@ from glm46.modules.experts import GroupedExperts
 from glm46.parallel.boxes import local_tensor
 
 from .adapters import LinearAdapter
-from .inject import adapted_weights
+from .inject import adapted_weights, adapters_disabled
 
 
 @torch.no_grad()
@@ -27,3 +31,23 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         elif isinstance(module, GroupedExperts):
             module.adapter = None
     return model
+
+
+@contextmanager
+def merged_weights(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block every adapted weight holds its merged value and the adapters are off (the model computes the
+    adapted function; save_hf writes it); after it, the base weights are back bit for bit and the adapters on. Holds
+    a copy of each adapted weight's shard meanwhile."""
+    saved = []
+    with torch.no_grad():
+        for _, adapter, weight in list(adapted_weights(model)):
+            local = local_tensor(weight)
+            saved.append((local, local.clone()))
+            local.copy_(adapter.merged_weight(weight).to(local.dtype))
+    try:
+        with adapters_disabled(model):
+            yield model
+    finally:
+        with torch.no_grad():
+            for local, original in saved:
+                local.copy_(original)

@@ -57,6 +57,7 @@ from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
+from glm46.peft.merge import merged_weights
 from glm46.rl.core_algos import (
     AGGREGATIONS,
     flat_groups,
@@ -287,7 +288,8 @@ class GRPOLitModule(GLM46LitModule):
         root = Path(self.trainer.default_root_dir) / "rollout"
         directory = root / f"policy-step{self.trainer.global_step}"
         started = time.perf_counter()
-        save_hf(self.model, directory, tokenizer=self.tokenizer)
+        with merged_weights(self.model):  # adapters (peft=lora|dora) folded in for the engine, then back as they were
+            save_hf(self.model, directory, tokenizer=self.tokenizer)
 
         def load():
             if self.engine is None:

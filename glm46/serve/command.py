@@ -24,6 +24,8 @@ from .venv import VLLM_IPC_VARIABLE, ipc_folder
 # GLM-4.5/4.6's tool calls: on vLLM, its `glm45` parser without GLM-4.7's call grammar
 # (glm46/serve/vllm_tool_parser.py); on SGLang, its `glm45` parser
 GLM46_TOOL_PARSER = "glm46"
+LORA_NAME = "adapter"  # the model name clients ask for to get serve.lora's adapter
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM 0.32's --max-lora-rank choices
 
 
 def engine_command(settings: DictConfig, weights: Path) -> list[str]:
@@ -43,6 +45,10 @@ def _vllm(s: DictConfig, weights: Path) -> list[str]:
     command += ["--tensor-parallel-size", str(s.tensor_parallel_size), "--dtype", s.dtype]
     command += ["--max-model-len", str(s.max_model_len)] if s.max_model_len else []
     command += ["--served-model-name", s.served_model_name] if s.served_model_name else []
+    if s.lora:
+        rank = json.loads((Path(s.lora) / "adapter_config.json").read_text())["r"]
+        command += ["--enable-lora", "--lora-modules", f"{LORA_NAME}={s.lora}"]
+        command += ["--max-lora-rank", str(min(r for r in VLLM_LORA_RANKS if r >= rank))]
     if s.mtp:
         spec = {"method": "mtp", "num_speculative_tokens": s.speculative_steps}
         command += ["--speculative-config", json.dumps(spec, separators=(",", ":"))]

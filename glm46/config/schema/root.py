@@ -91,6 +91,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     served_model_name: Optional[str] = None
+    lora: Optional[str] = None  # a peft-format adapter served on top of serve.model (vLLM on GPUs)
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None
     python: Optional[str] = None
@@ -191,6 +192,10 @@ class RunConfig:
     dryrun: DryRun = field(default_factory=DryRun)
     monitoring: Monitoring = field(default_factory=Monitoring)
     stages: Optional[Dict[str, Optional[List[str]]]] = field(default_factory=dict)  # name -> overrides; null: skipped
+    final_stage: Optional[str] = None  # the report's name for this composition, the last stage (default: phase.name)
+    compare_stages: List[List[str]] = field(
+        default_factory=list
+    )  # more [before, after] stage pairs the report compares
     paths: PathsConfig = field(default_factory=PathsConfig)
     model: Any = MISSING
     module: Any = MISSING  # the LightningModule (conf/module: causal_lm, grpo)
