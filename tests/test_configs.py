@@ -11,11 +11,12 @@ from omegaconf.errors import ValidationError
 
 from glm46.config.checks import model_config, validate
 from glm46.errors import ConfigError
-from glm46.modules import GLM46Config
+from glm46.hf import save_hf
+from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.planning.counts import count_parameters, format_counts
 
 from . import forked
-from .helpers import TINY
+from .helpers import TINY, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = sorted(p.stem for p in (ROOT / "conf" / "model").glob("*.yaml"))
@@ -82,14 +83,18 @@ def test_every_group_member_composes_and_its_objects_build(tmp_path, group, memb
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_every_model_config_composes_and_validates(compose_config, model):
-    cfg = compose_config("experiment=tiny_bytes", f"model={model}")  # the default run pins the embedded vocabulary
+def test_every_model_config_composes_and_validates(compose_config, model, tmp_path):
+    start = []  # model=auto reads init_from's config.json (tests/test_peft_run.py refuses it without one)
+    if model == "auto":
+        start = [f"init_from={save_hf(GLM46ForCausalLM(tiny_config(vocab_size=512)), tmp_path / 'hf')}"]
+    cfg = compose_config("experiment=tiny_bytes", f"model={model}", *start)
     validate(cfg)
     assert isinstance(model_config(cfg), GLM46Config)
 
 
 FULL_SCALE = {"pretrain_phase1", "pretrain_phase2", "midtrain", "midtrain_long", "midtrain_200k", "sft", "rl"}
 YOUR_DATA = {"reward_model", "dpo", "own_pretrain", "own_sft", "own_rl"}  # toy sizes on your prepared data
+FINE_TUNING = {"glm45_air_lora", "glm45_355b_dora", "glm45_air_sft", "glm45_355b_sft"}  # on clusters of their own
 
 
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
@@ -98,6 +103,14 @@ def test_every_experiment_composes_and_validates(compose_config, experiment, cha
         pairs = experiment in ("reward_model", "dpo")
         data = ["data.path=/data", "model.vocab_size=512"] if pairs else [f"data.path={chat_dataset}"]
         validate(compose_config(f"experiment={experiment}", *data, "init_from=/ckpt"))
+        return
+    if experiment in FINE_TUNING:
+        cfg = compose_config(f"experiment={experiment}", "data.path=/data", "init_from=/ckpt")
+        if cfg.peft is not None and cfg.parallelism.tensor_parallel > 1:  # adapters on TP weights: plan and dryrun only
+            with pytest.raises(ConfigError, match="adapters on tensor-parallel weights are not supported yet"):
+                validate(cfg)
+            return
+        validate(cfg)
         return
     if experiment not in FULL_SCALE:
         validate(compose_config(f"experiment={experiment}"))

@@ -9,7 +9,15 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from glm46.hf import save_hf
-from glm46.peft import AdapterSettings, adapted_weights, adapter_parameters, adapters_disabled, add_adapters
+from glm46.peft import (
+    AdapterSettings,
+    ExpertAdapter,
+    adapted_weights,
+    adapter_parameters,
+    adapters_disabled,
+    add_adapters,
+    reset_adapters,
+)
 from glm46.peft.merge import merge_and_unload
 from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
 
@@ -77,9 +85,7 @@ def test_adapters_load_in_peft_on_transformers_with_our_logits(case, tmp_path):
 
 @pytest.mark.parametrize("shared", [False, True], ids=["per_expert", "shared"])
 def test_dora_on_experts_is_peft_dora_on_each_expert(shared):
-    """peft's parameter targets have no DoRA: each expert's weight as an nn.Linear under peft's DoRA is the reference."""
-    from glm46.peft import ExpertAdapter
-
+    """peft's parameter targets have no DoRA: peft's DoRA on each expert's weight as an nn.Linear is the reference."""
     torch.manual_seed(0)
     experts, out_features, in_features, rank = 4, 6, 8, 2
     weight = torch.randn(experts, out_features, in_features)
@@ -134,8 +140,6 @@ def test_only_the_adapters_train_and_the_base_stays_bit_identical():
     base = {name: t.clone() for name, t in model.state_dict().items() if ".adapter." not in name}
     trainable = [p for p in model.parameters() if p.requires_grad]
     assert {id(p) for p in trainable} == {id(p) for p in adapter_parameters(model).values()}
-    from glm46.peft import reset_adapters
-
     reset_adapters(model, seed=0)
     optimizer = torch.optim.AdamW(trainable, lr=1e-2)
     x = tokens(model.config.vocab_size)

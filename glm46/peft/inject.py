@@ -75,8 +75,8 @@ def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
             module = model.lm_head if name == "lm_head" else model.model.embed_tokens
             module.weight.requires_grad_(True)
     for name, p in model.named_parameters():
-        if is_adapter_name(name):
-            p.data = p.data.float()  # the adapters (and their optimizer) in fp32 whatever the base
+        if is_adapter_name(name) or p.requires_grad:
+            p.data = p.data.float()  # what trains (and its optimizer) in fp32 whatever the base
             p.requires_grad_(True)
 
 

@@ -14,31 +14,55 @@ import functools
 import json
 import math
 from dataclasses import asdict
+from typing import NamedTuple
 
 import torch
 
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import muon_param_groups
+from glm46.peft import AdapterSettings, add_adapters
 
 
-def model_parameters(config: GLM46Config) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
-    """(name, shape, whether Muon updates it) of every parameter of the model built on meta. Built once per
-    configuration: planning asks again for every pipeline stage, and building the 355B model on meta takes about
-    0.5 s (93 layers of 160 experts, their initialisers run on meta)."""
-    return _model_parameters(json.dumps(asdict(config)))
+class ModelParameter(NamedTuple):
+    """A parameter of the model built on meta, as training holds it."""
+
+    name: str
+    shape: tuple[int, ...]
+    muon: bool  # Muon updates it (never under PEFT: the adapters train in AdamW's group)
+    itemsize: int = 4  # bytes per element as stored: fp32, or PEFT's frozen base in peft.base_dtype
+    trained: bool = True  # False: PEFT's frozen base, which has no gradient and no optimizer state
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+def model_parameters(config: GLM46Config, peft: AdapterSettings | None = None) -> tuple[ModelParameter, ...]:
+    """Every parameter of the model built on meta, with `peft`'s adapters on its frozen base when given
+    (glm46.peft.add_adapters, as training adds them). Built once per configuration: planning asks again for every
+    pipeline stage, and building the 355B model on meta takes about 0.5 s (93 layers of 160 experts, their
+    initialisers run on meta)."""
+    settings = None if peft is None else json.dumps(asdict(peft), default=list)  # targets may be a ListConfig
+    return _model_parameters(json.dumps(asdict(config)), settings)
 
 
 @functools.lru_cache(maxsize=4)
-def _model_parameters(config_json: str) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
-    with torch.device("meta"):  # keyed by the configuration's JSON: the dataclass is not hashable
+def _model_parameters(config_json: str, peft_json: str | None) -> tuple[ModelParameter, ...]:
+    with torch.device("meta"):  # keyed by the configurations' JSON: the dataclasses are not hashable
         model = GLM46ForCausalLM(GLM46Config(**json.loads(config_json)))
+    if peft_json is not None:
+        add_adapters(model, AdapterSettings(**json.loads(peft_json)))
+        return tuple(
+            ModelParameter(name, tuple(p.shape), False, p.dtype.itemsize, p.requires_grad)
+            for name, p in model.named_parameters()
+        )
     muon = {id(p) for group in muon_param_groups(model) if group["use_muon"] for p in group["params"]}
-    return tuple((name, tuple(p.shape), id(p) in muon) for name, p in model.named_parameters())
+    return tuple(ModelParameter(name, tuple(p.shape), id(p) in muon) for name, p in model.named_parameters())
 
 
 def count_parameters(config: GLM46Config) -> dict[str, int]:
     """total, embedding, lm_head, mtp, active; plus mtp_active (an MTP layer's per-token share)."""
-    sizes = {name: math.prod(shape) for name, shape, _ in model_parameters(config)}
+    sizes = {p.name: p.numel for p in model_parameters(config)}
 
     def numel(prefix: str) -> int:
         return sum(n for name, n in sizes.items() if name.startswith(prefix))

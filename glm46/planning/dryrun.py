@@ -2,9 +2,10 @@
 
 torch's fake process group stands in for the world (`init_process_group("fake")`: collectives return
 copies, so nothing numeric is checked here), and everything else is the real code: the device mesh of
-the layout, the model built on the meta device, glm46.parallel.parallelize (TP, EP, activation
-checkpointing, FSDP2) and the optimizer built on the resulting shards. Nothing is allocated: the
-bytes come from each parameter's local shard shape. The report sets them, by parameter group, beside
+the layout, the model built on the meta device (with `peft`, its adapters on the frozen base, as training adds them:
+glm46.peft.add_adapters), glm46.parallel.parallelize (TP, EP, activation checkpointing, FSDP2) and the optimizer
+built on the resulting shards. Nothing is allocated: the bytes come from each parameter's local shard shape and
+dtype (a frozen base parameter has no gradient or optimizer state). The report sets them, by parameter group, beside
 `task=plan`'s figures for the most loaded rank, names the largest tensor any rank gathers, and fails
 naming the parameter when a shard is larger than the plan says (a tensor left replicated), or when
 the rank's total does not fit the GPU. Anchors: Megatron-LM's `--fake-process-group`, torchtitan's
@@ -25,20 +26,24 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.tensor import DTensor
 
+import glm46.parallel.parallelize as parallelize_module
+from glm46.config.peft_checks import peft_settings
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
-from glm46.optim import muon_param_groups
+from glm46.optim import Muon, muon_param_groups
 from glm46.optim.distributed_muon import splits_matrices
 from glm46.parallel.checkpointing import checkpointing_mode
 from glm46.parallel.layout import MESH_DIMS, Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
 from glm46.parallel.pipeline_parallel import split_layers, split_model, stage_ids
+from glm46.peft import AdapterSettings, LinearAdapter, add_adapters
 from glm46.planning.plan import (
     GIB,
-    GROUPS,
     MARGIN,
     Hardware,
+    add_state,
+    empty_state,
     parameter_group,
     planned_parameters,
     stage_of,
@@ -116,6 +121,40 @@ def lazy_chunks() -> Iterator[None]:
         _fsdp_param._chunk_with_empty = original
 
 
+@contextlib.contextmanager
+def adapters_whole_over_tp() -> Iterator[None]:
+    """Tensor parallelism's ColwiseParallel distributes every parameter under an nn.Linear, its adapter's too, and
+    cannot register their dotted names. Training refuses adapters under TP (glm46.config.peft_checks); the dry run
+    of such a layout sets the linear layers' adapters aside while TP splits the weights, so that they stay whole
+    over TP and FSDP2 shards them as task=plan counts them (glm46.parallel.layout.parameter_splits)."""
+    original = parallelize_module.apply_tensor_parallel
+
+    def split_without_adapters(model: GLM46ForCausalLM, *args, **kwargs) -> None:
+        aside = [(m, m.adapter) for m in model.modules() if isinstance(getattr(m, "adapter", None), LinearAdapter)]
+        for module, _ in aside:
+            del module.adapter
+        try:
+            original(model, *args, **kwargs)
+        finally:
+            for module, adapter in aside:
+                module.adapter = adapter
+
+    parallelize_module.apply_tensor_parallel = split_without_adapters
+    try:
+        yield
+    finally:
+        parallelize_module.apply_tensor_parallel = original
+
+
+def optimizer_groups(model: GLM46ForCausalLM, peft: AdapterSettings | None) -> list[dict]:
+    """The optimizer's parameter groups, as GLM46LitModule.param_groups makes them: Muon's and AdamW's, or with
+    adapters the trained tensors alone in AdamW's group at peft.lr."""
+    if peft is None:
+        return muon_param_groups(model)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": trained, "use_muon": False, "lr": peft.lr, "weight_decay": peft.weight_decay}]
+
+
 def gathered_numel(p: DTensor) -> int:
     """Elements of p that FSDP2 all-gathers: whole over the data-parallel dims, still split by TP and EP."""
     numel = p.numel()
@@ -147,36 +186,41 @@ def largest_gather(model: GLM46ForCausalLM, optimizer: torch.optim.Optimizer) ->
 def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: Layout) -> DryRun:
     started = time.time()
     rank = int(cfg.get("dryrun", {}).get("rank", 0))
+    peft = peft_settings(cfg)
     fake_world(rank, layout.world_size)
     try:
         mesh = build_mesh(layout, "cpu")
         with torch.device("meta"):
             model = GLM46ForCausalLM(config)
+        if peft is not None:
+            add_adapters(model, peft)
         stages = None
         if layout.pipeline_parallel > 1:  # this rank's stages only, as MeshParallelStrategy.parallelize splits them
             pp_rank = mesh["pp"].get_local_rank()
             stages = split_model(model, layout, pp_rank)
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
-        with lazy_chunks():
+        with lazy_chunks(), adapters_whole_over_tp():
             recompute = checkpointing_mode(
                 parallelism.activation_checkpointing, parallelism.activation_checkpointing_mode
             )
             parallelize(model, layout, mesh, recompute, policy, stages)
-        optimizer = instantiate(cfg.optim.optimizer)(muon_param_groups(model))  # real construction on meta shards
-        uses_muon = {id(p): bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
+        optimizer = instantiate(cfg.optim.optimizer)(optimizer_groups(model, peft))  # built on the meta shards
+        muon = isinstance(optimizer, Muon)  # AdamW ignores the groups' use_muon: two moments for every parameter
+        uses_muon = {id(p): muon and bool(g.get("use_muon")) for g in optimizer.param_groups for p in g["params"]}
         kind = "muon" if any(uses_muon.values()) else "adamw"
-        planned = {p.name: p for p in planned_parameters(config, layout, kind)}
+        planned = {p.name: p for p in planned_parameters(config, layout, kind, peft)}
         if stages is not None:  # the plan of this pipeline rank's stages
             ranges = split_layers(config, layout.num_stages, layout.layers_per_stage)
             mine = stage_ids(layout, mesh["pp"].get_local_rank())
             planned = {n: p for n, p in planned.items() if stage_of(n, ranges, config) in mine}
-        state = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
+        state = empty_state()
         problems = []
         for name, p in model.named_parameters():
             local = p.to_local() if isinstance(p, DTensor) else p
-            for key, nbytes in state_bytes(local.numel(), uses_muon[id(p)]).items():
-                state[parameter_group(name)][key] += nbytes
+            trained = id(p) in uses_muon  # what the optimizer holds: every parameter, or PEFT's trained ones
+            nbytes = state_bytes(local.numel(), uses_muon.get(id(p), False), local.element_size(), trained)
+            add_state(state, parameter_group(name), nbytes)
             plan = planned[name]
             if local.numel() > plan.shard_numel:
                 how = "is replicated" if local.numel() == p.numel() else "is split less than planned"
@@ -211,8 +255,8 @@ def format_dry_run(run: DryRun, memory: dict[str, float], hardware: Hardware, la
         + " | "
         + " ".join(f"{'plan':>9s}" for _ in range(3)),
     ]
-    for group in GROUPS:
-        mine, plan = run.state[group], run.planned[group]
+    for group, plan in run.planned.items():
+        mine = run.state.get(group, dict.fromkeys(plan, 0))
         lines.append(
             f"{group:18s} "
             + " ".join(f"{mine[k] / GIB:9.3f}" for k in mine)

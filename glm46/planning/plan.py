@@ -11,6 +11,12 @@ Conventions:
   activations are those this implementation saves for backward, per micro-batch, in bf16 (and the int64
   document ids of packed rows).
   `task=dryrun` checks the shards against the real sharded model.
+- With adapters (`peft=lora|dora`, glm46.peft) the model is planned as training builds it (glm46.peft.add_adapters
+  on the meta model): the frozen base in peft.base_dtype, without gradients or optimizer state; the adapters in fp32
+  with their gradients and AdamW's two moments (every trained tensor at its own dtype: an embedding or lm_head named
+  in peft.targets keeps the base's), each shard as the layout splits it (per-expert adapters over EP like the
+  experts, FSDP2 over its shards, each pipeline stage its layers'). FSDP2 gathers the base and the adapters and
+  reduces the adapters' gradients only; activations are planned as for full training.
 - Under pipeline parallelism each pipeline rank is planned on its own (`stage_memory`): the parameters of its
   stages (pipeline_parallel.split_layers), the activations of the microbatches its schedule holds in flight
   (1F1B: pp - r on rank r, so stage 0 holds pp; the interleaved and V schedules: (v - 1) pp + 2 (pp - r - 1) + 1
@@ -35,7 +41,9 @@ from glm46.modules import GLM46Config
 from glm46.optim.newton_schulz import workspace_bytes
 from glm46.parallel.layout import PIPELINE_SCHEDULES, Layout, largest_shard_shape, parameter_splits
 from glm46.parallel.pipeline_parallel import split_layers, stage_ids
+from glm46.peft import AdapterSettings, is_adapter_name
 from glm46.planning.counts import count_parameters, model_parameters, training_flops_per_token
+from glm46.planning.peft_memory import adapter_counts, dtype_name, format_adapters
 
 GIB = 2**30
 MARGIN = 0.9  # a layout fits when the estimate stays under 90% of the device memory (allocator, NCCL buffers)
@@ -66,10 +74,14 @@ GROUPS = (
     "embedding/lm_head",
     "norms",
 )
+ADAPTERS = "adapters"  # the group of PEFT's adapter tensors (glm46.peft), in the reports of a run that has them
+KINDS = ("weights", "gradients", "optimizer")
 
 
 def parameter_group(name: str) -> str:
-    """The memory-report group of a parameter (one of GROUPS)."""
+    """The memory-report group of a parameter (one of GROUPS, or ADAPTERS)."""
+    if is_adapter_name(name):
+        return ADAPTERS
     if name.endswith("norm.weight"):
         return "norms"
     for marker, group in (
@@ -92,57 +104,105 @@ class PlannedParameter:
     shape: tuple[int, ...]
     shard_shape: tuple[int, ...]  # the largest any rank holds (glm46.parallel.layout.largest_shard_shape)
     muon: bool  # Muon (one fp32 momentum) or AdamW (two fp32 moments)
+    itemsize: int = 4  # bytes per element as stored (PEFT's frozen base: peft.base_dtype's)
+    trained: bool = True  # False: PEFT's frozen base, without gradients or optimizer state
 
     @property
     def shard_numel(self) -> int:
         return math.prod(self.shard_shape)
 
 
-def planned_parameters(config: GLM46Config, layout: Layout, optimizer: str) -> list[PlannedParameter]:
-    """Every parameter with the shard the layout gives the most loaded rank, from the model built on meta."""
+def planned_parameters(
+    config: GLM46Config, layout: Layout, optimizer: str, peft: AdapterSettings | None = None
+) -> list[PlannedParameter]:
+    """Every parameter (with `peft`'s adapters, the base frozen) with the shard the layout gives the most loaded
+    rank, from the model built on meta."""
     experts = config.n_routed_experts
     return [
         PlannedParameter(
-            name,
-            parameter_group(name),
-            shape,
-            largest_shard_shape(shape, parameter_splits(name, layout, experts)),
-            optimizer == "muon" and muon,
+            p.name,
+            parameter_group(p.name),
+            p.shape,
+            largest_shard_shape(p.shape, parameter_splits(p.name, layout, experts)),
+            optimizer == "muon" and p.muon,
+            p.itemsize,
+            p.trained,
         )
-        for name, shape, muon in model_parameters(config)
+        for p in model_parameters(config, peft)
     ]
 
 
-def state_bytes(numel: int, muon: bool) -> dict[str, int]:
-    """fp32 weights, fp32 gradients, optimizer state (Muon: one fp32 momentum; AdamW: two fp32 moments)."""
-    return {"weights": 4 * numel, "gradients": 4 * numel, "optimizer": (4 if muon else 8) * numel}
+def state_bytes(numel: int, muon: bool, itemsize: int = 4, trained: bool = True) -> dict[str, int]:
+    """Weights, gradients and optimizer state (Muon: one momentum; AdamW: two moments), each at the parameter's
+    dtype (`itemsize` bytes: fp32 but for PEFT's frozen base); a frozen parameter has its weights alone."""
+    moments = 1 if muon else 2
+    return {
+        "weights": itemsize * numel,
+        "gradients": itemsize * numel if trained else 0,
+        "optimizer": moments * itemsize * numel if trained else 0,
+    }
+
+
+def empty_state() -> dict[str, dict[str, int]]:
+    """A GROUPS table of zero bytes by kind; PEFT's ADAPTERS group joins where a run holds adapters."""
+    return {group: dict.fromkeys(KINDS, 0) for group in GROUPS}
+
+
+def add_state(table: dict[str, dict[str, int]], group: str, nbytes: dict[str, int]) -> None:
+    for kind, n in nbytes.items():
+        table.setdefault(group, dict.fromkeys(KINDS, 0))[kind] += n
 
 
 def state_by_group(parameters: list[PlannedParameter]) -> dict[str, dict[str, int]]:
-    """Per GROUPS entry: bytes of weights, gradients and optimizer state on the most loaded rank."""
-    table = {group: {"weights": 0, "gradients": 0, "optimizer": 0} for group in GROUPS}
+    """Per GROUPS entry (and ADAPTERS): bytes of weights, gradients and optimizer state on the most loaded rank."""
+    table = empty_state()
     for p in parameters:
-        for kind, nbytes in state_bytes(p.shard_numel, p.muon).items():
-            table[p.group][kind] += nbytes
+        add_state(table, p.group, state_bytes(p.shard_numel, p.muon, p.itemsize, p.trained))
     return table
 
 
-def fsdp_units(config: GLM46Config, layout: Layout, held: Callable[[str], bool] = lambda name: True) -> dict[str, int]:
+def state_memory(parameters: list[PlannedParameter], optimizer: str, peft: bool) -> dict[str, int]:
+    """The memory table's weights, gradients and optimizer state. With adapters, the frozen base and the trained
+    tensors' weights on lines of their own, each kind named by its dtype."""
+    totals = {kind: sum(g[kind] for g in state_by_group(parameters).values()) for kind in KINDS}
+    if not peft:
+        return {f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": n for kind, n in totals.items()}
+    frozen = [p for p in parameters if not p.trained]
+    trained = dtype_name({p.itemsize for p in parameters if p.trained})
+    base = sum(p.itemsize * p.shard_numel for p in frozen)
+    return {
+        f"frozen base ({dtype_name({p.itemsize for p in frozen})})": base,
+        f"trained weights ({trained})": totals["weights"] - base,
+        f"gradients ({trained})": totals["gradients"],
+        f"optimizer ({optimizer})": totals["optimizer"],
+    }
+
+
+def fsdp_units(
+    config: GLM46Config,
+    layout: Layout,
+    held: Callable[[str], bool] = lambda name: True,
+    peft: AdapterSettings | None = None,
+    trained_only: bool = False,
+) -> dict[str, int]:
     """Elements each FSDP2 unit all-gathers (its parameters whole over the data-parallel shards, still split by
     TP and EP), as glm46.parallel.parallelize.apply_fsdp groups them: the root (embedding, final norm, lm_head;
     under pipeline parallelism a stage's part of them), each decoder layer, each MTP layer, and with expert
-    parallelism each MoE layer's experts on their own. `held`: which parameters the rank holds, by name."""
+    parallelism each MoE layer's experts (their adapters with them) on their own. `held`: which parameters the rank
+    holds, by name; `peft`: the adapters on the frozen base; `trained_only`: count only the trained parameters (the
+    gradients a unit reduces)."""
     if not layout.shards_weights:
         return {}
     units: dict[str, int] = {}
     tp_and_ep_only = Layout(layout.world_size, layout.tensor_parallel, layout.expert_parallel, 1)
-    for p in planned_parameters(config, tp_and_ep_only, "adamw"):
-        if not held(p.name):
+    for p in planned_parameters(config, tp_and_ep_only, "adamw", peft):
+        if not held(p.name) or (trained_only and not p.trained):
             continue
         layer = re.match(r"^(model\.layers\.\d+|mtp_layers\.\d+)\.", p.name)
         unit = "root" if layer is None else layer[1]
-        if ".experts." in p.name and layout.expert_parallel > 1:
-            unit = p.name.rsplit(".", 1)[0]
+        experts = re.match(r"^(.*\.experts)\.", p.name)
+        if experts and layout.expert_parallel > 1:
+            unit = experts[1]
         units[unit] = units.get(unit, 0) + p.shard_numel
     return units
 
@@ -215,12 +275,13 @@ def stage_memory(
     ns_batch_bytes: int = 0,
     ns_dtype: torch.dtype = torch.float32,
     microbatches: int | None = None,
+    peft: AdapterSettings | None = None,
 ) -> dict[str, float]:
     """Bytes on the most loaded GPU of pipeline rank `pp_rank` (None: no pipeline) by kind (see the module
     docstring), and their total; `checkpointing`: None, "full" or "selective" (glm46.parallel.checkpointing);
     `micro_batch_tokens` are one (pipeline) micro-batch's, `microbatches` those of one schedule (a step's; None:
-    parallelism.microbatches, a step without accumulation)."""
-    parameters = planned_parameters(config, layout, optimizer)
+    parallelism.microbatches, a step without accumulation); `peft`: the adapters trained on the frozen base."""
+    parameters = planned_parameters(config, layout, optimizer, peft)
     dense_layers, moe_layers = config.first_k_dense_replace, config.num_hidden_layers - config.first_k_dense_replace
     mtp, chunks, share, stage_inputs = config.num_nextn_predict_layers, 1, 1.0, 0
     head = True
@@ -235,7 +296,6 @@ def stage_memory(
         mtp = mtp if head else 0
         chunks, share = in_flight(layout, pp_rank, microbatches or layout.microbatches)
         stage_inputs = chunks * micro_batch_tokens * 2 * config.hidden_size * (1 + config.num_nextn_predict_layers)
-    state = state_by_group(parameters)
     act = activation_bytes_per_token(layout, config)
     layers = dense_layers + moe_layers + mtp
     full = (moe_layers + mtp) * act["moe_layer"] + dense_layers * act["dense_layer"]
@@ -253,13 +313,12 @@ def stage_memory(
     # What is left of the document mask of packed rows: one int64 document number per token (Documents.ids),
     # kept through the step; per-document attention needs no [T, T] mask (glm46.modules.attention).
     documents = 8 * micro_batch_tokens * chunks
-    memory = {
-        f"{kind} ({'fp32' if kind != 'optimizer' else optimizer})": sum(g[kind] for g in state.values())
-        for kind in ("weights", "gradients", "optimizer")
-    }
+    memory = state_memory(parameters, optimizer, peft is not None)
     memory["activations"] = full * micro_batch_tokens / layout.context_parallel + logits + documents + stage_inputs
     held = (lambda name: True) if pp_rank is None else (lambda name: stage_of(name, ranges, config) in mine)
-    memory.update(gathered_bytes(fsdp_units(config, layout, held), layout.reshards_after_forward))
+    units = fsdp_units(config, layout, held, peft)
+    trained = fsdp_units(config, layout, held, peft, trained_only=True) if peft is not None else None
+    memory.update(gathered_bytes(units, layout.reshards_after_forward, trained))
     if optimizer == "muon":  # held in the optimizer step, when activations are freed: counted on top, an upper bound
         muon_bytes = sum(4 * p.shard_numel for p in parameters if p.muon)  # about what the rank orthogonalises
         memory["Newton-Schulz workspace"] = workspace_bytes(min(ns_batch_bytes, muon_bytes), ns_dtype)
@@ -267,17 +326,22 @@ def stage_memory(
     return memory
 
 
-def gathered_bytes(units: dict[str, int], reshard_after_forward: bool) -> dict[str, float]:
+def gathered_bytes(
+    units: dict[str, int], reshard_after_forward: bool, gradients: dict[str, int] | None = None
+) -> dict[str, float]:
     """FSDP2's unsharded copies (bf16): the root unit stays gathered through the step (reshard_after_forward off
     for it), and one more unit at a time besides it, or, without resharding, every unit from its forward to its
-    backward; and the largest unit's gradient before its fp32 reduce-scatter."""
+    backward; and the largest unit's gradient before its fp32 reduce-scatter. `gradients`: the elements of each
+    unit that have gradients (PEFT's trained ones; None: all of them)."""
     if not units:
         return {"gathered (FSDP2)": 0, "unsharded gradient (FSDP2)": 0}
     layers = [n for unit, n in units.items() if unit != "root"]
     held = max(layers, default=0) if reshard_after_forward else sum(layers)
+    gradients = units if gradients is None else gradients
+    reduced = [n for unit, n in gradients.items() if unit != "root"]
     return {
         "gathered (FSDP2)": 2 * (units.get("root", 0) + held),
-        "unsharded gradient (FSDP2)": 4 * max(units.get("root", 0), max(layers, default=0)),
+        "unsharded gradient (FSDP2)": 4 * max(gradients.get("root", 0), max(reduced, default=0)),
     }
 
 
@@ -301,9 +365,11 @@ def plan(
     ns_batch_bytes: int = 0,
     ns_dtype: torch.dtype = torch.float32,
     accumulation: tuple[int, int] = (1, 1),
+    peft: AdapterSettings | None = None,
 ) -> dict:
     """accumulation: the phase's gradient accumulation at its smallest step (the batch-size warm-up's start) and
-    its largest: a pipeline's schedule runs parallelism.microbatches times it."""
+    its largest: a pipeline's schedule runs parallelism.microbatches times it. peft: the adapters trained on the
+    frozen base (None: full training)."""
     counts = count_parameters(config)
     flops_per_token = training_flops_per_token(config, seq_len)
     total_flops = flops_per_token * tokens
@@ -323,6 +389,7 @@ def plan(
             ns_batch_bytes=ns_batch_bytes,
             ns_dtype=ns_dtype,
             microbatches=max(schedules),
+            peft=peft,
         )
         for r in range(layout.pipeline_parallel)
     ]
@@ -337,6 +404,7 @@ def plan(
             mode,
             loaded if pipelined else None,
             microbatches=max(schedules),
+            peft=peft,
         )["activations"]
         for mode in (None, "selective", "full")
     }
@@ -367,7 +435,7 @@ def plan(
             f"does not fit: {memory['total'] / GIB:.1f} GiB per GPU > {MARGIN:.0%} of "
             f"{hardware.memory_gib:g} GiB; {fix}"
         )
-    return {
+    result = {
         "parameters": counts,
         "flops_per_token": flops_per_token,
         "six_n_flops": 6 * counts["active"] * tokens,
@@ -386,6 +454,9 @@ def plan(
         "fits": memory["total"] <= capacity,
         "notes": notes,
     }
+    if peft is not None:
+        result["peft"] = adapter_counts(config, peft)
+    return result
 
 
 def format_range(values: list, form: str) -> str:
@@ -398,6 +469,7 @@ def format_plan(result: dict, hardware: Hardware, layout: Layout) -> str:
     counts = result["parameters"]
     lines = [
         f"parameters: total {counts['total']:,}, active per token {counts['active']:,}",
+        *([format_adapters(result["peft"])] if "peft" in result else []),
         f"FLOPs per token (6 x active + lm_head/MTP + attention): {result['flops_per_token']:.4g}",
         f"tokens: {result['tokens']:.4g}",
         f"training FLOPs: {si(result['total_flops'], 'FLOPs')}; 6 x active x tokens alone: "

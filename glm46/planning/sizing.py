@@ -6,6 +6,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from glm46.config.peft_checks import peft_settings
 from glm46.modules import GLM46Config
 from glm46.optim.muon import is_muon
 from glm46.optim.schedules import accumulation_for
@@ -48,9 +49,11 @@ def accumulation_range(cfg: DictConfig, layout: Layout) -> tuple[int, int]:
 
 
 def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware, Layout]:
-    """glm46.planning.plan of the composed model, phase, layout and cluster."""
+    """glm46.planning.plan of the composed model, phase, layout and cluster, and of `peft`'s adapters on the frozen
+    base when set (which train in AdamW's group whatever the optimizer: GLM46LitModule.param_groups)."""
     hardware, layout = hardware_and_layout(cfg)
-    optimizer = "muon" if is_muon(cfg.optim.optimizer._target_) else "adamw"
+    peft = peft_settings(cfg)
+    optimizer = "muon" if is_muon(cfg.optim.optimizer._target_) and peft is None else "adamw"
     newton_schulz = {}
     if optimizer == "muon":
         newton_schulz = {
@@ -67,6 +70,7 @@ def composed_plan(cfg: DictConfig, config: GLM46Config) -> tuple[dict, Hardware,
         optimizer,
         checkpointing_mode(cfg.parallelism.activation_checkpointing, cfg.parallelism.activation_checkpointing_mode),
         accumulation=accumulation_range(cfg, layout),
+        peft=peft,
         **newton_schulz,
     )
     rollout = cfg.phase.get("rollout")
