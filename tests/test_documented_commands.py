@@ -34,7 +34,7 @@ from glm46.errors import ConfigError
 from glm46.hf import save_hf
 
 from .helpers import random_model
-from .test_configs import FULL_SCALE
+from .test_configs import FINE_TUNING, FULL_SCALE
 from .test_parallel import compose_layout
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
     experiment = next(
         o for o in [*renamed_overrides(overrides), "experiment=toy_recipe_tools"] if o.startswith("experiment=")
     )
-    full_scale = experiment.partition("=")[2] in FULL_SCALE or values.get("cluster", "local") not in (
+    full_scale = experiment.partition("=")[2] in FULL_SCALE | FINE_TUNING or values.get("cluster", "local") not in (
         "local",
         "local_slurm",
     )

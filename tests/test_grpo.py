@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from glm46.errors import ConfigError
 from glm46.modules.loss import IGNORE_INDEX
+from glm46.peft import AdapterSettings, is_adapter_name
 from glm46.rl import grpo_module
 from glm46.rl.core_algos import token_logprobs, width_groups
 from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
@@ -34,9 +35,9 @@ def starts_with_a_digit(record, completion: str) -> float:
     return float(completion[:1].isdigit())
 
 
-def module(dataset, rollout=None, **overrides) -> GRPOLitModule:
+def module(dataset, rollout=None, peft=None, **overrides) -> GRPOLitModule:
     """GRPOLitModule with GRPO settings (GRPOSettings fields) overridden by `overrides`, rolling out with `rollout`
-    (RolloutSettings; None: the model's generate)."""
+    (RolloutSettings; None: the model's generate), with adapters when `peft` (AdapterSettings) says so."""
     settings = dict(samples_per_prompt=8, max_new_tokens=4, temperature=1.0) | overrides
     L.seed_everything(0)
     return GRPOLitModule(
@@ -49,6 +50,7 @@ def module(dataset, rollout=None, **overrides) -> GRPOLitModule:
         rollout=rollout,
         reward=starts_with_a_digit,
         seed=0,
+        peft=peft,
     )
 
 
@@ -126,6 +128,17 @@ def test_the_reward_rises_on_an_easy_task(dataset, tmp_path):
     assert first < 0.5 and last > first + 0.3, rewards
     flat = rewards_logged(tmp_path, "rl/flat_groups")  # every group all 0 at a step whose rewards are all 0
     assert all(f == 1 for f, r in zip(flat, rewards) if r == 0) and 0 <= min(flat) < 1, flat
+
+
+def test_grpo_with_lora_trains_the_adapters_alone_and_the_reward_rises(dataset, tmp_path):
+    """The rollouts sample the adapted policy (the adapters act in generate's forwards too); the base never moves."""
+    policy = module(dataset, peft=AdapterSettings(r=8, alpha=16, lr=3e-2))
+    before = {name: t.clone() for name, t in policy.model.state_dict().items() if not is_adapter_name(name)}
+    fit(policy, dataset, tmp_path, max_steps=30)
+    rewards = rewards_logged(tmp_path)
+    assert sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5 + 0.3, rewards
+    after = policy.model.state_dict()
+    assert [name for name, t in before.items() if not torch.equal(after[name], t)] == []
 
 
 @pytest.mark.parametrize("updates_per_rollout", [1, 2])

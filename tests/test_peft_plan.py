@@ -11,9 +11,9 @@ import torch
 
 from glm46.config.aliases import renamed_overrides
 from glm46.config.checks import model_config
-from glm46.config.peft_checks import peft_settings
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.peft import AdapterSettings, adapter_parameters, add_adapters
+from glm46.peft.settings import peft_settings
 from glm46.planning.dryrun import TRANSIENT
 from glm46.planning.plan import GIB, format_plan
 from glm46.planning.sizing import composed_plan

@@ -5,23 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
-from glm46.peft import AdapterSettings
 from glm46.peft.peft_format import CONFIG_FILE, WEIGHTS_FILE
-
-
-def peft_settings(cfg: DictConfig) -> AdapterSettings | None:
-    """The run's AdapterSettings, or None for full fine-tuning; a ConfigError naming the key it refuses."""
-    if cfg.get("peft") is None:
-        return None
-    try:
-        return instantiate(cfg.peft)
-    except Exception as error:
-        raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None
+from glm46.peft.settings import peft_settings
 
 
 def check_peft(cfg: DictConfig, config: GLM46Config) -> None:

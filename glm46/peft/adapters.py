@@ -92,8 +92,8 @@ class Adapter(nn.Module):
 
 
 class LinearAdapter(Adapter):
-    """On an nn.Linear (attention, the dense MLP, the shared experts, the embedding-free lm_head): `adapt` turns
-    base(x) into the adapted output (glm46.peft.inject hooks it onto the layer's forward)."""
+    """On an nn.Linear (attention, the dense MLP, the shared experts): `adapt` turns base(x) into the adapted output
+    (glm46.peft.inject hooks it onto the layer's forward)."""
 
     def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0, dora: bool = False):
         super().__init__((r, base.in_features), (base.out_features, r), (base.out_features,), alpha, dropout, dora)
@@ -144,7 +144,8 @@ class ExpertAdapter(Adapter):
             return base_out + lora
         delta = self.scaling * (lora_B @ lora_A).detach()  # [E, out, in], or [out, in] for every expert
         norm = torch.linalg.norm(weight + delta.to(weight.dtype), dim=-1).detach()  # [E, out]
-        expert_of_row = torch.repeat_interleave(torch.arange(len(counts), device=x.device), counts)
+        experts = torch.arange(len(counts), device=x.device)
+        expert_of_row = torch.repeat_interleave(experts, counts, output_size=x.shape[0])  # no read of counts
         magnitude = scale_grad(local_tensor(self.lora_magnitude_vector), self.grad_scale)
         scale = (magnitude / norm)[expert_of_row]  # [M, out]
         return base_out + (scale - 1) * base_out + scale * lora

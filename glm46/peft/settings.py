@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from glm46.errors import ConfigError
+
 # Targets by name: each attention projection, the dense MLP (the first_k_dense_replace layers), the shared experts,
 # the routed experts, and the embedding and lm_head, which are trained whole (not adapted) when named.
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -58,3 +63,14 @@ class AdapterSettings:
     def target_names(self) -> set[str]:
         """The targets, aliases expanded."""
         return {name for target in self.targets for name in ALIASES.get(target, (target,))}
+
+
+def peft_settings(cfg: DictConfig) -> AdapterSettings | None:
+    """A composed run's AdapterSettings (its `peft` node), or None for full fine-tuning; a ConfigError naming the key
+    it refuses."""
+    if cfg.get("peft") is None:
+        return None
+    try:
+        return instantiate(cfg.peft)
+    except Exception as error:
+        raise ConfigError(str(error.__cause__ or error).splitlines()[0]) from None

@@ -27,7 +27,6 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.tensor import DTensor
 
 import glm46.parallel.parallelize as parallelize_module
-from glm46.config.peft_checks import peft_settings
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import Muon, muon_param_groups
@@ -38,6 +37,7 @@ from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
 from glm46.parallel.pipeline_parallel import split_layers, split_model, stage_ids
 from glm46.peft import AdapterSettings, LinearAdapter, add_adapters
+from glm46.peft.settings import peft_settings
 from glm46.planning.plan import (
     GIB,
     MARGIN,

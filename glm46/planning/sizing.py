@@ -6,12 +6,12 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from glm46.config.peft_checks import peft_settings
 from glm46.modules import GLM46Config
 from glm46.optim.muon import is_muon
 from glm46.optim.schedules import accumulation_for
 from glm46.parallel.checkpointing import checkpointing_mode
 from glm46.parallel.layout import Layout
+from glm46.peft.settings import peft_settings
 from glm46.planning.plan import Hardware, plan
 from glm46.planning.rollout import add_colocated_engine
 
