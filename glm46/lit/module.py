@@ -121,6 +121,12 @@ class GLM46LitModule(L.LightningModule):
             reset_adapters(self.model, torch.initial_seed())
             if self.peft.adapter:
                 load_adapter(self.model, self.peft, self.peft.adapter)
+            trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensors: global counts
+            total = sum(p.numel() for p in self.model.parameters())
+            log.info(
+                f"peft={self.peft.method} r={self.peft.r} on {', '.join(self.peft.targets)}: {trained:,} trained of "
+                f"{total:,} parameters ({trained / total:.2%}); the base frozen in {self.peft.base_dtype}"
+            )
         if self.compiles:
             compile_decoder_layers(self.model, self.compile_backend)
         model_step = getattr(self.trainer.strategy, "model_step", None)
