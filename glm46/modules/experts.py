@@ -55,9 +55,9 @@ def swiglu_experts(
     counts: torch.Tensor,
     adapter: nn.ModuleDict | None = None,
 ) -> torch.Tensor:
-    """x [M, hidden] sorted by expert, counts [E] -> SwiGLU expert outputs [M, hidden]. adapter: low-rank adapters
-    of the weights by name (`gate_up_proj`, `down_proj`; glm46.peft), each with `linear(x, weight, counts)` in
-    place of grouped_linear."""
+    """x [M, hidden] sorted by expert, counts [E] -> SwiGLU expert outputs [M, hidden]. adapter: what computes a weight
+    in place of grouped_linear, by weight name (`gate_up_proj`, `down_proj`), each with `linear(x, weight, counts)`:
+    the low-rank adapters that glm46.peft puts on the experts from outside."""
 
     def linear(name: str, rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if adapter is not None and name in adapter:
@@ -79,7 +79,6 @@ class GroupedExperts(nn.Module):
         self.num_experts = num_experts
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * intermediate_size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, intermediate_size))
-        self.adapter: nn.ModuleDict | None = None  # LoRA/DoRA on the weights (glm46.peft), by weight name
 
     def init_weights(self, std: float, normal_: Callable[[torch.Tensor, float], None]) -> None:
         normal_(self.gate_up_proj, std)
@@ -87,4 +86,4 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, hidden], rows sorted by expert; counts [E] rows per expert -> [M, hidden]."""
-        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts, self.adapter)
+        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts)

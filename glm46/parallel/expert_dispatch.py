@@ -92,6 +92,14 @@ def expert_parallel_swiglu(
     return _all_to_all(out, input_splits, output_splits, group)
 
 
+def _shard_experts_dim(owner: nn.Module, source: nn.Module, names, ep_mesh: DeviceMesh) -> None:
+    """Register on `owner` each of `source`'s parameters `names` as a DTensor sharded on its expert dim (0) over ep."""
+    for name in names:
+        weight = getattr(source, name)
+        sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
+        owner.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+
+
 class ExpertParallelExperts(GroupedExperts):
     """GroupedExperts over an ep group: this rank holds E / ep consecutive experts (a DTensor Shard(0) over the ep
     mesh), and the rows routed to an expert travel to its rank and back. tp_group: the TP group whose ranks split
@@ -103,15 +111,10 @@ class ExpertParallelExperts(GroupedExperts):
     ):
         nn.Module.__init__(self)  # GroupedExperts' weights are `experts`' own, sharded: nothing allocated here
         self.num_experts = experts.num_experts
-        for name in ("gate_up_proj", "down_proj"):
-            weight = getattr(experts, name)
-            sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
-            self.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
-        self.adapter = experts.adapter
-        for adapter in [] if self.adapter is None else self.adapter.values():  # per expert: sharded as the experts
-            for name, weight in list(adapter.named_parameters(recurse=False)):
-                sharded = distribute_tensor(weight.detach(), ep_mesh, [Shard(0)], src_data_rank=None)
-                adapter.register_parameter(name, nn.Parameter(sharded, requires_grad=weight.requires_grad))
+        _shard_experts_dim(self, experts, ("gate_up_proj", "down_proj"), ep_mesh)
+        self.adapter = getattr(experts, "adapter", None)  # glm46.peft's AdaptedExperts: its pairs per expert
+        for adapter in [] if self.adapter is None else self.adapter.values():
+            _shard_experts_dim(adapter, adapter, [name for name, _ in adapter.named_parameters(recurse=False)], ep_mesh)
             adapter.grad_scale = grad_scale
         self.group, self.grad_scale, self.tp_group = ep_mesh.get_group(), grad_scale, tp_group
 

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from glm46.modules.experts import grouped_linear
+from glm46.modules.experts import GroupedExperts, grouped_linear, swiglu_experts
 from glm46.parallel.boxes import local_box, local_tensor
 from glm46.parallel.expert_dispatch import scale_grad
 
@@ -149,6 +149,22 @@ class ExpertAdapter(Adapter):
         magnitude = scale_grad(local_tensor(self.lora_magnitude_vector), self.grad_scale)
         scale = (magnitude / norm)[expert_of_row]  # [M, out]
         return base_out + (scale - 1) * base_out + scale * lora
+
+
+class AdaptedExperts(GroupedExperts):
+    """GroupedExperts with adapters on its weights (`adapter`: ExpertAdapters by weight name; None once merged): the
+    same parameters, under the same names, put in the model's place by glm46.peft.inject (as expert parallelism puts
+    its own subclass), so that the model's experts hold no adapter state."""
+
+    def __init__(self, experts: GroupedExperts, adapter: nn.ModuleDict):
+        nn.Module.__init__(self)  # GroupedExperts' weights are `experts`' own: nothing allocated here
+        self.num_experts = experts.num_experts
+        self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+        self.adapter = adapter
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        gate_up, down = local_tensor(self.gate_up_proj), local_tensor(self.down_proj)
+        return swiglu_experts(x, gate_up, down, counts, self.adapter)
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:

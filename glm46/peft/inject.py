@@ -1,9 +1,9 @@
 """Put adapters on a GLM46ForCausalLM's targets, freeze everything else, and find them again.
 
 The base keeps its parameter names (loading, the layouts and the HF export read them unchanged): an nn.Linear's
-adapter is its child `adapter`, applied by a forward hook; a GroupedExperts' adapters are its `adapter` ModuleDict
-by weight name, applied inside the grouped matmuls (glm46.modules.experts.swiglu_experts). Only the main model's
-decoder layers are adapted: the MTP layers, the routers and their correction biases stay as they were (the
+adapter is its child `adapter`, applied by a forward hook; a layer's experts become AdaptedExperts, whose `adapter`
+ModuleDict (by weight name) acts inside the grouped matmuls (glm46.modules.experts.swiglu_experts). Only the main
+model's decoder layers are adapted: the MTP layers, the routers and their correction biases stay as they were (the
 balancer leaves a PEFT run's biases alone), and the embedding and lm_head train whole only when named.
 """
 
@@ -19,7 +19,7 @@ from torch import nn
 from glm46.modules import GLM46ForCausalLM
 from glm46.modules.experts import GroupedExperts
 
-from .adapters import Adapter, ExpertAdapter, LinearAdapter
+from .adapters import AdaptedExperts, Adapter, ExpertAdapter, LinearAdapter
 from .settings import TRAINED_WHOLE, AdapterSettings
 
 ADAPTER = ".adapter."  # in the name of every adapter tensor, and of no base tensor
@@ -58,18 +58,12 @@ def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
                 _adapt_linear(linear, settings)
         if layer.is_moe and "experts" in targets:
             experts = layer.mlp.experts
-            experts.adapter = nn.ModuleDict(
-                {
-                    name: ExpertAdapter(
-                        getattr(experts, name).shape,
-                        settings.r,
-                        settings.alpha,
-                        settings.experts == "shared",
-                        settings.dora,
-                    )
-                    for name in ("gate_up_proj", "down_proj")
-                }
-            )
+            shared = settings.experts == "shared"
+            adapter = {
+                name: ExpertAdapter(getattr(experts, name).shape, settings.r, settings.alpha, shared, settings.dora)
+                for name in ("gate_up_proj", "down_proj")
+            }
+            layer.mlp.experts = AdaptedExperts(experts, nn.ModuleDict(adapter))
     for name in TRAINED_WHOLE:
         if name in targets:
             module = model.lm_head if name == "lm_head" else model.model.embed_tokens

@@ -28,7 +28,7 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         if isinstance(getattr(module, "adapter", None), LinearAdapter):
             module.adapter.hook.remove()
             del module.adapter
-        elif isinstance(module, GroupedExperts):
+        elif isinstance(module, GroupedExperts) and getattr(module, "adapter", None) is not None:
             module.adapter = None
     return model
 
