@@ -13,8 +13,8 @@ Conventions:
   `task=dryrun` checks the shards against the real sharded model.
 - With adapters (`peft=lora|dora`, glm46.peft) the model is planned as training builds it (glm46.peft.add_adapters
   on the meta model): the frozen base in peft.base_dtype, without gradients or optimizer state; the adapters in fp32
-  with their gradients and AdamW's two moments (every trained tensor at its own dtype: an embedding or lm_head named
-  in peft.targets keeps the base's), each shard as the layout splits it (per-expert adapters over EP like the
+  with their gradients and AdamW's two moments (an embedding or lm_head named in peft.targets too: it trains whole,
+  in fp32), each shard as the layout splits it (per-expert adapters over EP like the
   experts, FSDP2 over its shards, each pipeline stage its layers'). FSDP2 gathers the base and the adapters and
   reduces the adapters' gradients only; activations are planned as for full training.
 - Under pipeline parallelism each pipeline rank is planned on its own (`stage_memory`): the parameters of its
