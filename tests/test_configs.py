@@ -105,12 +105,7 @@ def test_every_experiment_composes_and_validates(compose_config, experiment, cha
         validate(compose_config(f"experiment={experiment}", *data, "init_from=/ckpt"))
         return
     if experiment in FINE_TUNING:
-        cfg = compose_config(f"experiment={experiment}", "data.path=/data", "init_from=/ckpt")
-        if cfg.peft is not None and cfg.parallelism.tensor_parallel > 1:  # adapters on TP weights: plan and dryrun only
-            with pytest.raises(ConfigError, match="adapters on tensor-parallel weights are not supported yet"):
-                validate(cfg)
-            return
-        validate(cfg)
+        validate(compose_config(f"experiment={experiment}", "data.path=/data", "init_from=/ckpt"))
         return
     if experiment not in FULL_SCALE:
         validate(compose_config(f"experiment={experiment}"))

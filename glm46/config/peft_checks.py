@@ -18,12 +18,6 @@ def check_peft(cfg: DictConfig, config: GLM46Config) -> None:
     if settings is None:
         return
     parallelism = cfg.parallelism
-    if parallelism.tensor_parallel > 1:
-        raise ConfigError(
-            f"peft={settings.method} under parallelism.tensor_parallel={parallelism.tensor_parallel}: adapters on "
-            "tensor-parallel weights are not supported yet; train them under FSDP2, expert and pipeline parallelism "
-            "(parallelism.tensor_parallel=1), or use peft=null"
-        )
     if parallelism.engine == "deepspeed":
         raise ConfigError(f"peft={settings.method} under DeepSpeed: use parallelism=ddp|fsdp2|ep|fsdp2_ep")
     if settings.experts == "shared" and parallelism.expert_parallel > 1 and "experts" in settings.target_names():

@@ -408,10 +408,12 @@ def stage_problems(layout: Layout, model: GLM46Config) -> list[tuple[bool, str]]
 
 # ---------------------------------------------------------------- what each parameter is split by
 
+# the tensors tensor parallelism splits, an adapter's (glm46.peft) with its base weight's rows or inputs
 _COLUMN_PARALLEL = re.compile(
-    r"\.(self_attn\.[qkv]_proj\.(weight|bias)|mlp\.(shared_experts\.)?(gate|up)_proj\.weight)$"
+    r"\.(self_attn\.[qkv]_proj|mlp\.(shared_experts\.)?(gate|up)_proj)"
+    r"\.(weight|bias|adapter\.lora_B|adapter\.lora_magnitude_vector)$"
 )
-_ROW_PARALLEL = re.compile(r"\.(self_attn\.o_proj|mlp\.(shared_experts\.)?down_proj)\.weight$")
+_ROW_PARALLEL = re.compile(r"\.(self_attn\.o_proj|mlp\.(shared_experts\.)?down_proj)\.(weight|adapter\.lora_A)$")
 
 
 def expert_split_dim(local_experts: int, expert_shard: int) -> int:

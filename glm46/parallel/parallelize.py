@@ -59,10 +59,10 @@ class HeadParallelRMSNorm(RMSNorm):
 
 
 def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence_parallel: bool = False) -> None:
-    """Megatron-style TP: q/k/v and gate/up column-parallel (heads and
-    intermediate features split), o_proj and down_proj row-parallel (outputs all-reduced). Dense MLPs
-    and the shared experts are split; the router, norms, embedding and lm_head stay replicated (every TP rank
-    sees the same tokens), and so do the routed experts unless expert parallelism folds them over TP
+    """Megatron-style TP: q/k/v and gate/up column-parallel (heads and intermediate features split), o_proj and
+    down_proj row-parallel (outputs all-reduced), in attention, the dense MLPs and the shared experts, each with its
+    adapter (glm46.peft.adapters.LinearAdapter.distribute); the router, norms, embedding and lm_head stay replicated
+    (every TP rank sees the same tokens), and so do the routed experts unless expert parallelism folds them over TP
     (shard_experts). The QK norms see only their rank's heads, so
     their weight gradients are summed over the TP ranks (HeadParallelRMSNorm).
 
@@ -89,11 +89,20 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
         style = PrepareModuleInput(input_layouts=layouts, desired_input_layouts=wanted, use_local_output=False)
         parallelize_module(module, tp_mesh, style)
 
+    def split_linears(module: nn.Module, plan: dict) -> None:
+        """parallelize_module over `plan`'s linear layers. An adapter on one of them (glm46.peft) is set aside
+        meanwhile, as torch's styles cannot register its dotted parameter names, and split by its own `distribute`."""
+        aside = {name: getattr(module, name)._modules.pop("adapter", None) for name in plan}
+        parallelize_module(module, tp_mesh, plan)
+        for name, adapter in aside.items():
+            if adapter is not None:
+                adapter.distribute(tp_mesh, column=isinstance(plan[name], ColwiseParallel))
+                getattr(module, name).adapter = adapter
+
     for layer in decoder_layers(model):
         attention = layer.self_attn
-        parallelize_module(
+        split_linears(
             attention,
-            tp_mesh,
             {
                 "q_proj": ColwiseParallel(),
                 "k_proj": ColwiseParallel(),
@@ -110,7 +119,7 @@ def apply_tensor_parallel(model: GLM46ForCausalLM, tp_mesh: DeviceMesh, sequence
         token_dim = 0 if layer.is_moe else 1  # the MoE runs its shared experts on [B x T, hidden]
         if mlp is not None:
             plan = {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(), "down_proj": row_parallel(token_dim)}
-            parallelize_module(mlp, tp_mesh, plan)
+            split_linears(mlp, plan)
         if sequence_parallel:
             gathered(attention, 1, arguments=5)  # (x, cos, sin, cache, documents)
             if mlp is not None:

@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from glm46.modules.experts import GroupedExperts, grouped_linear, swiglu_experts
 from glm46.parallel.boxes import local_box, local_tensor
@@ -55,12 +57,12 @@ class Adapter(nn.Module):
 
     @torch.no_grad()
     def reset_magnitude(self, weight: torch.Tensor) -> None:
-        """DoRA's magnitude: the row norms of `weight` + the current delta (peft's DoraLinearLayer.update_layer).
-        A sharded weight's ranks each give the norms of their rows (whole rows: the layouts shard weights by row or
-        by expert), and the largest of the values found wins (the others are zeros, or a replica's equal value)."""
-        box = local_box(weight)
-        norms = torch.zeros(weight.shape[:-1], dtype=torch.float32, device=local_tensor(weight).device)
-        norms[box[:-1]] = torch.linalg.norm(self.merged_rows(weight).float(), dim=-1)
+        """DoRA's magnitude: the row norms of `weight` + the current delta (peft's DoraLinearLayer.update_layer), from
+        a whole or sharded weight. Each rank gives the norms of its rows, and the largest value found wins (the other
+        ranks' are zeros, or a replica's equal value)."""
+        _, row_norms = self.merged_rows(weight)
+        norms = torch.zeros(weight.shape[:-1], dtype=torch.float32, device=row_norms.device)
+        norms[local_box(weight)[:-1]] = row_norms
         mesh = getattr(weight, "device_mesh", None)
         for dim in range(mesh.ndim if mesh is not None else 0):
             dist.all_reduce(norms, op=dist.ReduceOp.MAX, group=mesh.get_group(dim))
@@ -74,21 +76,25 @@ class Adapter(nn.Module):
         delta = self.scaling * (lora_B[box[-2]] @ lora_A[:, box[-1]])
         return delta.expand(box[0].stop - box[0].start, *delta.shape) if len(box) == 3 else delta
 
-    def merged_rows(self, weight: torch.Tensor) -> torch.Tensor:
-        """This rank's rows of W + s B A (`weight` whole, or a DTensor sharded by rows or experts)."""
+    def merged_rows(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This rank's part of W + s B A (`weight` whole, or a DTensor), and the fp32 norms of its whole rows: a
+        weight split along its inputs (tensor parallelism's row-parallel layers) sums their squares over the ranks
+        holding the rest of each row (collective then)."""
         local, box = local_tensor(weight), local_box(weight)
-        if box[-1] != slice(0, weight.shape[-1]):
-            raise NotImplementedError("adapters on a weight sharded along its input dim (tensor parallel rows)")
-        return local + self.delta(box).to(local.device, local.dtype)
+        merged = local + self.delta(box).to(local.device, local.dtype)
+        squares = merged.float().pow(2).sum(-1)
+        for dim, placement in enumerate(getattr(weight, "placements", ())):
+            if placement.is_shard(weight.ndim - 1):
+                dist.all_reduce(squares, group=weight.device_mesh.get_group(dim))
+        return merged, squares.sqrt()
 
     def merged_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """This rank's part of the weight that gives the adapted output alone (the merged export's)."""
-        merged = self.merged_rows(weight)
+        merged, norms = self.merged_rows(weight)
         if self.lora_magnitude_vector is None:
             return merged
         magnitude = gathered(self.lora_magnitude_vector)[local_box(weight)[:-1]].to(merged.device)
-        scale = magnitude / torch.linalg.norm(merged.float(), dim=-1)
-        return merged * scale[..., None].to(merged.dtype)
+        return merged * (magnitude / norms)[..., None].to(merged.dtype)
 
 
 class LinearAdapter(Adapter):
@@ -99,17 +105,34 @@ class LinearAdapter(Adapter):
         super().__init__((r, base.in_features), (base.out_features, r), (base.out_features,), alpha, dropout, dora)
         self.hook = None  # the handle of the forward hook that applies it (glm46.peft.inject)
 
+    def distribute(self, tp_mesh: DeviceMesh, column: bool) -> None:
+        """Split as tensor parallelism splits the base (glm46.parallel.parallelize), Megatron's LoRA under TP: a
+        column-parallel weight's rows, so B's rows and DoRA's magnitudes (A whole on every rank); a row-parallel
+        weight's inputs, so A's inputs (B and the magnitudes whole). The adapted output then has the base output's
+        placement: a column slice, or a partial sum that the row-parallel layer's reduction completes."""
+        split = {"lora_A": Shard(1), "lora_B": None, "lora_magnitude_vector": None}
+        if column:
+            split = {"lora_A": None, "lora_B": Shard(0), "lora_magnitude_vector": Shard(0)}
+        for name, placement in split.items():
+            parameter = getattr(self, name)
+            if parameter is not None:
+                tensor = distribute_tensor(parameter.data, tp_mesh, [placement or Replicate()])
+                setattr(self, name, nn.Parameter(tensor, requires_grad=parameter.requires_grad))
+
     def adapt(self, base: nn.Linear, x: torch.Tensor, base_out: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return base_out
+        lora_A, lora_B, magnitude = (
+            _gradient_summed(p) for p in (self.lora_A, self.lora_B, self.lora_magnitude_vector)
+        )
         dropped = self.dropout(x)
-        lora = F.linear(F.linear(dropped, self.lora_A), self.lora_B) * self.scaling
-        if self.lora_magnitude_vector is None:
+        lora = F.linear(F.linear(dropped, lora_A), lora_B) * self.scaling
+        if magnitude is None:
             return base_out + lora
         weight = base.weight
-        delta = self.scaling * (self.lora_B @ self.lora_A).detach()
+        delta = self.scaling * (lora_B @ lora_A).detach()
         norm = torch.linalg.norm(weight + delta.to(weight.dtype), dim=1).detach()
-        scale = self.lora_magnitude_vector / norm
+        scale = magnitude / norm
         if isinstance(self.dropout, nn.Identity) or not self.training:  # peft reuses the base output then
             plain = base_out if base.bias is None else base_out - base.bias
         else:
@@ -165,6 +188,15 @@ class AdaptedExperts(GroupedExperts):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         gate_up, down = local_tensor(self.gate_up_proj), local_tensor(self.down_proj)
         return swiglu_experts(x, gate_up, down, counts, self.adapter)
+
+
+def _gradient_summed(parameter: torch.Tensor | None) -> torch.Tensor | None:
+    """A parameter whole on every tensor-parallel rank, each of which computes part of its gradient (from its rows or
+    its inputs), as a DTensor whose backward all-reduces that gradient (DTensor.from_local's); else it would stay a
+    partial sum. Any other parameter as it is."""
+    if isinstance(parameter, DTensor) and any(p.is_replicate() for p in parameter.placements):
+        return DTensor.from_local(parameter.to_local(), parameter.device_mesh, parameter.placements, run_check=False)
+    return parameter
 
 
 def gathered(tensor: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,6 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.tensor import DTensor
 
-import glm46.parallel.parallelize as parallelize_module
 from glm46.errors import ConfigError
 from glm46.modules import GLM46Config, GLM46ForCausalLM
 from glm46.optim import Muon, muon_param_groups
@@ -36,7 +35,7 @@ from glm46.parallel.layout import MESH_DIMS, Layout
 from glm46.parallel.mesh import build_mesh
 from glm46.parallel.parallelize import fsdp_policy, parallelize
 from glm46.parallel.pipeline_parallel import split_layers, split_model, stage_ids
-from glm46.peft import AdapterSettings, LinearAdapter, add_adapters
+from glm46.peft import AdapterSettings, add_adapters
 from glm46.peft.settings import peft_settings
 from glm46.planning.plan import (
     GIB,
@@ -121,31 +120,6 @@ def lazy_chunks() -> Iterator[None]:
         _fsdp_param._chunk_with_empty = original
 
 
-@contextlib.contextmanager
-def adapters_whole_over_tp() -> Iterator[None]:
-    """Tensor parallelism's ColwiseParallel distributes every parameter under an nn.Linear, its adapter's too, and
-    cannot register their dotted names. Training refuses adapters under TP (glm46.config.peft_checks); the dry run
-    of such a layout sets the linear layers' adapters aside while TP splits the weights, so that they stay whole
-    over TP and FSDP2 shards them as task=plan counts them (glm46.parallel.layout.parameter_splits)."""
-    original = parallelize_module.apply_tensor_parallel
-
-    def split_without_adapters(model: GLM46ForCausalLM, *args, **kwargs) -> None:
-        aside = [(m, m.adapter) for m in model.modules() if isinstance(getattr(m, "adapter", None), LinearAdapter)]
-        for module, _ in aside:
-            del module.adapter
-        try:
-            original(model, *args, **kwargs)
-        finally:
-            for module, adapter in aside:
-                module.adapter = adapter
-
-    parallelize_module.apply_tensor_parallel = split_without_adapters
-    try:
-        yield
-    finally:
-        parallelize_module.apply_tensor_parallel = original
-
-
 def optimizer_groups(model: GLM46ForCausalLM, peft: AdapterSettings | None) -> list[dict]:
     """The optimizer's parameter groups, as GLM46LitModule.param_groups makes them: Muon's and AdamW's, or with
     adapters the trained tensors alone in AdamW's group at peft.lr."""
@@ -200,7 +174,7 @@ def dry_run(cfg: DictConfig, config: GLM46Config, hardware: Hardware, layout: La
             stages = split_model(model, layout, pp_rank)
         parallelism = cfg.parallelism
         policy = fsdp_policy(cfg.trainer.precision, OmegaConf.to_container(parallelism.mixed_precision))
-        with lazy_chunks(), adapters_whole_over_tp():
+        with lazy_chunks():
             recompute = checkpointing_mode(
                 parallelism.activation_checkpointing, parallelism.activation_checkpointing_mode
             )
