@@ -97,6 +97,26 @@ YOUR_DATA = {"reward_model", "dpo", "own_pretrain", "own_sft", "own_rl"}  # toy 
 FINE_TUNING = {"glm45_air_lora", "glm45_355b_dora", "glm45_air_sft", "glm45_355b_sft"}  # on clusters of their own
 
 
+def test_a_runs_peft_settings_reach_its_adapter_stage_alone():
+    """experiment=toy_lora peft.r=32: the stages trained whole (peft=none) compose without the adapter's settings."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from glm46.app.curriculum import compose_stage
+    from glm46.config.schema import register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    run = ["experiment=toy_lora", "peft.r=32"]
+    try:
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=run)
+            assert cfg.peft.r == 32
+            assert compose_stage(list(cfg.stages.sft), run).peft is None
+    finally:
+        GlobalHydra.instance().clear()
+
+
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml")))
 def test_every_experiment_composes_and_validates(compose_config, experiment, chat_dataset):
     if experiment in YOUR_DATA:  # a prepared dataset: its vocabulary (and own_*: its domains) read at composition

@@ -20,12 +20,14 @@ from glm46.peft import (
 )
 from glm46.peft.merge import merge_and_unload
 from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
+from glm46.peft.token_rows import TokenRows, TokenRowsWeight, token_indices
 
 from .helpers import random_model, relative_error, tiny_config
 
 TOLERANCE = 1e-6  # fp32 relative logits error against peft (the same operations in the same order)
 MERGED_TOLERANCE = 1e-5  # a merged weight rounds W + s B A once, then multiplies: measured up to 1.6e-6
 ALL = ["attention", "dense_mlp", "shared_experts", "experts"]
+TOKEN_IDS = [3, 7, 11]  # the rows a case with peft.trainable_tokens trains (its names are resolved in a run)
 
 
 def config():
@@ -37,6 +39,9 @@ def random_adapters(model: nn.Module, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, adapter, weight in adapted_weights(model):
+            if isinstance(adapter, TokenRows):
+                adapter.trainable_tokens_delta.copy_(torch.randn(adapter.trainable_tokens_delta.shape) * 0.5)
+                continue
             adapter.lora_A.copy_(torch.randn(adapter.lora_A.shape, generator=generator) * 0.3)
             adapter.lora_B.copy_(torch.randn(adapter.lora_B.shape, generator=generator) * 0.3)
             if adapter.lora_magnitude_vector is not None:
@@ -46,7 +51,7 @@ def random_adapters(model: nn.Module, seed: int) -> None:
 
 def adapted_model(settings: AdapterSettings, seed: int = 0):
     model = random_model(config(), seed)
-    add_adapters(model, settings)
+    add_adapters(model, settings, TOKEN_IDS if settings.trainable_tokens else None)
     random_adapters(model, seed + 1)
     return model.eval()
 
@@ -60,6 +65,7 @@ CASES = {
     "lora_shared": AdapterSettings(targets=ALL, experts="shared"),
     "dora_attention": AdapterSettings(method="dora", targets=["attention"]),
     "lora_attention_dropout": AdapterSettings(targets=["q_proj", "v_proj"], dropout=0.1, r=4, alpha=32),
+    "lora_token_rows": AdapterSettings(targets=ALL, trainable_tokens=["special"]),
 }
 
 
@@ -81,6 +87,28 @@ def test_adapters_load_in_peft_on_transformers_with_our_logits(case, tmp_path):
     with torch.no_grad(), adapters_disabled(model), peft_model.disable_adapter():
         assert relative_error(model(x).logits, peft_model(input_ids=x).logits) < TOLERANCE
     assert relative_error(ours, base(x).logits) > 1e-2, "the adapters change nothing: the test would prove nothing"
+
+
+def test_an_lm_head_trained_whole_beside_embedding_rows_loads_in_peft(tmp_path):
+    """peft.targets with lm_head (peft's modules_to_save) and peft.trainable_tokens (rows of the embedding only)."""
+    settings = AdapterSettings(targets=["attention", "lm_head"], trainable_tokens=["special"])
+    base = random_model(config(), 0)
+    save_hf(base, tmp_path / "base")
+    model = adapted_model(settings)
+    assert not isinstance(model.lm_head, TokenRowsWeight) and isinstance(model.model.embed_tokens, TokenRowsWeight)
+    with torch.no_grad():
+        model.lm_head.weight.add_(torch.randn(model.lm_head.weight.shape) * 0.1)
+    save_adapter(model, settings, tmp_path / "adapter")
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
+    peft_model = PeftModel.from_pretrained(hf, tmp_path / "adapter").eval()
+    x = torch.tensor([[3, 5, 7, 9, 11, 2, 3, 7]])
+    with torch.no_grad():
+        assert relative_error(model(x).logits, peft_model(input_ids=x).logits) < TOLERANCE
+    fresh = random_model(config(), 0)
+    add_adapters(fresh, settings, TOKEN_IDS)
+    load_adapter(fresh, settings, tmp_path / "adapter")
+    with torch.no_grad():
+        assert torch.equal(fresh(x).logits, model(x).logits)
 
 
 @pytest.mark.parametrize("shared", [False, True], ids=["per_expert", "shared"])
@@ -118,6 +146,7 @@ MERGES = {
     "lora_shared": AdapterSettings(targets=ALL, experts="shared"),
     "dora_per_expert": AdapterSettings(method="dora", targets=ALL),
     "dora_shared": AdapterSettings(method="dora", targets=ALL, experts="shared"),
+    "lora_token_rows": CASES["lora_token_rows"],
 }
 
 
@@ -155,6 +184,45 @@ def test_only_the_adapters_train_and_the_base_stays_bit_identical():
     assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in adapter_parameters(model).items() if "lora_B" in n)
 
 
+def test_token_rows_train_alone_and_every_other_row_stays_bit_identical():
+    """peft.trainable_tokens: the rows of those tokens in the embedding and lm_head train (their gradient reaches
+    them through the loss's direct read of lm_head.weight); the other rows, and the base tensors, do not move."""
+    settings = AdapterSettings(targets=["attention"], trainable_tokens=["special"])
+    model = random_model(config(), 0)
+    add_adapters(model, settings, TOKEN_IDS)
+    reset_adapters(model, seed=0)
+    base = {name: t.clone() for name, t in model.state_dict().items() if ".adapter." not in name}
+    with torch.no_grad():  # the rows start as the base's: the model is the base
+        for layer in (model.model.embed_tokens, model.lm_head):
+            assert torch.equal(layer.weight, layer._parameters["weight"])
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    x = torch.tensor([[3, 5, 7, 9, 11, 2, 3, 7]])
+    for _ in range(3):
+        model(x, labels=x.roll(-1, 1)).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in base.items())
+    with torch.no_grad():
+        for layer in (model.model.embed_tokens, model.lm_head):
+            moved = (layer.weight != layer._parameters["weight"]).any(dim=1).nonzero().flatten().tolist()
+            assert moved == TOKEN_IDS, f"{type(layer).__name__}: rows {moved} moved"
+
+
+def test_trainable_tokens_are_found_in_the_tokenizer_by_name(tmp_path):
+    import json
+
+    tokenizer = tmp_path / "tokenizer.json"
+    added = [{"id": 5, "content": "<|user|>", "special": True}, {"id": 6, "content": "<tool_call>", "special": True}]
+    added.append({"id": 7, "content": "plain", "special": False})
+    tokenizer.write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}, "added_tokens": added}))
+    assert token_indices(["special"], tokenizer) == [5, 6]
+    assert token_indices(["b", "plain", "<tool_call>"], tokenizer) == [1, 6, 7]
+    with pytest.raises(ValueError, match=r"'<\|nope\|>' is not a token of .*tokenizer.json"):
+        token_indices(["<|nope|>"], tokenizer)
+    with pytest.raises(ValueError, match="both layers train whole"):
+        AdapterSettings(targets=["attention", "embed_tokens", "lm_head"], trainable_tokens=["special"])
+
+
 def test_adapter_files_round_trip_and_refuse_what_they_do_not_hold(tmp_path):
     settings = AdapterSettings(targets=ALL)
     model = adapted_model(settings)
@@ -174,6 +242,12 @@ def test_adapter_files_round_trip_and_refuse_what_they_do_not_hold(tmp_path):
     add_adapters(other_rank, AdapterSettings(targets=ALL, r=4))
     with pytest.raises(ValueError, match="peft.r=4"):
         load_adapter(other_rank, AdapterSettings(targets=ALL, r=4), tmp_path)
+    rows = CASES["lora_token_rows"]
+    save_adapter(adapted_model(rows), rows, tmp_path / "rows")
+    other_rows = random_model(config(), 0)
+    add_adapters(other_rows, rows, [3, 8])
+    with pytest.raises(ValueError, match=r"trainable_token_indices for embed_tokens are \[3, 7, 11\]"):
+        load_adapter(other_rows, rows, tmp_path / "rows")
     assert "DoRA" in unsupported(AdapterSettings(method="dora", targets=ALL))
     assert unsupported(AdapterSettings(method="dora", targets=["attention"])) is None
 

@@ -64,7 +64,11 @@ def _output_dir(path: Path):
 
 
 def compose_stage(overrides: list[str], run_overrides: list[str]) -> DictConfig:
-    """The stage's composition: its overrides, then this run's (which apply to every stage)."""
+    """The stage's composition: its overrides, then this run's (which apply to every stage), except that a stage
+    trained whole (`peft=none`) takes none of the run's `peft.*` settings, which are for its adapter stage
+    (experiment=toy_lora peft.r=32)."""
+    if "peft=none" in overrides:
+        run_overrides = [o for o in run_overrides if not o.lstrip("+~").startswith("peft.")]
     cfg = compose(config_name="config", overrides=[*overrides, *run_overrides], return_hydra_config=True)
     with open_dict(cfg):
         cfg.stages = None

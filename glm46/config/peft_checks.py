@@ -1,5 +1,6 @@
 """What `peft=lora|dora` needs of the rest of the run, checked at composition: its own settings, a layout that trains
-adapters, a precision its base dtype can compute in, and an adapter to start from that exists."""
+adapters, a precision its base dtype can compute in, an adapter to start from that exists, and the trainable tokens
+in init_from's tokenizer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 from glm46.peft.peft_format import CONFIG_FILE, WEIGHTS_FILE
 from glm46.peft.settings import peft_settings
+from glm46.peft.token_rows import trainable_token_ids
+
+from .dataset_info import weights_folder
 
 
 def check_peft(cfg: DictConfig, config: GLM46Config) -> None:
@@ -38,3 +42,9 @@ def check_peft(cfg: DictConfig, config: GLM46Config) -> None:
                     f"peft.adapter={settings.adapter}: no {name} there (an adapter in peft's format, as a PEFT run "
                     "writes to <run dir>/adapter/)"
                 )
+    weights = weights_folder(cfg.get("init_from"))
+    if settings.trainable_tokens and weights is not None:  # a curriculum's later stage is checked when it starts
+        try:
+            trainable_token_ids(settings, weights)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None

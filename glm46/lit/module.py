@@ -32,6 +32,7 @@ from glm46.checkpoint.training_state import (
     rng_states,
 )
 from glm46.checkpoint.weights import load_weights
+from glm46.config.dataset_info import weights_folder
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lightning_private import ends_optimizer_step
 from glm46.lit.guard import StepGuard, TrainingDiverged
@@ -47,6 +48,7 @@ from glm46.parallel.model_step import ModelStep
 from glm46.peft import AdapterSettings, add_adapters, reset_adapters
 from glm46.peft.merge import merge_and_unload
 from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
+from glm46.peft.token_rows import trainable_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class GLM46LitModule(L.LightningModule):
         with torch.device("meta") if empty_init else nullcontext():
             self.model = GLM46ForCausalLM(model_config)
             if peft is not None:
-                add_adapters(self.model, peft)
+                add_adapters(self.model, peft, trainable_token_ids(peft, weights_folder(init_from)))
         self.peft = peft
         self.init_from = init_from
         self.optimizer_factory = optimizer
@@ -123,9 +125,11 @@ class GLM46LitModule(L.LightningModule):
                 load_adapter(self.model, self.peft, self.peft.adapter)
             trained = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # DTensors: global counts
             total = sum(p.numel() for p in self.model.parameters())
+            tokens = self.peft.trainable_tokens
+            rows = f" and the rows of {', '.join(tokens)} tokens" if tokens else ""
             log.info(
-                f"peft={self.peft.method} r={self.peft.r} on {', '.join(self.peft.targets)}: {trained:,} trained of "
-                f"{total:,} parameters ({trained / total:.2%}); the base frozen in {self.peft.base_dtype}"
+                f"peft={self.peft.method} r={self.peft.r} on {', '.join(self.peft.targets)}{rows}: {trained:,} trained "
+                f"of {total:,} parameters ({trained / total:.2%}); the base frozen in {self.peft.base_dtype}"
             )
         if self.compiles:
             compile_decoder_layers(self.model, self.compile_backend)

@@ -21,6 +21,7 @@ from glm46.modules.experts import GroupedExperts
 
 from .adapters import AdaptedExperts, Adapter, ExpertAdapter, LinearAdapter
 from .settings import TRAINED_WHOLE, AdapterSettings
+from .token_rows import TokenRows, add_token_rows
 
 ADAPTER = ".adapter."  # in the name of every adapter tensor, and of no base tensor
 
@@ -38,9 +39,11 @@ def _adapt_linear(linear: nn.Linear, settings: AdapterSettings) -> None:
     linear.adapter.hook = linear.register_forward_hook(_adapted_forward)
 
 
-def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
-    """Freeze the model (in settings.base_dtype) and add the adapters of `settings.targets`, built on the device the
-    model is on (meta included: glm46.parallel.materialize allocates them, `reset_adapters` fills them)."""
+def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings, token_indices: list[int] | None = None) -> None:
+    """Freeze the model (in settings.base_dtype) and add the adapters of `settings.targets`, and trainable rows of
+    the embedding and lm_head for `token_indices` (settings.trainable_tokens' ids: glm46.peft.token_rows), built on
+    the device the model is on (meta included: glm46.parallel.materialize allocates them, `reset_adapters` fills
+    them)."""
     base_dtype = getattr(torch, settings.base_dtype)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -68,18 +71,25 @@ def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings) -> None:
         if name in targets:
             module = model.lm_head if name == "lm_head" else model.model.embed_tokens
             module.weight.requires_grad_(True)
+    if token_indices:
+        for name, layer in (("embed_tokens", model.model.embed_tokens), ("lm_head", model.lm_head)):
+            if name not in targets:  # trained whole otherwise
+                add_token_rows(layer, token_indices)
     for name, p in model.named_parameters():
         if is_adapter_name(name) or p.requires_grad:
             p.data = p.data.float()  # what trains (and its optimizer) in fp32 whatever the base
             p.requires_grad_(True)
 
 
-def adapted_weights(model: nn.Module) -> Iterator[tuple[str, Adapter, torch.Tensor]]:
-    """(the base weight's name, its adapter, the base weight) for every adapted weight, in the model's order."""
+def adapted_weights(model: nn.Module) -> Iterator[tuple[str, Adapter | TokenRows, torch.Tensor]]:
+    """(the base weight's name, its adapter, the base weight) for every adapted weight, in the model's order: the
+    low-rank adapters and the trainable token rows."""
     for name, module in model.named_modules():
         adapter = getattr(module, "adapter", None)
         if isinstance(adapter, LinearAdapter):
             yield f"{name}.weight", adapter, module.weight
+        elif isinstance(adapter, TokenRows):
+            yield f"{name}.weight", adapter, module._parameters["weight"]  # `weight` holds the rows in place
         elif isinstance(module, GroupedExperts) and adapter is not None:
             for weight_name, expert_adapter in adapter.items():
                 yield f"{name}.{weight_name}", expert_adapter, getattr(module, weight_name)

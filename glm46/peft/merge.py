@@ -15,6 +15,7 @@ from glm46.parallel.boxes import local_tensor
 
 from .adapters import LinearAdapter
 from .inject import adapted_weights, adapters_disabled
+from .token_rows import TokenRows
 
 
 @torch.no_grad()
@@ -28,6 +29,8 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         if isinstance(getattr(module, "adapter", None), LinearAdapter):
             module.adapter.hook.remove()
             del module.adapter
+        elif isinstance(getattr(module, "adapter", None), TokenRows):
+            del module.adapter  # its `weight` is the base weight again
         elif isinstance(module, GroupedExperts) and getattr(module, "adapter", None) is not None:
             module.adapter = None
     return model

@@ -12,8 +12,11 @@ The names, as peft 0.21 writes them for that model (transformers v5 modules):
   `mlp.experts.lora_A.weight`. Per expert e, peft's lora_A.weight [E r, in] holds A_e in rows e r .. e r + r - 1,
   and lora_B.weight [out, r E] holds B_e in columns k E + e (peft's ParamWrapper.get_delta_weight). A shared pair
   is written as every expert's.
-peft's parameter targets support neither DoRA nor dropout: such adapters (and an embedding or lm_head trained
-whole) are not written in this format; the merged export (<run dir>/hf/) always is.
+- an embedding or lm_head trained whole is peft's `modules_to_save`: `base_model.model.lm_head.weight`;
+- trainable token rows (glm46.peft.token_rows) are peft's `trainable_token_indices` on `embed_tokens` and `lm_head`:
+  `base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta` [n, hidden], the rows' values.
+peft's parameter targets support neither DoRA nor dropout: such adapters are not written in this format; the merged
+export (<run dir>/hf/) always is.
 """
 
 from __future__ import annotations
@@ -28,10 +31,12 @@ from safetensors.torch import load_file, save_file
 from .adapters import Adapter, fill_from_whole, gathered
 from .inject import adapted_weights
 from .settings import AdapterSettings
+from .token_rows import TokenRows
 
 PREFIX = "base_model.model."
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
 _MLP_WEIGHTS = ("gate_proj", "up_proj", "down_proj")
+_TOKEN_LAYERS = {"model.embed_tokens.weight": "embed_tokens", "lm_head.weight": "lm_head"}
 
 
 def unsupported(settings: AdapterSettings) -> str | None:
@@ -42,14 +47,18 @@ def unsupported(settings: AdapterSettings) -> str | None:
         return f"peft supports DoRA on modules only, not on the parameters of {sorted(parameter_targets)}"
     if parameter_targets and settings.dropout > 0:
         return f"peft supports no dropout on the parameters of {sorted(parameter_targets)}"
-    whole = targets & {"embed_tokens", "lm_head"}
-    if whole:
-        return f"{sorted(whole)} are trained whole, which the adapter files do not hold"
     return None
 
 
+def _trained_whole(settings: AdapterSettings) -> list[str]:
+    """The weights trained whole (peft's `modules_to_save`, saved under their own names)."""
+    return [weight for weight, layer in _TOKEN_LAYERS.items() if layer in settings.target_names()]
+
+
 def _kind(name: str) -> str:
-    """Our adapted weight's name -> attention | mlp | experts."""
+    """Our adapted weight's name -> attention | mlp | experts | tokens."""
+    if name in _TOKEN_LAYERS:
+        return "tokens"
     if ".self_attn." in name:
         return "attention"
     return "experts" if ".experts." in name else "mlp"
@@ -58,6 +67,9 @@ def _kind(name: str) -> str:
 def _keys(name: str) -> dict[str, str]:
     """Our adapted weight's name -> peft's key of each adapter tensor (lora_A, lora_B, lora_magnitude_vector)."""
     kind = _kind(name)
+    if kind == "tokens":
+        layer = PREFIX + name.removesuffix(".weight")
+        return {"trainable_tokens_delta": f"{layer}.token_adapter.trainable_tokens_delta"}
     if kind == "experts":
         module, weight = name.rsplit(".", 1)
         base = PREFIX + module + (".base_layer" if weight == "gate_up_proj" else "")
@@ -101,10 +113,12 @@ def _from_peft(tensors: dict[str, torch.Tensor], adapter: Adapter, kind: str, na
 
 def adapter_config(model: torch.nn.Module, settings: AdapterSettings, base_model: str | None) -> dict:
     """peft's LoraConfig of these adapters, as a dict."""
-    modules, parameters = set(), []
-    for name, _, _ in adapted_weights(model):
+    modules, parameters, token_rows = set(), [], {}
+    for name, adapter, _ in adapted_weights(model):
         kind = _kind(name)
-        if kind == "attention":
+        if kind == "tokens":
+            token_rows[_TOKEN_LAYERS[name]] = list(adapter.indices)
+        elif kind == "attention":
             modules.add(name.removesuffix(".weight").rsplit(".", 1)[1])
         else:
             owner = "shared_experts" if ".shared_experts." in name else "experts" if kind == "experts" else "mlp"
@@ -123,6 +137,8 @@ def adapter_config(model: torch.nn.Module, settings: AdapterSettings, base_model
         "bias": "none",
         "target_modules": sorted(modules) or None,
         "target_parameters": parameters or None,
+        "trainable_token_indices": token_rows or None,
+        "modules_to_save": [_TOKEN_LAYERS[weight] for weight in _trained_whole(settings)] or None,
         "inference_mode": True,
     }
 
@@ -139,6 +155,8 @@ def save_adapter(
         kind, keys = _kind(name), _keys(name)
         for tensor_name, tensor in _to_peft(adapter, kind, weight.shape[0]).items():
             tensors[keys[tensor_name]] = tensor
+    for name in _trained_whole(settings):
+        tensors[PREFIX + name] = gathered(model.get_parameter(name)).detach().float().cpu()
     path = Path(path)
     if not dist.is_initialized() or dist.get_rank() == 0:
         path.mkdir(parents=True, exist_ok=True)
@@ -162,6 +180,13 @@ def load_adapter(model: torch.nn.Module, settings: AdapterSettings, path: str | 
     used = set()
     for name, adapter, _ in adapted_weights(model):
         kind, keys = _kind(name), _keys(name)
+        if isinstance(adapter, TokenRows):
+            theirs = (config.get("trainable_token_indices") or {}).get(_TOKEN_LAYERS[name])
+            if theirs != adapter.indices:
+                raise ValueError(
+                    f"{path / CONFIG_FILE}: trainable_token_indices for {_TOKEN_LAYERS[name]} are {theirs}; this run "
+                    f"trains the rows {adapter.indices} (peft.trainable_tokens)"
+                )
         wanted = {t: keys[t] for t, _ in adapter.named_parameters(recurse=False)}
         missing = [key for key in wanted.values() if key not in stored]
         if missing:
@@ -170,6 +195,14 @@ def load_adapter(model: torch.nn.Module, settings: AdapterSettings, path: str | 
         for tensor_name, tensor in tensors.items():
             fill_from_whole(getattr(adapter, tensor_name), tensor)
         used |= set(wanted.values())
+    if (config.get("modules_to_save") or []) != [_TOKEN_LAYERS[name] for name in _trained_whole(settings)]:
+        raise ValueError(
+            f"{path / CONFIG_FILE}: modules_to_save={config.get('modules_to_save')}; this run trains "
+            f"{[_TOKEN_LAYERS[name] for name in _trained_whole(settings)]} whole (peft.targets)"
+        )
+    for name in _trained_whole(settings):
+        fill_from_whole(model.get_parameter(name), stored[PREFIX + name])
+        used.add(PREFIX + name)
     unused = sorted(set(stored) - used)
     if unused:
         raise ValueError(f"{path / WEIGHTS_FILE}: {len(unused)} tensors this run does not adapt, e.g. {unused[0]}")

@@ -28,6 +28,9 @@ class AdapterSettings:
     experts: per_expert (each routed expert its own pair) or shared (one pair for a layer's experts).
     base_dtype: the frozen base's storage dtype (bfloat16, half of fp32's bytes, where training computes in bf16;
     float32 keeps the CPU exact).
+    trainable_tokens: tokens whose rows of the embedding and the lm_head (of either not trained whole) train, the
+    other rows frozen (peft's trainable_token_indices; `special`: every special token of init_from's tokenizer;
+    glm46.peft.token_rows).
     adapter: a peft-format adapter directory to start from (on top of init_from). lr, weight_decay: AdamW's, for the
     adapters (and the embedding or lm_head when named)."""
 
@@ -38,6 +41,7 @@ class AdapterSettings:
     targets: list[str] = field(default_factory=lambda: ["attention", "dense_mlp", "shared_experts", "experts"])
     experts: str = "per_expert"
     base_dtype: str = "float32"
+    trainable_tokens: list[str] = field(default_factory=list)
     adapter: str | None = None
     lr: float = 1.0e-4
     weight_decay: float = 0.0
@@ -55,6 +59,11 @@ class AdapterSettings:
             raise ValueError(f"peft.targets: unknown {unknown}; known: {[*ALIASES, *TARGETS]}")
         if self.r < 1:
             raise ValueError(f"peft.r={self.r}: the rank must be at least 1")
+        if self.trainable_tokens and set(TRAINED_WHOLE) <= set(self.targets):
+            raise ValueError(
+                f"peft.trainable_tokens with peft.targets {list(TRAINED_WHOLE)}: both layers train whole, and no rows "
+                "are left to train alone"
+            )
 
     @property
     def dora(self) -> bool:
