@@ -15,6 +15,7 @@ import torch
 
 from glm46.checkpoint.hf_write import save_hf
 from glm46.data.tools import ToolEnvironment
+from glm46.peft import AdapterSettings, is_adapter_name
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine
 from glm46.rl.episodes import episode_rows, run_episodes
 from glm46.rl.rewards import verify
@@ -79,9 +80,17 @@ def test_the_engines_logprobs_equal_the_trainers_before_an_update(dataset, tmp_p
 
 @pytest.mark.serving
 @pytest.mark.slow
-def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("peft", [None, AdapterSettings(r=8, alpha=16, lr=3e-2)], ids=["full", "lora"])
+def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_path, peft):  # noqa: F811
+    """With LoRA the engine gets the merged weights after each update (slime's merge before the sync): its log-probs
+    then equal the adapted trainer's, and the base never moves."""
     require_serving()
-    fit(module(dataset, rollout=vllm_settings()), dataset, tmp_path, max_steps=30)
+    policy = module(dataset, rollout=vllm_settings(), peft=peft)
+    before = {name: t.clone() for name, t in policy.model.state_dict().items() if not is_adapter_name(name)}
+    fit(policy, dataset, tmp_path, max_steps=30)
+    if peft is not None:
+        after = policy.model.state_dict()
+        assert [name for name, t in before.items() if not torch.equal(after[name], t)] == []
     rows = metrics(tmp_path)
     rewards = column(rows, "rl/reward_mean")
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5

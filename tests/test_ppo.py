@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from glm46.checkpoint import save_hf
+from glm46.peft import AdapterSettings
 from glm46.rl.core_algos import kl_estimate, policy_loss
 from glm46.rl.grpo_module import GRPOSettings
 from glm46.rl.ppo_module import PPOLitModule, PPOSettings
@@ -72,8 +73,10 @@ def test_the_kl_penalty_starts_at_zero_and_grows(dataset, tmp_path, monkeypatch)
     assert len(means) == 3 and means[0] == 0 and means[-1] > 0, means
 
 
-def test_grpo_kl_term_is_against_the_starting_policy(dataset, tmp_path, monkeypatch):
-    """GRPO with phase.grpo.kl_coef > 0 holds the policy init_from names: its first update's KL is 0, later ones not."""
+@pytest.mark.parametrize("peft", [None, AdapterSettings(r=8, alpha=16, lr=3e-2)], ids=["full", "lora"])
+def test_grpo_kl_term_is_against_the_starting_policy(dataset, tmp_path, monkeypatch, peft):
+    """GRPO with phase.grpo.kl_coef > 0 holds the policy init_from names: its first update's KL is 0, later ones not.
+    Under LoRA no copy is held: the reference is the base with the adapters off."""
     import glm46.rl.grpo_module as grpo
 
     kls = []
@@ -96,6 +99,8 @@ def test_grpo_kl_term_is_against_the_starting_policy(dataset, tmp_path, monkeypa
         grpo=GRPOSettings(samples_per_prompt=2, max_new_tokens=4, kl_coef=0.1),
         reward=starts_with_a_digit,
         seed=0,
+        peft=peft,
     )
     fit(module, dataset, tmp_path, max_steps=3)
     assert len(kls) == 3 and kls[0] == 0 and kls[-1] > 0, kls
+    assert (module.reference == []) == (peft is not None)

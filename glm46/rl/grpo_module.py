@@ -57,7 +57,9 @@ from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
+from glm46.peft import adapters_disabled
 from glm46.peft.merge import merged_weights
+from glm46.peft.settings import TRAINED_WHOLE
 from glm46.rl.core_algos import (
     AGGREGATIONS,
     flat_groups,
@@ -187,21 +189,32 @@ class GRPOLitModule(GLM46LitModule):
             for method in ("generate", "hidden_states"):
                 register_fsdp_forward_method(self.model, method)
         self.mixed_reward.to(self.device)
-        if self.uses_reference:
+        if self.uses_reference and not self.reference_is_the_base:
             self.reference = [starting_policy(self.config, self.init_from, self.device)]
 
     @property
     def uses_reference(self) -> bool:
-        """Whether a frozen copy of the starting policy is held: for GRPO's KL term (phase.grpo.kl_coef > 0)."""
+        """Whether the starting policy's log-probs are needed: for GRPO's KL term (phase.grpo.kl_coef > 0)."""
         return self.grpo.kl_coef > 0
+
+    @property
+    def reference_is_the_base(self) -> bool:
+        """Under adapters (peft=lora|dora, no layer trained whole) the reference is the frozen base with its adapters
+        switched off, so no copy is held (TRL's way with peft); with peft.adapter, the base, not the adapter given."""
+        return self.peft is not None and not self.peft.target_names() & set(TRAINED_WHOLE)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The starting policy's log-probs [N, T] of the targets, at the sampling temperature."""
-        reference = self.reference[0]
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        hidden = reference.hidden_states(input_ids, positions)
-        return token_logprobs(hidden, reference.lm_head.weight, targets, self.temperature, self.model.loss_chunk_size)
+        if self.reference_is_the_base:
+            with adapters_disabled(self.model):
+                return self._logprobs_of(self.model, input_ids, positions, targets)
+        return self._logprobs_of(self.reference[0], input_ids, positions, targets)
+
+    def _logprobs_of(self, model: GLM46ForCausalLM, input_ids, positions, targets) -> torch.Tensor:
+        hidden = model.hidden_states(input_ids, positions)
+        return token_logprobs(hidden, model.lm_head.weight, targets, self.temperature, self.model.loss_chunk_size)
 
     # -- rollout
     def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
