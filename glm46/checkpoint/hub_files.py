@@ -22,6 +22,20 @@ def find_weights(path: str | Path) -> Path:
     )
 
 
+def weights_folder(init_from: str | Path | None) -> Path | None:
+    """The HF folder (config.json beside the weights) of `init_from`: an HF directory, a run directory's hf/, or the
+    hf/ of the run a `<run>/checkpoints/*.ckpt` belongs to; None where there is none (yet)."""
+    if not init_from:
+        return None
+    path = Path(init_from)
+    try:
+        return find_weights(
+            path.parent.parent if path.suffix == ".ckpt" and path.parent.name == "checkpoints" else path
+        )
+    except FileNotFoundError:
+        return None
+
+
 def shard_files(path: Path) -> list[Path]:
     index = path / INDEX_FILE
     if index.exists():

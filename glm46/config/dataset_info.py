@@ -11,8 +11,8 @@ import json
 import math
 from pathlib import Path
 
-from glm46.checkpoint import find_weights
 from glm46.checkpoint.hub_config import config_from_hf
+from glm46.checkpoint.hub_files import weights_folder
 from glm46.data.shards import read_index
 from glm46.modules import GLM46Config
 
@@ -32,20 +32,6 @@ def prepared_index(path: str | Path, key: str = "data.path") -> dict:
             f"{error.__class__.__name__}); prepare it first with python run.py task=prepare source=<reader> "
             f"source.paths='[...]' source.output_dir={path}"
         ) from None
-
-
-def weights_folder(init_from: str | Path | None) -> Path | None:
-    """The HF folder (config.json beside the weights) of `init_from`: an HF directory, a run directory's hf/, or the
-    hf/ of the run a `<run>/checkpoints/*.ckpt` belongs to; None where there is none (yet)."""
-    if not init_from:
-        return None
-    path = Path(init_from)
-    try:
-        return find_weights(
-            path.parent.parent if path.suffix == ".ckpt" and path.parent.name == "checkpoints" else path
-        )
-    except FileNotFoundError:
-        return None
 
 
 @functools.cache

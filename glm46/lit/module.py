@@ -25,6 +25,7 @@ from torchmetrics import MeanMetric
 
 from glm46.checkpoint.atomic import resume_path
 from glm46.checkpoint.hf_write import save_hf
+from glm46.checkpoint.hub_files import weights_folder
 from glm46.checkpoint.training_state import (
     align_accumulation,
     key_optimizer_states_by_name,
@@ -32,7 +33,6 @@ from glm46.checkpoint.training_state import (
     rng_states,
 )
 from glm46.checkpoint.weights import load_weights
-from glm46.config.dataset_info import weights_folder
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lightning_private import ends_optimizer_step
 from glm46.lit.guard import StepGuard, TrainingDiverged

@@ -49,10 +49,11 @@ def initialize(
 ) -> None:
     """transformers' Glm4Moe initialisation: N(0, std) weights, zero biases, unit norms, in `modules` order. torch's
     layers are initialised here, glm46's own by their `init_weights` (OWN_INIT). `normal_(tensor, std)` draws in
-    place (glm46.parallel.materialize passes one that draws sharded weights)."""
+    place (glm46.parallel.materialize passes one that draws sharded weights). A layer's registered weight is drawn:
+    its `weight` attribute may be computed from it (glm46.peft's trainable token rows)."""
     for module in modules:
         if isinstance(module, (nn.Linear, nn.Embedding)):
-            normal_(module.weight, std)
+            normal_(module._parameters["weight"], std)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
         elif isinstance(module, OWN_INIT):

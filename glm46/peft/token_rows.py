@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from glm46.parallel.boxes import local_box, local_tensor
 
@@ -102,9 +103,12 @@ class TokenRowsWeight:
 
     @property
     def weight(self) -> torch.Tensor | None:
+        """The weight the layer computes with. A DTensor is FSDP2's sharded storage outside a forward (the forward
+        sees it gathered, a plain tensor): that is the parameter itself, which reset_parameters and merged_weight
+        read by their boxes."""
         weight = self._parameters.get("weight")
         rows = self._modules.get("adapter")
-        if weight is None or rows is None or not rows.active:
+        if weight is None or rows is None or not rows.active or isinstance(weight, DTensor):
             return weight
         return weight.index_copy(0, rows.token_indices(weight.device), rows.trainable_tokens_delta.to(weight.dtype))
 
