@@ -80,17 +80,9 @@ def test_the_engines_logprobs_equal_the_trainers_before_an_update(dataset, tmp_p
 
 @pytest.mark.serving
 @pytest.mark.slow
-@pytest.mark.parametrize("peft", [None, AdapterSettings(r=8, alpha=16, lr=3e-2)], ids=["full", "lora"])
-def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_path, peft):  # noqa: F811
-    """With LoRA the engine gets the merged weights after each update (slime's merge before the sync): its log-probs
-    then equal the adapted trainer's, and the base never moves."""
+def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_path):  # noqa: F811
     require_serving()
-    policy = module(dataset, rollout=vllm_settings(), peft=peft)
-    before = {name: t.clone() for name, t in policy.model.state_dict().items() if not is_adapter_name(name)}
-    fit(policy, dataset, tmp_path, max_steps=30)
-    if peft is not None:
-        after = policy.model.state_dict()
-        assert [name for name, t in before.items() if not torch.equal(after[name], t)] == []
+    fit(module(dataset, rollout=vllm_settings()), dataset, tmp_path, max_steps=30)
     rows = metrics(tmp_path)
     rewards = column(rows, "rl/reward_mean")
     first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
@@ -99,6 +91,24 @@ def test_grpo_with_vllm_rollouts_raises_the_reward_on_an_easy_task(dataset, tmp_
     assert max(column(rows, "rl/engine_logprob_gap_max")) < LOGPROB_TOLERANCE  # after the updates too
     assert all(abs(w - 1) < 1e-3 for w in column(rows, "rl/tis_weight"))
     assert [p.name for p in (tmp_path / "rollout").iterdir()] == ["engine.log"]  # pushed weights removed at the end
+
+
+@pytest.mark.serving
+@pytest.mark.slow
+def test_grpo_with_lora_pushes_the_merged_weights_the_engine_then_scores_as_the_trainer(dataset, tmp_path):  # noqa: F811
+    """Under LoRA the engine gets the merged weights after each update (slime's merge before the sync): its log-probs
+    equal the adapted trainer's once the adapters have moved, and the base never moves (the reward rising under LoRA:
+    tests/test_grpo.py, with the model's own generate)."""
+    require_serving()
+    policy = module(dataset, rollout=vllm_settings(), peft=AdapterSettings(r=8, alpha=16, lr=3e-2))
+    before = {name: t.clone() for name, t in policy.model.state_dict().items() if not is_adapter_name(name)}
+    fit(policy, dataset, tmp_path, max_steps=6)
+    after = policy.model.state_dict()
+    assert [name for name, t in before.items() if not torch.equal(after[name], t)] == []
+    assert all(t.abs().sum() > 0 for name, t in after.items() if name.endswith("lora_B")), "the adapters did not move"
+    rows = metrics(tmp_path)
+    assert len(column(rows, "perf/weight_push_s")) == len(column(rows, "rl/reward_mean"))  # merged, after each update
+    assert max(column(rows, "rl/engine_logprob_gap_max")) < LOGPROB_TOLERANCE
 
 
 def descendants(pid: int) -> list[int]:

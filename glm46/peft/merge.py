@@ -26,12 +26,13 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
         local = local_tensor(weight)
         local.copy_(adapter.merged_weight(weight).to(local.dtype))
     for module in model.modules():
-        if isinstance(getattr(module, "adapter", None), LinearAdapter):
-            module.adapter.hook.remove()
+        adapter = getattr(module, "adapter", None)
+        if isinstance(adapter, LinearAdapter):
+            adapter.hook.remove()
             del module.adapter
-        elif isinstance(getattr(module, "adapter", None), TokenRows):
+        elif isinstance(adapter, TokenRows):
             del module.adapter  # its `weight` is the base weight again
-        elif isinstance(module, GroupedExperts) and getattr(module, "adapter", None) is not None:
+        elif isinstance(module, GroupedExperts) and adapter is not None:
             module.adapter = None
     return model
 

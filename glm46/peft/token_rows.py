@@ -21,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from glm46.parallel.boxes import local_box, local_tensor
 
+from .adapters import gathered
 from .settings import AdapterSettings
 
 SPECIAL = "special"  # in peft.trainable_tokens: every special token of the tokenizer
@@ -90,12 +91,8 @@ class TokenRows(nn.Module):
         local, box = local_tensor(weight), local_box(weight)
         indices = self.token_indices(local.device)
         held = (indices >= box[0].start) & (indices < box[0].stop)
-        rows = gathered_rows(self.trainable_tokens_delta)[held.cpu()].to(local.device, local.dtype)
+        rows = gathered(self.trainable_tokens_delta)[held.cpu()].to(local.device, local.dtype)
         return local.index_copy(0, indices[held] - box[0].start, rows[:, box[1]])
-
-
-def gathered_rows(rows: torch.Tensor) -> torch.Tensor:
-    return rows.full_tensor() if hasattr(rows, "full_tensor") else rows
 
 
 class TokenRowsWeight:
