@@ -31,9 +31,16 @@ def single_peft(tmp_path_factory, peft_weights):
     return run_layout(tmp_path_factory.mktemp("single"), "single", init_from=peft_weights, peft=PEFT)
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (FP8 tensors, which torch.equal does not compare, by their bytes)."""
+    if a.dtype != b.dtype:
+        return False
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8)) if a.dtype.itemsize == 1 else torch.equal(a, b)
+
+
 def assert_base_untouched(run: dict) -> None:
     base = [name for name in run["state"] if not is_adapter_name(name)]
-    assert base and all(torch.equal(run["state"][name], run["initial"][name]) for name in base)
+    assert base and all(same_bits(run["state"][name], run["initial"][name]) for name in base)
     adapters = [name for name in run["state"] if is_adapter_name(name) and "lora_B" in name]
     assert adapters and all(run["state"][name].abs().sum() > 0 for name in adapters), "the adapters did not train"
     rows = [name for name in run["state"] if name.endswith("trainable_tokens_delta")]
@@ -72,3 +79,40 @@ def test_adapters_under_tensor_parallelism_equal_one_process(tmp_path, peft_weig
     for name, tensor in single_peft["merged"].items():  # DoRA's row norms over the row-parallel weights' inputs
         error = (run["merged"][name] - tensor).norm() / tensor.norm()
         assert error <= 1e-5, f"merged {name} differs from the single-process run's by {error:.2e}"
+
+
+@pytest.fixture(scope="module")
+def fp8_weights(tmp_path_factory, peft_weights):
+    """peft_weights' block-FP8 copy, in blocks of 24 that cross the shards' edges."""
+    from pathlib import Path
+
+    from glm46.checkpoint.fp8 import export_fp8
+
+    return str(export_fp8(Path(peft_weights), tmp_path_factory.mktemp("fp8_weights") / "hf", block=24))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["ep", "fsdp2"])
+def test_an_fp8_base_on_two_processes_trains_as_its_bf16_base(tmp_path, fp8_weights, layout):
+    """peft.base_dtype=fp8 (each rank reads its shard's FP8 values and every block's scales) against the same layout
+    on a bf16 base read from the same FP8 copy (dequantized): the same losses, gradient norms and adapters, bit for
+    bit, under bf16 autocast as both compute; the FP8 base unchanged."""
+    runs = {
+        dtype: run_layout(
+            tmp_path / dtype,
+            layout,
+            init_from=fp8_weights,
+            devices=2,
+            peft=PEFT | {"base_dtype": dtype},
+            precision="bf16-mixed",
+        )
+        for dtype in ("fp8", "bfloat16")
+    }
+    fp8, bf16 = runs["fp8"], runs["bfloat16"]
+    assert fp8["losses"] == bf16["losses"] and fp8["grad_norms"] == bf16["grad_norms"]
+    adapters = [name for name in bf16["state"] if is_adapter_name(name)]
+    assert adapters and all(torch.equal(fp8["state"][name], bf16["state"][name]) for name in adapters)
+    assert_base_untouched(fp8)
+    stored = [name for name, tensor in fp8["state"].items() if tensor.dtype == torch.float8_e4m3fn]
+    assert len(stored) == 3 * 4 + 3 + 2 * (3 + 2)  # attention in 3 layers, the dense MLP, 2 MoE layers' shared + routed

@@ -90,3 +90,45 @@ def test_model_auto_takes_init_froms_architecture_and_a_named_model_that_differs
     assert model_config(auto) == load_hf(base).config
     with pytest.raises(ConfigError, match="model=auto takes the architecture from init_from's config.json"):
         validate(compose_config("experiment=tiny_bytes", "model=auto"))
+
+
+@pytest.fixture(scope="module")
+def fp8_base(base, tmp_path_factory):
+    """The base's block-FP8 copy (task=export's), in blocks of 16."""
+    from glm46.checkpoint.fp8 import export_fp8
+
+    return export_fp8(base, tmp_path_factory.mktemp("fp8") / "hf", block=16)
+
+
+def test_an_fp8_base_run_writes_what_its_bf16_base_run_writes(fp8_base, tmp_path):
+    """peft.base_dtype=fp8 from a block-FP8 checkpoint against peft.base_dtype=bfloat16 from the same checkpoint read
+    dequantized: the same adapter and the same merged export (bf16), bit for bit."""
+    outputs = {}
+    for dtype in ("fp8", "bfloat16"):
+        out = outputs[dtype] = tmp_path / dtype
+        run_py(
+            *RUN, "model=auto", f"init_from={fp8_base}", "peft=lora", "peft.lr=1e-2", f"peft.base_dtype={dtype}",
+            "trainer.precision=bf16-mixed", f"hydra.run.dir={out}",
+        )  # fmt: skip
+    for name in ("adapter/adapter_model.safetensors", "hf/model.safetensors"):
+        with safe_open(outputs["fp8"] / name, "pt") as fp8, safe_open(outputs["bfloat16"] / name, "pt") as bf16:
+            assert set(fp8.keys()) == set(bf16.keys()) and not any(k.endswith("_scale_inv") for k in fp8.keys())
+            for key in bf16.keys():
+                assert torch.equal(fp8.get_tensor(key), bf16.get_tensor(key)), f"{name}: {key}"
+    assert json.loads((outputs["fp8"] / "hf/config.json").read_text()).get("quantization_config") is None
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.precision=32-true"], r"peft.base_dtype=fp8 with trainer.precision=32-true: a fp8 base computes"),
+        (["parallelism=tp", "cluster.devices=2"], r"peft.base_dtype=fp8 under parallelism.tensor_parallel=2"),
+        (["init_from=null", "model=tiny"], r"peft.base_dtype=fp8 with init_from=None: the FP8 base is read"),
+    ],
+    ids=["fp32-precision", "tensor-parallel", "no-init-from"],
+)
+def test_an_fp8_base_that_cannot_run_is_refused_at_composition(compose_config, fp8_base, overrides, message):
+    good = ["experiment=tiny_bytes", "model=auto", f"init_from={fp8_base}", "peft=lora", "peft.base_dtype=fp8"]
+    validate(compose_config(*good, "trainer.precision=bf16-mixed"))
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_config(*good, "trainer.precision=bf16-mixed", *overrides))

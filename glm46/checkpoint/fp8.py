@@ -20,6 +20,8 @@ import torch
 from safetensors import safe_open
 
 from glm46.logs import Progress
+from glm46.modules.fp8 import SCALE_SUFFIX, quantize, scale_shape
+from glm46.modules.fp8 import dequantize as dequantize_blocks
 
 from .hub_config import CheckpointError
 from .hub_files import INDEX_FILE, shard_files
@@ -27,11 +29,9 @@ from .safetensors_writer import StreamingSafetensors
 
 log = logging.getLogger(__name__)
 
-SCALE_SUFFIX = "_scale_inv"
 # Kept in bf16 (besides every 1-D tensor: norms, biases, the router's correction bias): the embedding, the lm_head
 # and its MTP copy, and the router, whose small logits decide the routing (vLLM builds GLM's gate unquantized).
 UNQUANTIZED = ("embed_tokens.weight", "lm_head.weight", "shared_head.head.weight", ".mlp.gate.weight")
-E4M3_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
 def block_size(hf_config: dict, where: str = "config.json") -> int | None:
@@ -50,12 +50,18 @@ def block_size(hf_config: dict, where: str = "config.json") -> int | None:
     )
 
 
+def folder_block_size(folder: Path | None) -> int | None:
+    """The block of the block-FP8 checkpoint in the HF folder `folder`, None for an unquantized one or none."""
+    config = None if folder is None else folder / "config.json"
+    return block_size(json.loads(config.read_text()), str(config)) if config and config.is_file() else None
+
+
 def dequantize(values: torch.Tensor, scales: torch.Tensor, rows: slice, cols: slice, block: int) -> torch.Tensor:
     """The float32 weights of the part [rows, cols] of a quantized matrix: values are its FP8 entries there, scales
     the rows of `<name>_scale_inv` from block rows.start // block and its columns from block cols.start // block."""
-    expanded = scales.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
-    top, left = rows.start % block, cols.start % block
-    return values.float() * expanded[top : top + rows.stop - rows.start, left : left + cols.stop - cols.start]
+    top, left = rows.start // block * block, cols.start // block * block
+    box = (slice(rows.start - top, rows.stop - top), slice(cols.start - left, cols.stop - left))
+    return dequantize_blocks(values, scales, block, box=box)
 
 
 def scale_region(rows: slice, cols: slice, block: int) -> tuple[slice, slice]:
@@ -64,19 +70,6 @@ def scale_region(rows: slice, cols: slice, block: int) -> tuple[slice, slice]:
         slice(rows.start // block, math.ceil(rows.stop / block)),
         slice(cols.start // block, math.ceil(cols.stop / block)),
     )
-
-
-def quantize(weight: torch.Tensor, block: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
-    """W [out, in] -> (float8_e4m3fn values [out, in], float32 scale_inv [ceil(out / block), ceil(in / block)]): each
-    block scaled so that its largest magnitude maps to E4M3's largest (448)."""
-    out_features, in_features = weight.shape
-    rows, cols = scale_shape(weight.shape, block)
-    padded = weight.new_zeros(rows * block, cols * block, dtype=torch.float32)
-    padded[:out_features, :in_features] = weight.float()
-    blocks = padded.view(rows, block, cols, block)
-    scale = blocks.abs().amax(dim=(1, 3)).clamp(min=1e-12) / E4M3_MAX  # [rows, cols]
-    values = (blocks / scale[:, None, :, None]).view_as(padded)[:out_features, :in_features]
-    return values.to(torch.float8_e4m3fn), scale
 
 
 def quantized(key: str, shape: tuple[int, ...]) -> bool:
@@ -88,11 +81,6 @@ def unquantized_dtype(key: str) -> torch.dtype:
     """A Hub tensor's dtype in a bf16 export and in the FP8 export's unquantized part: the router's correction bias
     stays fp32, as the Hub's checkpoints keep it."""
     return torch.float32 if key.endswith("e_score_correction_bias") else torch.bfloat16
-
-
-def scale_shape(shape: tuple[int, ...], block: int) -> tuple[int, int]:
-    """The shape of `<name>_scale_inv` for a quantized matrix of `shape`."""
-    return math.ceil(shape[0] / block), math.ceil(shape[1] / block)
 
 
 def export_fp8(source: Path, output: Path, block: int = 128) -> Path:

@@ -24,6 +24,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from glm46.checkpoint.atomic import resume_path
+from glm46.checkpoint.fp8 import folder_block_size
 from glm46.checkpoint.hf_write import save_hf
 from glm46.checkpoint.hub_files import weights_folder
 from glm46.checkpoint.training_state import (
@@ -46,6 +47,7 @@ from glm46.parallel.grads import clip_grad_norm_, has_dtensor_parameters, total_
 from glm46.parallel.materialize import has_meta_tensors, materialize
 from glm46.parallel.model_step import ModelStep
 from glm46.peft import AdapterSettings, add_adapters, reset_adapters
+from glm46.peft.fp8_base import BLOCK
 from glm46.peft.merge import merge_and_unload
 from glm46.peft.peft_format import load_adapter, save_adapter, unsupported
 from glm46.peft.token_rows import trainable_token_ids
@@ -84,7 +86,9 @@ class GLM46LitModule(L.LightningModule):
         with torch.device("meta") if empty_init else nullcontext():
             self.model = GLM46ForCausalLM(model_config)
             if peft is not None:
-                add_adapters(self.model, peft, trainable_token_ids(peft, weights_folder(init_from)))
+                weights = weights_folder(init_from)
+                block = folder_block_size(weights) or BLOCK  # a block-FP8 base keeps init_from's blocks
+                add_adapters(self.model, peft, trainable_token_ids(peft, weights), block)
         self.peft = peft
         self.init_from = init_from
         self.optimizer_factory = optimizer

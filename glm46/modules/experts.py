@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .fp8 import SCALE_SUFFIX, BlockFp8, fp8_matmul
+
 # torch's grouped matmul: F.grouped_mm where this torch has it public, else the private op it wraps (torch._grouped_mm,
 # CUDA bf16 only), for torches before it went public
 grouped_mm = getattr(F, "grouped_mm", None) or torch._grouped_mm
@@ -28,12 +30,14 @@ def _grouped_mm_untraced(x: torch.Tensor, weight_t: torch.Tensor, offs: torch.Te
     return grouped_mm(x, weight_t, offs=offs)
 
 
-def grouped_linear(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def grouped_linear(x: torch.Tensor, weight: torch.Tensor | BlockFp8, counts: torch.Tensor) -> torch.Tensor:
     """`F.linear(x_e, weight[e])` for consecutive row blocks x_e of sizes `counts`: x [M, in] -> [M, out].
 
     One `F.grouped_mm` call where the kernel accepts the operands (CPU, or bf16 on CUDA, with rows
-    aligned to 16 bytes); otherwise a loop over experts.
+    aligned to 16 bytes); otherwise a loop over experts. A block-FP8 weight is dequantized per use.
     """
+    if isinstance(weight, BlockFp8):
+        return fp8_matmul(x, weight, lambda rows, dense: grouped_linear(rows, dense, counts))
     if torch.is_autocast_enabled(x.device.type):
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
@@ -68,12 +72,20 @@ def swiglu_experts(
     return linear("down_proj", F.silu(gate) * up, down)
 
 
+def part_rows(name: str, rows: int) -> int | None:
+    """The rows of one part of a weight with `rows` rows: half for `gate_up_proj` (gate rows, then up rows), None
+    for a weight of one part (block-FP8 storage starts a part's blocks afresh: glm46.modules.fp8)."""
+    return rows // 2 if name == "gate_up_proj" else None
+
+
 def _local(weight: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard (differentiable), or the tensor itself."""
     return weight.to_local() if hasattr(weight, "to_local") else weight
 
 
 class GroupedExperts(nn.Module):
+    fp8_block: int | None = None  # the block of weights stored in block FP8 (a PEFT run's base: glm46.peft.fp8_base)
+
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         self.num_experts = num_experts
@@ -84,6 +96,16 @@ class GroupedExperts(nn.Module):
         normal_(self.gate_up_proj, std)
         normal_(self.down_proj, std)
 
+    def stored(self, name: str, weight: torch.Tensor, experts: slice = slice(None)) -> torch.Tensor | BlockFp8:
+        """This rank's data `weight` of the weight `name` (of `experts`) as the matmuls take it: block FP8 where the
+        module holds the weight's `<name>_scale_inv` (of every expert; the values in FP8, or in bf16 as FSDP2's
+        mixed precision gathers them), else the tensor itself."""
+        scale_inv = self._buffers.get(name + SCALE_SUFFIX)
+        if scale_inv is None:
+            return weight
+        return BlockFp8(weight, scale_inv[experts], self.fp8_block, part_rows(name, weight.shape[-2]))
+
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x [M, hidden], rows sorted by expert; counts [E] rows per expert -> [M, hidden]."""
-        return swiglu_experts(x, _local(self.gate_up_proj), _local(self.down_proj), counts)
+        gate_up = self.stored("gate_up_proj", _local(self.gate_up_proj))
+        return swiglu_experts(x, gate_up, self.stored("down_proj", _local(self.down_proj)), counts)

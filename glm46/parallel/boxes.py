@@ -81,5 +81,6 @@ def sum_box(
         holder = is_canonical_holder(tensor, first_rank) if sharded else dist.get_rank() == first_rank
         if common is not None and holder:
             buffer[shift(common, box)] = local[shift(common, mine)]
-    dist.reduce(buffer, dst=dst, op=dist.ReduceOp.SUM)
+    # FP8 (a PEFT run's block-FP8 base) has no sum in the collectives: its bytes add, one holder's to zeros
+    dist.reduce(buffer.view(torch.uint8) if dtype.itemsize == 1 else buffer, dst=dst, op=dist.ReduceOp.SUM)
     return buffer if dist.get_rank() == dst else None

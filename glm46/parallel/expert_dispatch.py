@@ -23,8 +23,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from glm46.modules.experts import GroupedExperts, swiglu_experts
+from glm46.modules.fp8 import BlockFp8, keep_fp8_scales
 
-from .boxes import local_tensor
+from .boxes import local_box, local_tensor
 from .sequence_parallel import block_sizes, gather_blocks, split_blocks
 
 
@@ -63,8 +64,8 @@ def _all_to_all(x: torch.Tensor, output_splits: list[int], input_splits: list[in
 def expert_parallel_swiglu(
     x: torch.Tensor,
     counts: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: torch.Tensor | BlockFp8,
+    down: torch.Tensor | BlockFp8,
     group: dist.ProcessGroup,
     adapter: nn.ModuleDict | None = None,
 ) -> torch.Tensor:
@@ -85,7 +86,8 @@ def expert_parallel_swiglu(
     local_counts = received.sum(dim=0)
     if rows.shape[0] == 0:  # nothing routed here: keep the weights in the graph, zero gradients
         adapted = [] if adapter is None else [local_tensor(p) for p in adapter.parameters()]
-        out = rows + 0 * sum(w.sum() for w in (gate_up, down, *adapted))
+        trained = [w for w in (gate_up, down, *adapted) if isinstance(w, torch.Tensor) and w.requires_grad]
+        out = rows + 0 * sum(w.sum() for w in trained)
     else:
         routed = swiglu_experts(rows[order], gate_up, down, local_counts, adapter)
         out = torch.empty_like(rows).index_copy(0, order, routed)
@@ -112,6 +114,7 @@ class ExpertParallelExperts(GroupedExperts):
         nn.Module.__init__(self)  # GroupedExperts' weights are `experts`' own, sharded: nothing allocated here
         self.num_experts = experts.num_experts
         _shard_experts_dim(self, experts, ("gate_up_proj", "down_proj"), ep_mesh)
+        keep_fp8_scales(self, experts)  # every expert's, on every rank (glm46.peft.fp8_base's base)
         self.adapter = getattr(experts, "adapter", None)  # glm46.peft's AdaptedExperts: its pairs per expert
         for adapter in [] if self.adapter is None else self.adapter.values():
             _shard_experts_dim(adapter, adapter, [name for name, _ in adapter.named_parameters(recurse=False)], ep_mesh)
@@ -119,8 +122,11 @@ class ExpertParallelExperts(GroupedExperts):
         self.group, self.grad_scale, self.tp_group = ep_mesh.get_group(), grad_scale, tp_group
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        gate_up, down = self.gate_up_proj.to_local(), self.down_proj.to_local()
-        gate_up, down = scale_grad(gate_up, self.grad_scale), scale_grad(down, self.grad_scale)
+        mine = local_box(self.gate_up_proj)[0]
+        gate_up, down = (
+            self.stored(name, scale_grad(getattr(self, name).to_local(), self.grad_scale), mine)
+            for name in ("gate_up_proj", "down_proj")
+        )
         if self.tp_group is None:
             return expert_parallel_swiglu(x, counts, gate_up, down, self.group, self.adapter)
         tp, rank = dist.get_world_size(self.tp_group), dist.get_rank(self.tp_group)

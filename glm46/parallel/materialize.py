@@ -40,7 +40,10 @@ class ShardedNormal:
         local = local_tensor(tensor)
         offset = tuple(s.start for s in local_box(tensor))
         generator = torch.Generator(device=local.device).manual_seed(hash((self.seed, self.calls, *offset)) % 2**63)
-        local.normal_(0.0, std, generator=generator)
+        if local.dtype.itemsize == 1:  # FP8 (a PEFT run's base until it is read): no normal_ kernel, drawn in fp32
+            local.copy_(torch.empty(local.shape, device=local.device).normal_(0.0, std, generator=generator))
+        else:
+            local.normal_(0.0, std, generator=generator)
 
 
 def materialize(model: GLM46ForCausalLM, device: torch.device | str, seed: int | None = None) -> GLM46ForCausalLM:

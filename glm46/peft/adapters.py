@@ -24,6 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
 from glm46.modules.experts import GroupedExperts, grouped_linear, swiglu_experts
+from glm46.modules.fp8 import BlockFp8, dense, keep_fp8_scales
 from glm46.parallel.boxes import local_box, local_tensor
 from glm46.parallel.expert_dispatch import scale_grad
 
@@ -152,7 +153,7 @@ class ExpertAdapter(Adapter):
         self.shared = shared
         self.grad_scale = 1.0  # expert parallelism's factor on the experts' gradients (glm46.parallel.expert_dispatch)
 
-    def linear(self, x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def linear(self, x: torch.Tensor, weight: torch.Tensor | BlockFp8, counts: torch.Tensor) -> torch.Tensor:
         """grouped_linear(x, weight, counts) adapted: x [M, in] sorted by expert, weight this rank's [E, out, in]."""
         base_out = grouped_linear(x, weight, counts)
         if not self.active:
@@ -166,6 +167,7 @@ class ExpertAdapter(Adapter):
         if self.lora_magnitude_vector is None:
             return base_out + lora
         delta = self.scaling * (lora_B @ lora_A).detach()  # [E, out, in], or [out, in] for every expert
+        weight = dense(weight, base_out.dtype)  # a block-FP8 base dequantized
         norm = torch.linalg.norm(weight + delta.to(weight.dtype), dim=-1).detach()  # [E, out]
         experts = torch.arange(len(counts), device=x.device)
         expert_of_row = torch.repeat_interleave(experts, counts, output_size=x.shape[0])  # no read of counts
@@ -183,10 +185,11 @@ class AdaptedExperts(GroupedExperts):
         nn.Module.__init__(self)  # GroupedExperts' weights are `experts`' own: nothing allocated here
         self.num_experts = experts.num_experts
         self.gate_up_proj, self.down_proj = experts.gate_up_proj, experts.down_proj
+        keep_fp8_scales(self, experts)
         self.adapter = adapter
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        gate_up, down = local_tensor(self.gate_up_proj), local_tensor(self.down_proj)
+        gate_up, down = (self.stored(name, local_tensor(getattr(self, name))) for name in ("gate_up_proj", "down_proj"))
         return swiglu_experts(x, gate_up, down, counts, self.adapter)
 
 

@@ -20,6 +20,7 @@ from glm46.modules import GLM46ForCausalLM
 from glm46.modules.experts import GroupedExperts
 
 from .adapters import AdaptedExperts, Adapter, ExpertAdapter, LinearAdapter
+from .fp8_base import BLOCK, dense_weight, quantize_base
 from .settings import TRAINED_WHOLE, AdapterSettings
 from .token_rows import TokenRows, add_token_rows
 
@@ -39,15 +40,19 @@ def _adapt_linear(linear: nn.Linear, settings: AdapterSettings) -> None:
     linear.adapter.hook = linear.register_forward_hook(_adapted_forward)
 
 
-def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings, token_indices: list[int] | None = None) -> None:
-    """Freeze the model (in settings.base_dtype) and add the adapters of `settings.targets`, and trainable rows of
-    the embedding and lm_head for `token_indices` (settings.trainable_tokens' ids: glm46.peft.token_rows), built on
-    the device the model is on (meta included: glm46.parallel.materialize allocates them, `reset_adapters` fills
-    them)."""
-    base_dtype = getattr(torch, settings.base_dtype)
+def add_adapters(
+    model: GLM46ForCausalLM, settings: AdapterSettings, token_indices: list[int] | None = None, fp8_block: int = BLOCK
+) -> None:
+    """Freeze the model (in settings.base_dtype; fp8: blocks of `fp8_block`, init_from's where it is block FP8) and
+    add the adapters of `settings.targets`, and trainable rows of the embedding and lm_head for `token_indices`
+    (settings.trainable_tokens' ids: glm46.peft.token_rows), built on the device the model is on (meta included:
+    glm46.parallel.materialize allocates them, `reset_adapters` fills them)."""
+    base_dtype = torch.bfloat16 if settings.base_dtype == "fp8" else getattr(torch, settings.base_dtype)
     for p in model.parameters():
         p.requires_grad_(False)
         p.data = p.data.to(base_dtype)  # buffers (the correction biases, RoPE's frequencies) keep theirs
+    if settings.base_dtype == "fp8":
+        quantize_base(model, fp8_block)  # the decoder layers' matrices, the rest in bf16
     targets = settings.target_names()
     for layer in model.model.layers.values():
         for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -83,16 +88,17 @@ def add_adapters(model: GLM46ForCausalLM, settings: AdapterSettings, token_indic
 
 def adapted_weights(model: nn.Module) -> Iterator[tuple[str, Adapter | TokenRows, torch.Tensor]]:
     """(the base weight's name, its adapter, the base weight) for every adapted weight, in the model's order: the
-    low-rank adapters and the trainable token rows."""
+    low-rank adapters and the trainable token rows. A weight stored in block FP8 comes dequantized (a copy: merging
+    into it takes glm46.peft.fp8_base.dequantize_base first)."""
     for name, module in model.named_modules():
         adapter = getattr(module, "adapter", None)
         if isinstance(adapter, LinearAdapter):
-            yield f"{name}.weight", adapter, module.weight
+            yield f"{name}.weight", adapter, dense_weight(module, "weight")
         elif isinstance(adapter, TokenRows):
             yield f"{name}.weight", adapter, module._parameters["weight"]  # `weight` holds the rows in place
         elif isinstance(module, GroupedExperts) and adapter is not None:
             for weight_name, expert_adapter in adapter.items():
-                yield f"{name}.{weight_name}", expert_adapter, getattr(module, weight_name)
+                yield f"{name}.{weight_name}", expert_adapter, dense_weight(module, weight_name)
 
 
 def adapter_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

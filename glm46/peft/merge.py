@@ -14,6 +14,7 @@ from glm46.modules.experts import GroupedExperts
 from glm46.parallel.boxes import local_tensor
 
 from .adapters import LinearAdapter
+from .fp8_base import dequantize_base, dequantized_base
 from .inject import adapted_weights, adapters_disabled
 from .token_rows import TokenRows
 
@@ -21,7 +22,9 @@ from .token_rows import TokenRows
 @torch.no_grad()
 def merge_and_unload(model: nn.Module) -> nn.Module:
     """Fold every adapter into its weight (in place, each rank its shards, in the base's dtype), then remove the
-    adapters and their hooks; returns the model. The MTP layers, never adapted, are kept as they are."""
+    adapters and their hooks; returns the model. The MTP layers, never adapted, are kept as they are. A base stored in
+    block FP8 becomes bf16 first (glm46.peft.fp8_base)."""
+    dequantize_base(model)
     for _, adapter, weight in list(adapted_weights(model)):
         local = local_tensor(weight)
         local.copy_(adapter.merged_weight(weight).to(local.dtype))
@@ -41,7 +44,14 @@ def merge_and_unload(model: nn.Module) -> nn.Module:
 def merged_weights(model: nn.Module) -> Iterator[nn.Module]:
     """Inside the block every adapted weight holds its merged value and the adapters are off (the model computes the
     adapted function; save_hf writes it); after it, the base weights are back bit for bit and the adapters on. Holds
-    a copy of each adapted weight's shard meanwhile."""
+    a copy of each adapted weight's shard meanwhile (and of the whole base in bf16, where it is stored in block FP8:
+    glm46.peft.fp8_base.dequantized_base)."""
+    with dequantized_base(model), _merged(model):
+        yield model
+
+
+@contextmanager
+def _merged(model: nn.Module) -> Iterator[None]:
     saved = []
     with torch.no_grad():
         for _, adapter, weight in list(adapted_weights(model)):
@@ -50,7 +60,7 @@ def merged_weights(model: nn.Module) -> Iterator[nn.Module]:
             local.copy_(adapter.merged_weight(weight).to(local.dtype))
     try:
         with adapters_disabled(model):
-            yield model
+            yield
     finally:
         with torch.no_grad():
             for local, original in saved:

@@ -17,7 +17,7 @@ ALIASES = {"attention": ATTENTION}
 TRAINED_WHOLE = ("embed_tokens", "lm_head")
 METHODS = ("lora", "dora")
 EXPERT_VARIANTS = ("per_expert", "shared")
-BASE_DTYPES = ("bfloat16", "float32")  # torch dtype names
+BASE_DTYPES = ("bfloat16", "float32", "fp8")  # torch dtype names, and block FP8 (glm46.peft.fp8_base)
 
 
 @dataclass
@@ -27,7 +27,8 @@ class AdapterSettings:
     experts and MLPs export through, support none). targets: names from TARGETS (`attention` = q, k, v, o).
     experts: per_expert (each routed expert its own pair) or shared (one pair for a layer's experts).
     base_dtype: the frozen base's storage dtype (bfloat16, half of fp32's bytes, where training computes in bf16;
-    float32 keeps the CPU exact).
+    float32 keeps the CPU exact; fp8: the decoder layers' matrices in block FP8, one byte each, dequantized per use,
+    the rest in bf16, as GLM-4.6-FP8 is released: glm46.peft.fp8_base).
     trainable_tokens: tokens whose rows of the embedding and the lm_head (of either not trained whole) train, the
     other rows frozen (peft's trainable_token_indices; `special`: every special token of init_from's tokenizer;
     glm46.peft.token_rows).

@@ -7,7 +7,7 @@ from glm46.modules import GLM46Config
 from glm46.peft import AdapterSettings, is_adapter_name
 from glm46.planning.counts import model_parameters
 
-DTYPES = {2: "bf16", 4: "fp32"}  # bytes per element -> the dtype a plan names (peft.base_dtype's choices)
+DTYPES = {1: "fp8", 2: "bf16", 4: "fp32"}  # bytes per element -> the dtype a plan names (peft.base_dtype's)
 
 
 def dtype_name(itemsizes: set[int]) -> str:
