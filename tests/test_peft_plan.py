@@ -138,18 +138,32 @@ def test_a_frozen_base_has_no_gradients_or_moments_in_any_pipeline_stage(compose
     assert trained * stage_ranks == pytest.approx(result["peft"]["adapters"], rel=0.01)
 
 
+def test_an_fp8_base_halves_the_frozen_bytes_of_lora_on_air(compose_config):
+    """peft.base_dtype=fp8: the decoder layers' matrices at one byte each, the embedding, lm_head and MTP in bf16."""
+    _, bf16, _ = planned(compose_config, "experiment=glm45_air_lora")
+    cfg, fp8, text = planned(compose_config, "experiment=glm45_air_lora", "peft.base_dtype=fp8")
+    assert "the base frozen in fp8" in text and verdict(text) == "yes"
+    base, dense = fp8["memory"]["frozen base (fp8+bf16)"], bf16["memory"]["frozen base (bf16)"]
+    assert 0.5 < base / dense < 0.52  # the bf16 embedding on pipeline rank 0 is the rest
+    assert fp8["memory"]["gradients (fp32)"] == bf16["memory"]["gradients (fp32)"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(("experiment", "rank"), [("glm45_air_lora", 0), ("glm45_355b_dora", 31)])
+@pytest.mark.parametrize(
+    ("experiment", "rank"),
+    [("glm45_air_lora", 0), ("glm45_355b_dora", 31), ("glm45_air_lora peft.base_dtype=fp8", 0)],
+)
 def test_the_dry_runs_shards_are_the_plans(compose_config, experiment, rank):
     """The real model with its adapters, sharded at the job's world size as one rank: its bytes by group (the frozen
     base in bf16, the adapters' fp32 weights, gradients and moments) are the plan's for its pipeline stage, and with
     the plan's transient memory its total is the plan's."""
-    run = figures(dry_run([f"experiment={experiment}", f"dryrun.rank={rank}"]))
+    experiment, *overrides = experiment.split()
+    run = figures(dry_run([f"experiment={experiment}", *overrides, f"dryrun.rank={rank}"]))
     assert run["state"] == run["planned"]
     adapters, base = run["state"]["adapters"], run["state"]["routed experts"]
     assert adapters["optimizer"] == 2 * adapters["gradients"] == 2 * adapters["weights"] > 0
     assert base["weights"] > 0 and base["gradients"] == base["optimizer"] == 0
-    _, result, _ = planned(compose_config, f"experiment={experiment}")
+    _, result, _ = planned(compose_config, f"experiment={experiment}", *overrides)
     stage = result["by_pipeline_rank"][-1 if rank else 0]
     held = sum(sum(kinds.values()) for kinds in run["state"].values())
     transient = sum(v for k, v in stage.items() if k.startswith(TRANSIENT))
