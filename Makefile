@@ -9,8 +9,12 @@ PIP := $(PYTHON) -m pip
 # the package's own ranges are then already satisfied. torchtitan 0.2.2 (the last release that imports under the GPU
 # image's torch 2.11, so the same peer runs here and there), the peer of bench/train_throughput.py, bench/gpu_suite.py
 # and tests/test_bench_peers.py, comes without its declared dependencies (those of its own trainer and data loaders);
-# then what importing its models needs: tyro (its config), torchdata, triton (its MoE's padding kernel).
+# then what importing its models needs: tyro (its config), torchdata, triton (its MoE's padding kernel). First, Debian's
+# bubblewrap, the sandbox of model-written code (glm46.sandbox), where it is missing and apt-get can install it.
 install:
+	@command -v bwrap >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap; } \
+		|| echo "make install: no bubblewrap (apt-get install bubblewrap): code benchmarks and rewards refuse to run without it"; }
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.19,<0.20"
 	$(PIP) install --quiet -e ".[dev,deepspeed]"

@@ -7,12 +7,15 @@ not parse ends it (glm46.data.chat.parse_tool_calls; GLM-4.5's agentic RL gives 
 
 The built-in `calculator` evaluates integer arithmetic (+, -, *, exact /, parentheses, unary minus) with a parser of
 its own over Python's syntax tree, never `eval`, within limits on the digits of every number and the operations.
+The `python` tool runs a program in the sandbox (glm46.sandbox) and returns its output.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass, field
+
+from glm46.sandbox import OUTPUT_LIMIT, PASSED, TIMEOUT, Limits, Sandbox
 
 
 class ToolError(ValueError):
@@ -86,6 +89,52 @@ class Calculator:
         return value
 
 
+@dataclass(frozen=True)
+class PythonTool:
+    """`python(code)`: the program's output (stdout, then stderr), run in the sandbox (glm46.sandbox: no network, no
+    file of this machine, bounded CPU, memory, processes and time). A program that fails, or hits a bound, returns
+    what it printed and how it ended, as a terminal would; a sandbox that cannot start raises SandboxUnavailable,
+    which ends the episode: an infrastructure failure is never the model's answer."""
+
+    limits: Limits = Limits(wall_seconds=10.0, cpu_seconds=5)
+    max_output: int = 2000  # characters of output returned to the model
+
+    name = "python"
+
+    @property
+    def schema(self) -> dict:
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": "Run a Python 3 program (no network, no files but its own) and return what it prints.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"code": {"type": "string", "description": "for example print(2 ** 10)"}},
+                    "required": ["code"],
+                },
+            },
+        }
+
+    def __call__(self, arguments: dict) -> str:
+        if "code" not in arguments:
+            raise ToolError("python: missing argument 'code'")
+        outcome = Sandbox(limits=self.limits).run({"main.py": str(arguments["code"])}, ["main.py"])
+        if outcome.infrastructure_failure:
+            raise SandboxUnavailable(f"python: the sandbox did not start: {outcome.stderr.strip()[-300:]}")
+        text = outcome.stdout + outcome.stderr
+        if len(text) > self.max_output:
+            text = text[: self.max_output] + f"... ({len(text) - self.max_output} more characters)"
+        ending = {TIMEOUT: f"timed out after {self.limits.wall_seconds:g} s", OUTPUT_LIMIT: "output cut at its bound"}
+        if outcome.status in ending:
+            return f"{text}\n[{ending[outcome.status]}]"
+        return text if outcome.status == PASSED else f"{text}\n[exit code {outcome.returncode}]"
+
+
+class SandboxUnavailable(RuntimeError):
+    """The sandbox could not start (glm46.sandbox): not a failure of the program, nor an answer to score."""
+
+
 @dataclass
 class ToolEnvironment:
     """The tools of an episode: their schemas for the prompt, and `step` to serve one parsed call."""
@@ -107,7 +156,7 @@ class ToolEnvironment:
             return f"error: {error}"
 
 
-TOOLS = {"calculator": Calculator}  # by the names that tasks and configs give
+TOOLS = {"calculator": Calculator, "python": PythonTool}  # by the names that tasks and configs give
 
 
 def environment(names: list[str]) -> ToolEnvironment:
