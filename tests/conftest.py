@@ -18,8 +18,9 @@ CONF_DIR = ROOT / "conf"
 BUILD_LEFTOVERS = ("__pycache__", ".pytest_cache", ".ruff_cache", ".egg-info")  # tools' caches, not the tests'
 # `make test` runs the suite in three pytest-xdist workers (--dist loadgroup), one thread each. A test file is one unit
 # of work, so that its module fixtures are built once, except where tests share one resource: the local Slurm's one
-# node, and the inference engines (each takes both cores and GiBs); those run as one unit, one test at a time.
-SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines"}
+# node, the inference engines (each takes both cores and GiBs), and the sandbox's user (`nobody`, whose process
+# bound every sandboxed program shares); those run as one unit, one test at a time.
+SHARED_RESOURCES = {"slurm": "slurm", "serving": "engines", "llama_cpp": "engines", "sandbox": "sandbox"}
 # The markers whose units are queued first, in this order (--no-loadscope-reorder keeps it): Slurm's waits overlap the
 # other workers' tests, and the engines and multi-process files (the longest) start early, leaving no long unit last.
 FIRST = ("slurm", "serving", "llama_cpp", "distributed")

@@ -8,6 +8,8 @@ from glm46.data.tools import PythonTool, SandboxUnavailable, environment
 from glm46.rl.code_reward import extract_program, score_code
 from glm46.sandbox import Limits, Sandbox
 
+pytestmark = pytest.mark.sandbox
+
 TESTS = ["assert add(1, 2) == 3", "assert add(-1, 1) == 0", "assert add(2, 2) == 5"]  # the last is wrong on purpose
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from glm46.sandbox import FAILED, OUTPUT_LIMIT, PASSED, SANDBOX_ERROR, TIMEOUT, Limits, Sandbox
 
+pytestmark = pytest.mark.sandbox
+
 LIMITS = Limits(wall_seconds=4.0, cpu_seconds=1, memory_bytes=512 << 20, processes=16, output_bytes=64 << 10)
 SLACK = 2.0  # seconds beyond a bound for the kill and the process start on a loaded 2-core machine
 
