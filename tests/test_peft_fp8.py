@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from glm46.checkpoint.fp8 import export_fp8
 from glm46.checkpoint.hub_files import SINGLE_FILE
 from glm46.hf import load_hf, save_hf
-from glm46.modules.fp8 import FP8, SCALE_SUFFIX
+from glm46.modules.block_fp8 import FP8, SCALE_SUFFIX
 from glm46.peft import AdapterSettings, add_adapters, reset_adapters
 from glm46.peft.fp8_base import Fp8Linear, stored_in_fp8
 from glm46.peft.merge import merge_and_unload, merged_weights

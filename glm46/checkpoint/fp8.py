@@ -20,8 +20,8 @@ import torch
 from safetensors import safe_open
 
 from glm46.logs import Progress
-from glm46.modules.fp8 import SCALE_SUFFIX, quantize, scale_shape
-from glm46.modules.fp8 import dequantize as dequantize_blocks
+from glm46.modules.block_fp8 import SCALE_SUFFIX, quantize, scale_shape
+from glm46.modules.block_fp8 import dequantize as dequantize_blocks
 
 from .hub_config import CheckpointError
 from .hub_files import INDEX_FILE, shard_files

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .fp8 import SCALE_SUFFIX, BlockFp8, fp8_matmul
+from .block_fp8 import SCALE_SUFFIX, BlockFp8, fp8_matmul
 
 # torch's grouped matmul: F.grouped_mm where this torch has it public, else the private op it wraps (torch._grouped_mm,
 # CUDA bf16 only), for torches before it went public
@@ -74,7 +74,7 @@ def swiglu_experts(
 
 def part_rows(name: str, rows: int) -> int | None:
     """The rows of one part of a weight with `rows` rows: half for `gate_up_proj` (gate rows, then up rows), None
-    for a weight of one part (block-FP8 storage starts a part's blocks afresh: glm46.modules.fp8)."""
+    for a weight of one part (block-FP8 storage starts a part's blocks afresh: glm46.modules.block_fp8)."""
     return rows // 2 if name == "gate_up_proj" else None
 
 

@@ -22,8 +22,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from glm46.modules.block_fp8 import BlockFp8, keep_fp8_scales
 from glm46.modules.experts import GroupedExperts, swiglu_experts
-from glm46.modules.fp8 import BlockFp8, keep_fp8_scales
 
 from .boxes import local_box, local_tensor
 from .sequence_parallel import block_sizes, gather_blocks, split_blocks

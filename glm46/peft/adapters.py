@@ -23,8 +23,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
+from glm46.modules.block_fp8 import BlockFp8, dense, keep_fp8_scales
 from glm46.modules.experts import GroupedExperts, grouped_linear, swiglu_experts
-from glm46.modules.fp8 import BlockFp8, dense, keep_fp8_scales
 from glm46.parallel.boxes import local_box, local_tensor
 from glm46.parallel.expert_dispatch import scale_grad
 

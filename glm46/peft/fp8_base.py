@@ -1,5 +1,5 @@
 """A PEFT run's frozen base in block FP8 (`peft.base_dtype=fp8`): one byte a weight for the matrices of the decoder
-layers, dequantized per use (glm46.modules.fp8), the rest in bf16, as GLM-4.6-FP8 is released.
+layers, dequantized per use (glm46.modules.block_fp8), the rest in bf16, as GLM-4.6-FP8 is released.
 
 The matrices quantized are those of the main model's decoder layers (attention's q, k, v, o; the dense MLPs; the
 shared and routed experts); the embedding, the lm_head, the routers, the norms and the MTP layers stay in bf16 (the
@@ -26,8 +26,8 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from glm46.modules import GLM46ForCausalLM
+from glm46.modules.block_fp8 import FP8, SCALE_SUFFIX, BlockFp8, dequantize, fp8_matmul, quantize, scale_shape
 from glm46.modules.experts import part_rows
-from glm46.modules.fp8 import FP8, SCALE_SUFFIX, BlockFp8, dequantize, fp8_matmul, quantize, scale_shape
 from glm46.parallel.boxes import local_box, local_tensor
 
 BLOCK = 128  # GLM-4.6-FP8's and DeepSeek-V3's weight_block_size (a block-FP8 init_from brings its own)
