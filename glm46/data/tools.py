@@ -22,6 +22,22 @@ class ToolError(ValueError):
     """A call the tool cannot serve: its message is what the model reads."""
 
 
+def function_schema(name: str, description: str, argument: str, example: str) -> dict:
+    """The JSON schema of a tool with one string argument, as GLM's chat template lists tools."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {argument: {"type": "string", "description": example}},
+                "required": [argument],
+            },
+        },
+    }
+
+
 @dataclass(frozen=True)
 class Calculator:
     """`calculator(expression)`: an integer arithmetic expression's value."""
@@ -34,18 +50,8 @@ class Calculator:
 
     @property
     def schema(self) -> dict:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": "Evaluate an integer arithmetic expression with + - * / and parentheses.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"expression": {"type": "string", "description": "for example 1234 * 56"}},
-                    "required": ["expression"],
-                },
-            },
-        }
+        description = "Evaluate an integer arithmetic expression with + - * / and parentheses."
+        return function_schema(self.name, description, "expression", "for example 1234 * 56")
 
     def __call__(self, arguments: dict) -> str:
         if "expression" not in arguments:
@@ -103,18 +109,8 @@ class PythonTool:
 
     @property
     def schema(self) -> dict:
-        return {
-            "type": "function",
-            "function": {
-                "name": self.name,
-                "description": "Run a Python 3 program (no network, no files but its own) and return what it prints.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"code": {"type": "string", "description": "for example print(2 ** 10)"}},
-                    "required": ["code"],
-                },
-            },
-        }
+        description = "Run a Python 3 program (no network, no files but its own) and return what it prints."
+        return function_schema(self.name, description, "code", "for example print(2 ** 10)")
 
     def __call__(self, arguments: dict) -> str:
         if "code" not in arguments:
