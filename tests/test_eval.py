@@ -51,18 +51,22 @@ def dataset(tmp_path_factory):
     return root
 
 
-@pytest.fixture(scope="module")
-def model_dir(dataset, tmp_path_factory):
-    """A random model's HF export. Special tokens other than the stop tokens are never the argmax (their lm_head
-    rows are 0), as in a trained model: HFLM decodes without them, glm46 with them."""
+def export_random_model(dataset: Path, folder: Path, **config) -> Path:
+    """A random model's HF export in the dataset's vocabulary. Special tokens other than the stop tokens are never
+    the argmax (their lm_head rows are 0), as in a trained model: HFLM decodes without them, glm46 with them."""
     tokenizer = GLMTokenizer.from_file(dataset / "tokenizer.json")
     stops = [tokenizer.token_id(token) for token in STOP_TOKENS]
-    config = tiny_config(vocab_size=tokenizer.vocab_size, eos_token_id=stops, pad_token_id=stops[0])
+    config = tiny_config(vocab_size=tokenizer.vocab_size, eos_token_id=stops, pad_token_id=stops[0], **config)
     model = random_model(config, seed=0)
     with torch.no_grad():
         for token in set(SPECIAL_TOKENS) - set(STOP_TOKENS):
             model.lm_head.weight[tokenizer.token_id(token)] = 0
-    return save_hf(model, tmp_path_factory.mktemp("model") / "hf")
+    return save_hf(model, folder / "hf")
+
+
+@pytest.fixture(scope="module")
+def model_dir(dataset, tmp_path_factory):
+    return export_random_model(dataset, tmp_path_factory.mktemp("model"))
 
 
 def compose_run(output_dir: Path, *overrides: str):
@@ -244,7 +248,7 @@ def test_task_eval_needs_a_model(tmp_path):
     "tasks, message",
     [
         ("[nope]", r"unknown task 'nope': not a glm46 task \(glm46_arithmetic, .*glm46_ppl_sft, glm46\)"),
-        ("[hellaswag]", r"task 'hellaswag' reads its data from the Hugging Face Hub dataset Rowan/hellaswag.*local"),
+        ("[hellaswag]", r"hellaswag is lm-eval.s benchmark over the Hub dataset Rowan/hellaswag.*benchmark_dir=DIR"),
         ("[arithmetic_1dc]", r"'arithmetic_1dc' reads its data from hf://datasets/EleutherAI/arithmetic/.*local"),
         ("[glm46,my_hub]", r"task 'my_hub' reads its data from the Hugging Face Hub dataset someone/data.*local"),
     ],

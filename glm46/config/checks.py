@@ -18,6 +18,7 @@ from glm46.errors import ConfigError
 from glm46.modules import GLM46Config
 
 from .data_checks import check_data, check_prepare, check_vocabulary
+from .eval_checks import check_benchmarks
 from .export_checks import check_export, check_score, check_serve
 from .layout_checks import (
     check_cluster,
@@ -70,6 +71,7 @@ CHECKS = (
     ("peft x parallelism x precision", TRAIN, check_peft),
     ("memory per GPU x cluster", TRAIN, check_memory),
     ("context parallelism x accelerator", TRAIN, check_context_parallel_kernel),
+    ("eval.tasks x eval.benchmark_dir", ALL, lambda cfg, config: check_benchmarks(cfg)),
 )
 
 

@@ -15,13 +15,15 @@ import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
+from glm46.eval.benchmarks import benchmark_folder, local_copies, local_sources
 from glm46.eval.lm_eval_tasks import write_tasks
+from glm46.intervals import interval
 from glm46.logs import rank_zero_logger
 
 log = rank_zero_logger(__name__)
@@ -29,11 +31,11 @@ log = rank_zero_logger(__name__)
 LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow")  # the datasets library's readers of local files
 
 
-def remote_source(config: dict) -> str | None:
-    """Where a task config reads its data from when that is not this machine; None for local files (or a
-    Python task, whose own code loads its data)."""
+def remote_source(config: dict, local: Collection[str] = ()) -> str | None:
+    """Where a task config reads its data from when that is not this machine; None for local files, a Hub dataset
+    with a local copy among `local` (glm46.eval.benchmarks), or a Python task, whose own code loads its data."""
     path = config.get("dataset_path")
-    if path is None or config.get("custom_dataset") or Path(path).is_dir():
+    if path is None or config.get("custom_dataset") or Path(path).is_dir() or path in local:
         return None
     if path not in LOCAL_BUILDERS:
         return f"the Hugging Face Hub dataset {path}"
@@ -58,7 +60,7 @@ def bundled_entry(name: str):
     return index.get(name)
 
 
-def unreachable(spec: str | dict, index: dict) -> Iterator[tuple[str, str | None]]:
+def unreachable(spec: str | dict, index: dict, local: Collection[str] = ()) -> Iterator[tuple[str, str | None]]:
     """(task, where it reads its data from) for each task that `spec` (a task, group or tag name, or a group's
     inline member) stands for and that reads its data from elsewhere than this machine; (name, None) for a
     name neither in `index` nor among lm-eval's bundled tasks."""
@@ -66,11 +68,11 @@ def unreachable(spec: str | dict, index: dict) -> Iterator[tuple[str, str | None
 
     if isinstance(spec, dict):  # a group's inline member: a task naming its data, a reference to one, or a group
         if "dataset_path" in spec:
-            if source := remote_source(spec):
+            if source := remote_source(spec, local):
                 yield str(spec["task"]), source
             return
         for member in spec["task"] if isinstance(spec["task"], list) else [spec["task"]]:
-            yield from unreachable(member, index)
+            yield from unreachable(member, index, local)
         return
     entry = index.get(spec)
     if entry is None:
@@ -79,15 +81,18 @@ def unreachable(spec: str | dict, index: dict) -> Iterator[tuple[str, str | None
         yield spec, None if bundled is None else (bundled.kind is Kind.TASK and remote_source(bundled.cfg)) or hub
     elif entry.kind in (Kind.TAG, Kind.GROUP):
         for member in sorted(entry.tags) if entry.kind is Kind.TAG else entry.cfg["task"]:
-            yield from unreachable(member, index)
-    elif source := remote_source(entry.cfg):
+            yield from unreachable(member, index, local)
+    elif source := remote_source(entry.cfg, local):
         yield spec, source
 
 
-def check_tasks(names: Sequence[str], index: dict, ours: Sequence[str], include_path: str | None) -> None:
-    """Refuse, before anything loads, an unknown task or one whose data this offline evaluation cannot read."""
+def check_tasks(
+    names: Sequence[str], index: dict, ours: Sequence[str], include_path: str | None, local: Collection[str] = ()
+) -> None:
+    """Refuse, before anything loads, an unknown task or one whose data this offline evaluation cannot read (`local`:
+    the Hub datasets with local copies)."""
     for name in names:
-        for task, source in unreachable(name, index):
+        for task, source in unreachable(name, index, local):
             if source is None:
                 raise ConfigError(
                     f"eval.tasks: unknown task {task!r}: not a glm46 task ({', '.join(ours)}), nor in "
@@ -112,6 +117,35 @@ def summarize(results: dict) -> dict[str, float]:
         if task in results.get("n-samples", {}):
             summary[f"{task}/n"] = results["n-samples"][task]["effective"]
     return summary
+
+
+def score_lines(results: dict) -> list[str]:
+    """`<task> <metric>: v (95% CI [a, b]) n=N` for every task and metric (`<metric>/<filter>` for a filter other
+    than lm-eval's `none`), from each sample's score: Wilson's interval for scores of 0 or 1 (glm46.intervals),
+    else the mean's normal interval; none for a metric scored over the whole set (perplexities)."""
+    lines = []
+    for task, metrics in results["results"].items():
+        samples = results.get("samples", {}).get(task, [])
+        for key, value in metrics.items():
+            metric, _, kind = key.partition(",")
+            if not kind or metric.endswith("_stderr") or not isinstance(value, int | float):
+                continue
+            scores = [
+                s[metric] for s in samples if s.get("filter", "none") == kind and isinstance(s.get(metric), int | float)
+            ]
+            name = metric if kind == "none" else f"{metric}/{kind}"
+            if not scores:
+                lines.append(f"{task} {name}: {value:.4f}")
+                continue
+            n = len(scores)
+            if all(score in (0, 1) for score in scores):
+                low, high = interval(sum(scores) / n, n)
+            else:
+                mean = sum(scores) / n
+                half = 1.96 * (sum((x - mean) ** 2 for x in scores) / max(n - 1, 1) / n) ** 0.5
+                low, high = mean - half, mean + half
+            lines.append(f"{task} {name}: {value:.4f} (95% CI [{low:.4f}, {high:.4f}]) n={n}")
+    return lines
 
 
 def save(results: dict, folder: Path) -> None:
@@ -160,9 +194,11 @@ def evaluate(
 
     start, folder = time.perf_counter(), Path(output_dir) / "eval"
     ours = write_tasks(settings, folder / "tasks")
+    sources = local_sources([t for t in settings.tasks if t not in ours], settings.get("benchmark_dir"))
+    benchmarks = sorted({str(benchmark_folder(t)) for t in settings.tasks if t not in ours and benchmark_folder(t)})
     include = [str(folder / "tasks"), *([settings.include_path] if settings.include_path else [])]
-    manager = TaskManager(include_path=include, include_defaults=False)
-    check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path)
+    manager = TaskManager(include_path=include + (benchmarks if sources else []), include_defaults=False)
+    check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path, sources)
     model_args = {
         "pretrained": str(Path(model).absolute()),
         "tokenizer": settings.tokenizer,
@@ -170,7 +206,7 @@ def evaluate(
         "max_gen_toks": settings.max_gen_toks,
     }
     seed = settings.seed
-    with quiet_harness():
+    with quiet_harness(), local_copies(sources, folder / "cache"):
         results = simple_evaluate(
             model="glm46",
             model_args=model_args,
@@ -188,6 +224,7 @@ def evaluate(
     print(make_table(results))
     if "groups" in results:
         print(make_table(results, "groups"))
+    print("\n".join(score_lines(results)))
     metrics = {f"eval/{key}": value for key, value in summarize(results).items()}
     for logger in loggers:
         logger.log_metrics(metrics, step=step)

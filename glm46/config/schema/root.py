@@ -63,6 +63,7 @@ class EvalConfig:
     after_train: bool = False  # train evaluates its final weights (every stage of a curriculum)
     tasks: List[str] = MISSING
     include_path: Optional[str] = None
+    benchmark_dir: Optional[str] = None  # local copies of lm-eval's benchmarks' data (glm46.eval.benchmarks)
     dataset: str = MISSING
     tokenizer: Optional[str] = None
     val_fraction: float = MISSING
