@@ -22,9 +22,11 @@ from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
 from glm46.eval.benchmarks import benchmark_folder, local_copies, local_sources
-from glm46.eval.lm_eval_tasks import write_tasks
+from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
+from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
 from glm46.intervals import interval
 from glm46.logs import rank_zero_logger
+from glm46.sandbox import Sandbox
 
 log = rank_zero_logger(__name__)
 
@@ -103,6 +105,18 @@ def check_tasks(
                 f"{source}, and this evaluation runs offline: ship the data as local files (a task YAML with "
                 f"`dataset_path: json` and absolute `data_files`) in a folder given as eval.include_path"
             )
+
+
+def write_code_tasks(names: Sequence[str], folder: Path) -> list[str]:
+    """Each of `names` that is one of lm-eval's code tasks, written into `folder` with its programs run in the
+    sandbox (glm46.eval.code_tasks); returns those names."""
+    written = []
+    for name in names:
+        entry = bundled_entry(name)
+        if entry is not None and entry.yaml_path is not None and is_code_task(entry.cfg):
+            write_task_yaml(folder / f"{name}.yaml", code_task_config(entry.cfg, Path(entry.yaml_path)))
+            written.append(name)
+    return written
 
 
 def summarize(results: dict) -> dict[str, float]:
@@ -195,7 +209,9 @@ def evaluate(
     start, folder = time.perf_counter(), Path(output_dir) / "eval"
     ours = write_tasks(settings, folder / "tasks")
     sources = local_sources([t for t in settings.tasks if t not in ours], settings.get("benchmark_dir"))
-    benchmarks = sorted({str(benchmark_folder(t)) for t in settings.tasks if t not in ours and benchmark_folder(t)})
+    code = write_code_tasks([t for t in settings.tasks if t not in ours], folder / "tasks")
+    benchmarks = {str(benchmark_folder(t)) for t in settings.tasks if t not in ours + code and benchmark_folder(t)}
+    benchmarks = sorted(benchmarks)
     include = [str(folder / "tasks"), *([settings.include_path] if settings.include_path else [])]
     manager = TaskManager(include_path=include + (benchmarks if sources else []), include_defaults=False)
     check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path, sources)
@@ -206,7 +222,8 @@ def evaluate(
         "max_gen_toks": settings.max_gen_toks,
     }
     seed = settings.seed
-    with quiet_harness(), local_copies(sources, folder / "cache"):
+    sandbox = Sandbox(kind=settings.get("sandbox", "bubblewrap"))
+    with quiet_harness(), local_copies(sources, folder / "cache"), sandboxed(sandbox) as counts:
         results = simple_evaluate(
             model="glm46",
             model_args=model_args,
@@ -220,6 +237,12 @@ def evaluate(
             torch_random_seed=seed,
             fewshot_random_seed=seed,
         )
+    if code:  # programs the sandbox could not start: no score, counted apart (never a failed test)
+        results["sandbox_errors"] = counts["sandbox_errors"]
+        if counts["sandbox_errors"]:
+            log.warning(
+                f"{counts['sandbox_errors']} documents of {', '.join(code)} left out: the sandbox did not start"
+            )
     save(results, folder)
     print(make_table(results))
     if "groups" in results:

@@ -71,15 +71,19 @@ def score_tool_arithmetic(doc: dict, results: list[str]) -> dict[str, float]:
     return {"exact_match": verify(doc, last_turn), "tool_calls": float("<tool_response>" in transcript)}
 
 
-class _Function(str):
+class Function(str):
     """A `!function module.attribute` reference in a task YAML, which lm-eval imports."""
 
 
-class _Dumper(yaml.SafeDumper):
-    """yaml.safe_dump's writer, writing a _Function as lm-eval's `!function` tag."""
+class TaskDumper(yaml.SafeDumper):
+    """yaml.safe_dump's writer, writing a Function as lm-eval's `!function` tag."""
 
 
-_Dumper.add_representer(_Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
+TaskDumper.add_representer(Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
+
+
+def write_task_yaml(path: Path, task: dict) -> None:
+    path.write_text(yaml.dump(task, Dumper=TaskDumper, sort_keys=False, allow_unicode=True))
 
 
 def held_out(tokens_dir: Path, domain: str, val_fraction: float) -> tuple[int, list[np.ndarray]]:
@@ -131,7 +135,7 @@ def _write_task(folder: Path, name: str, records: list[dict], config: dict) -> N
         **config,
         "metadata": {"version": 1.0},
     }
-    (folder / f"{name}.yaml").write_text(yaml.dump(task, Dumper=_Dumper, sort_keys=False, allow_unicode=True))
+    write_task_yaml(folder / f"{name}.yaml", task)
 
 
 def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
@@ -161,7 +165,7 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
             "doc_to_target": "answer",
             "generation_kwargs": {"until": list(STOP_TOKENS), "max_gen_toks": settings.max_gen_toks, "do_sample": False}
             | options,
-            "process_results": _Function(f"{__name__}.{scorer}"),
+            "process_results": Function(f"{__name__}.{scorer}"),
             "metric_list": [{"metric": metric, "aggregation": "mean", "higher_is_better": True} for metric in metrics],
         }
 

@@ -95,7 +95,7 @@ class Sandbox:
                 path = Path(folder) / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
-            as_nobody = os.geteuid() == 0
+            as_nobody = os.geteuid() == 0 and self.kind == "bubblewrap"
             if as_nobody:  # the program's own files and directory, writable by it alone
                 for path in [Path(folder), *Path(folder).rglob("*")]:
                     os.chown(path, NOBODY, NOBODY)
@@ -170,7 +170,6 @@ class Sandbox:
                 stderr=subprocess.PIPE,
                 pass_fds=(start_write,),
                 start_new_session=True,  # its own process group: killed whole
-                **({"user": NOBODY, "group": NOBODY, "extra_groups": []} if as_nobody and self.kind == "none" else {}),
             )
         except OSError as error:  # prlimit or bwrap missing, or not executable
             os.close(start_read)

@@ -64,6 +64,7 @@ class EvalConfig:
     tasks: List[str] = MISSING
     include_path: Optional[str] = None
     benchmark_dir: Optional[str] = None  # local copies of lm-eval's benchmarks' data (glm46.eval.benchmarks)
+    sandbox: str = "bubblewrap"  # where code benchmarks run their programs: bubblewrap, or none (glm46.sandbox)
     dataset: str = MISSING
     tokenizer: Optional[str] = None
     val_fraction: float = MISSING
