@@ -20,9 +20,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from glm46.checkpoint.hub_files import find_weights
 from glm46.errors import ConfigError
 from glm46.eval.benchmarks import benchmark_folder, local_copies, local_sources
 from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
+from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model, leaf_tasks
 from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
 from glm46.intervals import interval
 from glm46.logs import rank_zero_logger
@@ -105,6 +107,17 @@ def check_tasks(
                 f"{source}, and this evaluation runs offline: ship the data as local files (a task YAML with "
                 f"`dataset_path: json` and absolute `data_files`) in a folder given as eval.include_path"
             )
+
+
+def _is_request_failure(error: BaseException) -> bool:
+    """Whether `error` (or its cause) is the HTTP client's: a refused connection, a timeout, an error status."""
+    while error is not None:
+        if type(error).__module__.split(".")[0] in ("aiohttp", "requests", "urllib3") or isinstance(
+            error, TimeoutError
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def write_code_tasks(names: Sequence[str], folder: Path) -> list[str]:
@@ -193,15 +206,16 @@ def quiet_harness() -> Iterator[None]:
 
 
 def evaluate(
-    settings: DictConfig, model: str | Path, output_dir: Path, loggers: Sequence = (), step: int | None = None
+    settings: DictConfig, model: str | Path | None, output_dir: Path, loggers: Sequence = (), step: int | None = None
 ) -> dict:
-    """Evaluate the weights at `model` (an HF directory, or a run directory with hf/) on settings.tasks; return
+    """Evaluate the weights at `model` (an HF directory, or a run directory with hf/), or the server at
+    settings.endpoint (glm46.eval.endpoint; `model` then gives its tokenizer, or None), on settings.tasks; return
     lm-eval's results (with their `samples`). Writes <output_dir>/eval/: tasks/, results.json, samples_*.jsonl.
     The loggers get `eval/<task>/<metric>` at `step` (a training run's last step)."""
     for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # read when huggingface_hub and datasets load
         os.environ.setdefault(switch, "1")
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager
+    from lm_eval.tasks import TaskManager, get_task_dict
     from lm_eval.utils import make_table
 
     import glm46.eval.harness  # noqa: F401 - registers the `glm46` model
@@ -215,28 +229,46 @@ def evaluate(
     include = [str(folder / "tasks"), *([settings.include_path] if settings.include_path else [])]
     manager = TaskManager(include_path=include + (benchmarks if sources else []), include_defaults=False)
     check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path, sources)
-    model_args = {
-        "pretrained": str(Path(model).absolute()),
-        "tokenizer": settings.tokenizer,
-        "max_length": settings.max_length,
-        "max_gen_toks": settings.max_gen_toks,
-    }
+    if settings.get("endpoint"):  # a served model (glm46.eval.endpoint)
+        candidates = [settings.get("endpoint_tokenizer"), find_weights(model) if model else None]
+        candidates.append(Path(settings.tokenizer).parent if settings.tokenizer else None)  # eval.tokenizer's folder
+        tokenizer = next((c for c in candidates if c and (Path(c) / "tokenizer.json").is_file()), None)
+        model_name, model_args = endpoint_model(settings, tokenizer)
+    else:
+        model_name = "glm46"
+        model_args = {
+            "pretrained": str(Path(model).absolute()),
+            "tokenizer": settings.tokenizer,
+            "max_length": settings.max_length,
+            "max_gen_toks": settings.max_gen_toks,
+        }
     seed = settings.seed
     sandbox = Sandbox(kind=settings.get("sandbox", "bubblewrap"))
     with quiet_harness(), local_copies(sources, folder / "cache"), sandboxed(sandbox) as counts:
-        results = simple_evaluate(
-            model="glm46",
-            model_args=model_args,
-            tasks=list(settings.tasks),
-            batch_size=settings.batch_size,
-            limit=settings.limit,
-            bootstrap_iters=0,
-            task_manager=manager,
-            random_seed=seed,
-            numpy_random_seed=seed,
-            torch_random_seed=seed,
-            fewshot_random_seed=seed,
-        )
+        if settings.get("endpoint"):
+            check_endpoint_tasks(leaf_tasks(get_task_dict(list(settings.tasks), manager)), settings.endpoint_api)
+        try:
+            results = simple_evaluate(
+                model=model_name,
+                model_args=model_args,
+                tasks=list(settings.tasks),
+                batch_size=settings.batch_size,
+                limit=settings.limit,
+                bootstrap_iters=0,
+                task_manager=manager,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                apply_chat_template=settings.get("endpoint") is not None and settings.endpoint_api == "chat",
+            )
+        except Exception as error:
+            if settings.get("endpoint") and _is_request_failure(error):
+                raise EndpointError(
+                    f"eval.endpoint={settings.endpoint}: a request failed after {settings.endpoint_retries} tries "
+                    f"({type(error).__name__}: {error}); no result is written"
+                ) from error
+            raise
     if code:  # programs the sandbox could not start: no score, counted apart (never a failed test)
         results["sandbox_errors"] = counts["sandbox_errors"]
         if counts["sandbox_errors"]:

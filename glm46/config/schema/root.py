@@ -65,6 +65,13 @@ class EvalConfig:
     include_path: Optional[str] = None
     benchmark_dir: Optional[str] = None  # local copies of lm-eval's benchmarks' data (glm46.eval.benchmarks)
     sandbox: str = "bubblewrap"  # where code benchmarks run their programs: bubblewrap, or none (glm46.sandbox)
+    endpoint: Optional[str] = None  # an OpenAI-compatible server's base URL, ending in /v1 (glm46.eval.endpoint)
+    endpoint_api: str = "completions"  # completions | chat
+    endpoint_model: Optional[str] = None  # the served name; null: the first the server lists
+    endpoint_tokenizer: Optional[str] = None  # the served model's HF folder (completions); null: eval.model's
+    endpoint_concurrency: int = 4
+    endpoint_timeout: int = 300  # seconds per request
+    endpoint_retries: int = 3  # attempts per request, with exponential backoff
     dataset: str = MISSING
     tokenizer: Optional[str] = None
     val_fraction: float = MISSING
