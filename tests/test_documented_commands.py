@@ -114,12 +114,15 @@ def files(chat_dataset, tmp_path_factory) -> dict[str, Path]:
     (resumed / "overrides.yaml").write_text(
         "- experiment=tiny_bytes\n- parallelism=fsdp2\n- cluster.devices=4\n- data.batch_size=1\n"
     )
+    for benchmark in ("gsm8k", "mmlu", "bbh", "minerva_math", "humaneval", "mbpp"):  # eval.benchmark_dir's copies
+        (root / "benchmarks" / benchmark).mkdir(parents=True)
+        (root / "benchmarks" / benchmark / "test.jsonl").write_text('{"question": "1 + 1?"}\n')
     config = model_config(compose_layout("single", ["experiment=toy_stage"]))  # the default run's model, vocab 8192
     default_export = save_hf(random_model(config, seed=0), root / "default-run" / "hf").parent  # its tokenizer: none
     return {"chat": chat_dataset, "pairs": root / "pairs-data", "export": export, "reward_model": reward_model,
             "pairs_file": pairs, "documents": documents, "tokenizer": chat_dataset / "tokenizer.json",
             "empty": root / "empty", "out": root / "out", "default_export": default_export,
-            "arpa": root / "model.arpa", "fasttext": root / "model.bin"}  # fmt: skip
+            "arpa": root / "model.arpa", "fasttext": root / "model.bin", "benchmarks": root / "benchmarks"}  # fmt: skip
 
 
 PLACEHOLDER = re.compile(r"DIR|FILE|RUN|<[^>]+>|outputs/|/ckpt|/data\b|/lustre|/models/|\.\.\.")
@@ -168,6 +171,7 @@ def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
         "eval.dataset": files["chat"],
         "sample.prompts": files["chat"],
         "eval.include_path": files["empty"],
+        "eval.benchmark_dir": files["benchmarks"],
         "prepare.tokenizer.path": files["tokenizer"],
         "prepare.perplexity.model": files["arpa"],
         "prepare.quality_classifier.model": files["fasttext"],

@@ -394,8 +394,34 @@ def post(url: str, body: dict) -> dict:
         raise AssertionError(f"{url} answered {error.code}: {error.read().decode(errors='replace')[:2000]}") from None
 
 
+def assert_endpoint_scores_as_local(endpoint: str, export: str, dataset: Path, tmp_path: Path) -> None:
+    """eval.endpoint against the running server (lm-eval's completions client, 2 requests in flight) gives the scores
+    of the export evaluated here (greedy): the same replies (but the special tokens the server's text leaves out), the
+    same exact match, and the held-out bits per byte from the echoed prompt log-probs within 1e-3."""
+    from glm46.eval import evaluate
+
+    from .test_eval import compose_run
+
+    settings = [f"eval.dataset={dataset}", "eval.tasks=[glm46_arithmetic,glm46_ppl_sft]", "eval.limit=8"]
+    settings += ["eval.max_gen_toks=24", "eval.max_length=512", "eval.ppl_documents=4", "eval.ppl_chars=400"]
+    served = ["eval.endpoint=" + endpoint, f"eval.endpoint_model={export}", "eval.endpoint_concurrency=2"]
+    remote = evaluate(compose_run(tmp_path / "remote", *settings, *served).eval, export, tmp_path / "remote")
+    local = evaluate(compose_run(tmp_path / "local", *settings).eval, export, tmp_path / "local")
+    from glm46.data.tokenizer import SPECIAL_TOKENS
+
+    def text(reply: str) -> str:  # the server's completions drop special tokens (<think>) from the text
+        for token in SPECIAL_TOKENS:
+            reply = reply.replace(token, "")
+        return reply
+
+    answers = [[text(s["filtered_resps"][0]) for s in r["samples"]["glm46_arithmetic"]] for r in (remote, local)]
+    assert answers[0] == answers[1]
+    for task, metric in (("glm46_arithmetic", "exact_match,none"), ("glm46_ppl_sft", "bits_per_byte,none")):
+        assert remote["results"][task][metric] == pytest.approx(local["results"][task][metric], rel=1e-3), task
+
+
 @pytest.mark.serving
-def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(trained, tokenizer, tmp_path):
+def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(trained, tokenizer, dataset, tmp_path):
     python = require_serving()
     model, export, _, _ = trained
     port = free_port()
@@ -463,6 +489,7 @@ def test_task_serve_runs_vllms_openai_server_that_chats_with_our_template(traine
                 expected = []
             assert calls == expected
             assert choice["finish_reason"] == ("tool_calls" if calls else "stop" if ours[-1] in stops else "length")
+        assert_endpoint_scores_as_local(f"http://127.0.0.1:{port}/v1", str(export), dataset, tmp_path)
         server.terminate()  # task=serve passes SIGTERM on: vLLM's server and engine stop with it
         server.wait(timeout=120)
         deadline = time.monotonic() + 30  # vLLM's engine core and workers shut down after its server

@@ -84,12 +84,3 @@ def check_endpoint_tasks(tasks: Iterable, api: str) -> None:
                 f"eval.tasks: {name} plays tool episodes, which glm46's own model wrapper serves: evaluate it with "
                 "eval.model=<the weights> instead of eval.endpoint"
             )
-
-
-def leaf_tasks(task_dict: dict) -> Iterable:
-    """The Task objects of lm-eval's (nested) task dictionary."""
-    for value in task_dict.values():
-        if isinstance(value, dict):
-            yield from leaf_tasks(value)
-        else:
-            yield value

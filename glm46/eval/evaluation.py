@@ -24,7 +24,7 @@ from glm46.checkpoint.hub_files import find_weights
 from glm46.errors import ConfigError
 from glm46.eval.benchmarks import benchmark_folder, local_copies, local_sources
 from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
-from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model, leaf_tasks
+from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model
 from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
 from glm46.intervals import interval
 from glm46.logs import rank_zero_logger
@@ -215,7 +215,7 @@ def evaluate(
     for switch in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):  # read when huggingface_hub and datasets load
         os.environ.setdefault(switch, "1")
     from lm_eval import simple_evaluate
-    from lm_eval.tasks import TaskManager, get_task_dict
+    from lm_eval.tasks import TaskManager
     from lm_eval.utils import make_table
 
     import glm46.eval.harness  # noqa: F401 - registers the `glm46` model
@@ -246,7 +246,7 @@ def evaluate(
     sandbox = Sandbox(kind=settings.get("sandbox", "bubblewrap"))
     with quiet_harness(), local_copies(sources, folder / "cache"), sandboxed(sandbox) as counts:
         if settings.get("endpoint"):
-            check_endpoint_tasks(leaf_tasks(get_task_dict(list(settings.tasks), manager)), settings.endpoint_api)
+            check_endpoint_tasks(manager.load(list(settings.tasks))["tasks"].values(), settings.endpoint_api)
         try:
             results = simple_evaluate(
                 model=model_name,
