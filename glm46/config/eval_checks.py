@@ -15,9 +15,8 @@ def check_benchmarks(cfg: DictConfig) -> None:
     local copies are there (glm46's own tasks and include_path's are checked when they are written)."""
     if cfg.task not in ("eval", "train") or (cfg.task == "train" and not cfg.eval.after_train):
         return
-    from glm46.eval.benchmarks import local_sources  # lm-eval's index: only for an evaluation
+    from glm46.eval.benchmarks import bundled_entry, local_sources  # lm-eval's index: only for an evaluation
     from glm46.eval.code_tasks import is_code_task
-    from glm46.eval.evaluation import bundled_entry
     from glm46.sandbox import KINDS, Sandbox
 
     settings = cfg.eval

@@ -25,6 +25,21 @@ DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _DATASET_PATH = re.compile(r"^\s*dataset_path:\s*['\"]?([^'\"\s#]+)", re.M)
 
 
+def bundled_entry(name: str):
+    """lm-eval's bundled task, group or tag `name` (its index entry), or None. Only the bundled configs that
+    mention the name are read: indexing all ~14,000 of them takes 10-20 s."""
+    import lm_eval.tasks
+    from lm_eval.tasks._index import TaskIndex
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    index = {}
+    for path in sorted(Path(lm_eval.tasks.__file__).parent.glob("**/*.yaml")):
+        if name.encode() in path.read_bytes():
+            with contextlib.suppress(Exception):  # as TaskIndex.build, which skips a config that does not load
+                TaskIndex.process_cfg(load_yaml(path, resolve_func=False), path, index)
+    return index.get(name)
+
+
 def tasks_root() -> Path:
     import lm_eval.tasks
 
@@ -33,8 +48,6 @@ def tasks_root() -> Path:
 
 def benchmark_folder(name: str) -> Path | None:
     """The folder of lm-eval's bundled task, group or tag `name` (lm_eval/tasks/<folder>/), or None."""
-    from .evaluation import bundled_entry
-
     entry = bundled_entry(name)
     if entry is None or entry.yaml_path is None:
         return None

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 
 from glm46.checkpoint.hub_files import find_weights
 from glm46.errors import ConfigError
-from glm46.eval.benchmarks import benchmark_folder, local_copies, local_sources
+from glm46.eval.benchmarks import benchmark_folder, bundled_entry, local_copies, local_sources
 from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
 from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model
 from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
@@ -47,21 +47,6 @@ def remote_source(config: dict, local: Collection[str] = ()) -> str | None:
     files = files.values() if isinstance(files, dict) else [files]
     remote = [f for entry in files for f in ([entry] if isinstance(entry, str) else entry) if "://" in f]
     return remote[0] if remote else None
-
-
-def bundled_entry(name: str):
-    """lm-eval's bundled task, group or tag `name` (its index entry), or None. Only the bundled configs that
-    mention the name are read: indexing all ~14,000 of them takes 10-20 s."""
-    import lm_eval.tasks
-    from lm_eval.tasks._index import TaskIndex
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    index = {}
-    for path in sorted(Path(lm_eval.tasks.__file__).parent.glob("**/*.yaml")):
-        if name.encode() in path.read_bytes():
-            with contextlib.suppress(Exception):  # as TaskIndex.build, which skips a config that does not load
-                TaskIndex.process_cfg(load_yaml(path, resolve_func=False), path, index)
-    return index.get(name)
 
 
 def unreachable(spec: str | dict, index: dict, local: Collection[str] = ()) -> Iterator[tuple[str, str | None]]:
