@@ -15,6 +15,7 @@ the folder.
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 _DATASET_PATH = re.compile(r"^\s*dataset_path:\s*['\"]?([^'\"\s#]+)", re.M)
 
 
+@functools.cache  # the installed lm-eval's configs do not change while glm46 runs
 def bundled_entry(name: str):
     """lm-eval's bundled task, group or tag `name` (its index entry), or None. Only the bundled configs that
     mention the name are read: indexing all ~14,000 of them takes 10-20 s."""

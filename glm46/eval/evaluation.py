@@ -209,8 +209,8 @@ def evaluate(
     ours = write_tasks(settings, folder / "tasks")
     sources = local_sources([t for t in settings.tasks if t not in ours], settings.get("benchmark_dir"))
     code = write_code_tasks([t for t in settings.tasks if t not in ours], folder / "tasks")
-    benchmarks = {str(benchmark_folder(t)) for t in settings.tasks if t not in ours + code and benchmark_folder(t)}
-    benchmarks = sorted(benchmarks)
+    folders = [benchmark_folder(t) for t in settings.tasks if t not in ours + code]
+    benchmarks = sorted({str(folder) for folder in folders if folder is not None})
     include = [str(folder / "tasks"), *([settings.include_path] if settings.include_path else [])]
     manager = TaskManager(include_path=include + (benchmarks if sources else []), include_defaults=False)
     check_tasks(list(settings.tasks), manager.task_index, ours, settings.include_path, sources)
