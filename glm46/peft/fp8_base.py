@@ -88,11 +88,6 @@ def quantize_base(model: GLM46ForCausalLM, block: int = BLOCK) -> None:
             module.__class__ = Fp8Linear
 
 
-def fp8_block_of(model: nn.Module) -> int | None:
-    """The block of a model whose base is stored in block FP8, else None."""
-    return next((m.fp8_block for m in model.modules() if getattr(m, "fp8_block", None)), None)
-
-
 def dense_weight(module: nn.Module, name: str, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The weight `name` of `module` as a tensor: dequantized where it is stored in block FP8 (this rank's part of it,
     a DTensor with the parameter's placements where it is one), else the parameter itself."""
