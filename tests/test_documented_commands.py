@@ -114,7 +114,7 @@ def files(chat_dataset, tmp_path_factory) -> dict[str, Path]:
     (resumed / "overrides.yaml").write_text(
         "- experiment=tiny_bytes\n- parallelism=fsdp2\n- cluster.devices=4\n- data.batch_size=1\n"
     )
-    for benchmark in ("gsm8k", "mmlu", "bbh", "minerva_math", "humaneval", "mbpp"):  # eval.benchmark_dir's copies
+    for benchmark in ("gsm8k", "mmlu", "bbh", "hendrycks_math", "humaneval", "mbpp"):  # eval.benchmark_dir's copies
         (root / "benchmarks" / benchmark).mkdir(parents=True)
         (root / "benchmarks" / benchmark / "test.jsonl").write_text('{"question": "1 + 1?"}\n')
     config = model_config(compose_layout("single", ["experiment=toy_stage"]))  # the default run's model, vocab 8192

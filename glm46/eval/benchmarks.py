@@ -10,6 +10,10 @@ openai/gsm8k; mmlu: cais/mmlu) from DIR/NAME/, with the Hub dataset's column nam
 A split is the file name up to its first `-` or `.`. Every benchmark named must have its folder, with data files, at
 composition (`check_benchmarks`); a split a task needs and its folder lacks is refused when the task loads, naming
 the folder.
+
+What a benchmark's checkers read besides its data lies in its folder too (`RESOURCES`): IFEval counts sentences with
+NLTK's punkt_tab, read from DIR/ifeval/nltk_data/. A benchmark whose checker cannot be installed beside glm46 is
+refused at composition (`UNSUPPORTED`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,17 @@ from pathlib import Path
 from glm46.errors import ConfigError
 
 DATA_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# lm-eval folder -> (a path its checkers read, under DIR/<name>/; how to fetch it where there is a network)
+RESOURCES = {
+    "ifeval": (
+        "nltk_data/tokenizers/punkt_tab/english",
+        "python -m nltk.downloader -d DIR/ifeval/nltk_data punkt_tab",
+    ),
+}
+UNSUPPORTED = {
+    "minerva_math": "its answer checker needs antlr4-python3-runtime 4.11 and Hydra's OmegaConf pins 4.9; "
+    "hendrycks_math (the same MATH problems, scored by string equivalence) runs",
+}
 _DATASET_PATH = re.compile(r"^\s*dataset_path:\s*['\"]?([^'\"\s#]+)", re.M)
 
 
@@ -81,6 +96,8 @@ def local_sources(names: Sequence[str], benchmark_dir: str | None, known: Sequen
     sources = {}
     for name in names:
         folder = None if name in known else benchmark_folder(name)
+        if folder is not None and folder.name in UNSUPPORTED:
+            raise ConfigError(f"eval.tasks: {name} cannot run: {UNSUPPORTED[folder.name]}")
         datasets = set() if folder is None else hub_datasets(folder)
         if not datasets:
             continue
@@ -97,6 +114,12 @@ def local_sources(names: Sequence[str], benchmark_dir: str | None, known: Sequen
                 f"eval.benchmark_dir={benchmark_dir}: no data for {name} in {local} (expected {hub}'s files there: "
                 f"the Hub's layout, e.g. <config>/test-00000-of-00001.parquet, or test.jsonl with its columns)"
             )
+        resource, fetch = RESOURCES.get(folder.name, (None, None))
+        if resource and not (local / resource).is_dir():
+            raise ConfigError(
+                f"eval.benchmark_dir={benchmark_dir}: {name}'s checkers read {local / resource}, which is missing "
+                f"(fetch it where there is a network with `{fetch}` and copy it there)"
+            )
         sources |= dict.fromkeys(datasets, local)
     return sources
 
@@ -105,8 +128,14 @@ def local_sources(names: Sequence[str], benchmark_dir: str | None, known: Sequen
 def local_copies(sources: dict[str, Path], cache_dir: Path) -> Iterator[None]:
     """Inside the block, the datasets library reads each Hub dataset of `sources` from its local copy (lm-eval's
     tasks call `datasets.load_dataset(path, name, ...)`), its Arrow copy kept in `cache_dir`; every other call is
-    left as it is."""
+    left as it is. NLTK also searches each copy's nltk_data/ (`RESOURCES`)."""
     import datasets
+
+    nltk_data = sorted({str(folder / "nltk_data") for folder in sources.values() if (folder / "nltk_data").is_dir()})
+    if nltk_data:
+        import nltk
+
+        nltk.data.path[:0] = nltk_data
 
     original = datasets.load_dataset
 
@@ -132,3 +161,5 @@ def local_copies(sources: dict[str, Path], cache_dir: Path) -> Iterator[None]:
         yield
     finally:
         datasets.load_dataset = original
+        if nltk_data:
+            nltk.data.path[:] = [path for path in nltk.data.path if path not in nltk_data]

@@ -246,6 +246,7 @@ def evaluate(
                 torch_random_seed=seed,
                 fewshot_random_seed=seed,
                 apply_chat_template=settings.get("endpoint") is not None and settings.endpoint_api == "chat",
+                gen_kwargs=dict(settings.gen_kwargs) if settings.get("gen_kwargs") else None,
             )
         except Exception as error:
             if settings.get("endpoint") and _is_request_failure(error):

@@ -79,6 +79,7 @@ class EvalConfig:
     limit: Optional[int] = None
     batch_size: int = MISSING
     max_gen_toks: int = MISSING
+    gen_kwargs: Dict[str, Any] = field(default_factory=dict)  # in every generation task's generation_kwargs
     max_length: Optional[int] = None
     ppl_documents: int = MISSING
     ppl_chars: int = MISSING
