@@ -130,3 +130,22 @@ def test_each_fold_trains_on_the_first_documents_outside_it_and_the_pool_is_read
     assert pools == [[t for t in texts if fold_of(t, 3) != fold][:20] for fold in range(3)]
     assert len(read) == max(texts.index(pool[-1]) for pool in pools) + 1  # stopped once every fold had its 20
     assert classifier._pools(None, ["general"], folds=1, limit=7) == [texts[:7]]
+
+
+def test_training_is_the_same_whatever_floating_point_state_the_caller_left(tmp_path):
+    """The classifier trains in an interpreter of its own: a rounding mode left set in this one (as a library or an
+    earlier test may leave it) changes nothing. Trained in this process, the upward rounding gives another model."""
+    import ctypes
+    import hashlib
+
+    libm, rng = ctypes.CDLL("libm.so.6"), random.Random(4)
+    pool = [spam(rng) for _ in range(100)]
+    digests = []
+    for mode in (0, 0x800):  # FE_TONEAREST, FE_UPWARD (x86-64)
+        libm.fesetround(mode)
+        try:
+            train_classifier(REFERENCE[:100], pool, tmp_path / f"{mode}.bin", SETTINGS["hyperparameters"], seed=0)
+        finally:
+            libm.fesetround(0)
+        digests.append(hashlib.sha256((tmp_path / f"{mode}.bin").read_bytes()).hexdigest())
+    assert digests[0] == digests[1]

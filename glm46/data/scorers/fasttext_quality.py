@@ -8,21 +8,38 @@ it scores as low as boilerplate. DCLM's pool dwarfs its 200,000 training documen
 `folds` by a hash of each text, one classifier trained without each fold, and a document scored by the one that did
 not see it (cross-fitting).
 
-Training runs on one thread with a fixed seed: fastText's Hogwild updates over several threads are not
-reproducible, and the preparation is the same whatever the number of tasks. The wheel is fasttext-numpy2-wheel
-(fastText 0.9.2's bindings built for NumPy 2).
+Training runs on one thread with a fixed seed, in a fresh interpreter of its own: fastText's Hogwild updates over
+several threads are not reproducible, and inside a long-lived process (a test worker after many tests) the same
+call, bit for bit the same input, has come out different and even diverged at a rate that trains in a fresh one.
+So the preparation is the same whatever the number of tasks and whatever ran before it. The wheel is
+fasttext-numpy2-wheel (fastText 0.9.2's bindings built for NumPy 2).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 
 HQ, CC = "__label__hq", "__label__cc"
 MAGIC, VERSION = 793712314, 12  # the first two int32 of a fastText .bin (fastText's FASTTEXT_FILEFORMAT_MAGIC_INT32)
+DIVERGED = 3  # the training interpreter's exit status when fastText raised (its "Encountered NaN.")
+_TRAIN = f"""
+import json, sys
+import fasttext
+examples, path, settings = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+try:
+    model = fasttext.train_supervised(examples, thread=1, verbose=0, **settings)
+except RuntimeError as error:
+    print(error, file=sys.stderr)
+    sys.exit({DIVERGED})
+model.save_model(path)
+"""
 
 
 def one_line(text: str) -> str:
@@ -45,17 +62,22 @@ def check_model_file(path: str | Path) -> None:
 
 def train_classifier(reference: list[str], pool: list[str], path: Path, hyperparameters: dict, seed: int) -> int:
     """Train on the first n of `reference` (hq) and of `pool` (cc), n the smaller count, the lines in an order
-    drawn from `seed`; save the model at `path`. Returns n."""
-    import fasttext
-
+    drawn from `seed`; save the model at `path`. Returns n. RuntimeError with fastText's message where its training
+    raised (it diverged)."""
     count = min(len(reference), len(pool))
     lines = [f"{HQ} {one_line(t)}\n" for t in reference[:count]] + [f"{CC} {one_line(t)}\n" for t in pool[:count]]
     order = np.random.default_rng(seed).permutation(len(lines))
     examples = path.with_name("train.txt")
     examples.write_text("".join(lines[i] for i in order))
-    model = fasttext.train_supervised(str(examples), thread=1, seed=seed, verbose=0, **hyperparameters)
-    model.save_model(str(path))
+    settings = json.dumps(dict(hyperparameters) | {"seed": seed})
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAIN, str(examples), str(path), settings], capture_output=True, text=True
+    )
     examples.unlink()
+    if done.returncode == DIVERGED:
+        raise RuntimeError(done.stderr.strip())
+    if done.returncode:
+        raise ChildProcessError(f"fastText's training exited {done.returncode}: {done.stderr.strip()[-2000:]}")
     return count
 
 
