@@ -278,7 +278,8 @@ def scripted(model: GRPOLitModule) -> tuple[list, list]:
     drawn, trained = [], []
     rollout, update = model.rollout, model.update
 
-    def rewards(completions, lengths, answers):
+    def rewards(completions, lengths, records):
+        answers = torch.tensor([record["answer"] for record in records])
         return ((answers % 3 == 0) & (torch.arange(len(answers)) % 2 == 0)).float()
 
     def recorded_rollout(batch):

@@ -5,11 +5,13 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from glm46.sandbox import FAILED, OUTPUT_LIMIT, PASSED, SANDBOX_ERROR, TIMEOUT, Limits, Sandbox
+from glm46.sandbox.runner import sandbox_uid
 
 pytestmark = pytest.mark.sandbox
 
@@ -30,7 +32,7 @@ def run(sandbox, code: str):
     return outcome, time.monotonic() - started
 
 
-def test_a_program_runs_in_its_own_directory_as_nobody_with_its_files(sandbox):
+def test_a_program_runs_in_its_own_directory_as_a_user_of_its_own_with_its_files(sandbox):
     outcome = sandbox.run(
         {"program.py": "import os, helper; print(os.getcwd(), os.getuid(), helper.X)", "helper.py": "X = 7"},
         ["program.py"],
@@ -38,7 +40,7 @@ def test_a_program_runs_in_its_own_directory_as_nobody_with_its_files(sandbox):
     )
     assert outcome.status == PASSED and outcome.stdout.split() == [
         "/work",
-        str(65534 if os.geteuid() == 0 else os.getuid()),
+        str(sandbox_uid() if os.geteuid() == 0 else os.getuid()),
         "7",
     ]
     failed, _ = run(sandbox, "raise SystemExit(3)")
@@ -67,17 +69,33 @@ def test_an_output_flood_is_cut_at_its_bound_and_killed(sandbox):
     assert seconds < SLACK
 
 
+STORM = (
+    "import os, time\nwhile True:\n    try:\n        os.fork()\n"
+    "    except OSError:\n        print('refused', flush=True)\n        time.sleep(0.5)"
+)
+
+
 def test_a_fork_storm_is_refused_and_leaves_no_process_behind(sandbox):
-    storm = (
-        "import os, time\nwhile True:\n    try:\n        os.fork()\n"
-        "    except OSError:\n        print('refused', flush=True)\n        time.sleep(0.5)"
-    )
-    outcome, seconds = run(sandbox, storm)
+    outcome, seconds = run(sandbox, STORM)
     assert outcome.status == TIMEOUT and seconds < LIMITS.wall_seconds + SLACK
     assert "refused" in outcome.stdout  # at the process bound, long before the wall clock
     time.sleep(0.5)
-    survivors = [p for p in Path("/proc").glob("[0-9]*") if _uid(p) == 65534 and "program.py" in _cmdline(p)]
+    uid = sandbox_uid() if os.geteuid() == 0 else os.getuid()
+    survivors = [p for p in Path("/proc").glob("[0-9]*") if _uid(p) == uid and "program.py" in _cmdline(p)]
     assert not survivors, f"{len(survivors)} processes of the storm outlived the sandbox"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root each sandbox runs as a user of its own (CI runs as root)")
+def test_a_fork_storm_does_not_take_the_process_bound_of_a_sandbox_running_beside_it(sandbox):
+    """A process bound counts all of a user's processes: sandboxes sharing one user (nobody) would share it."""
+    children = "import subprocess, sys\nfor _ in range(4):\n    subprocess.run([sys.executable, '-c', ''], check=True)"
+    with ThreadPoolExecutor(1) as pool:
+        storm = pool.submit(run, sandbox, STORM)
+        time.sleep(1.5)  # the storm holds its bound, refused
+        outcome, _ = run(sandbox, children + "\nprint('ok')")
+        stormed, _ = storm.result()
+    assert stormed.status == TIMEOUT and "refused" in stormed.stdout
+    assert outcome.status == PASSED and outcome.stdout.strip() == "ok", outcome.stderr
 
 
 def test_no_socket_reaches_this_machine(sandbox):

@@ -38,6 +38,16 @@ def group_advantages(
     return advantages.view(-1)
 
 
+def unscored_filled(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Rewards [N] with each NaN (a row its verifier could not score: a sandbox that did not start) replaced by the
+    mean of its group's scored rows (0 where none is): the group's mean is unchanged, the row's advantage is 0, and
+    the caller leaves it out of the loss."""
+    groups = rewards.view(-1, group_size)
+    scored = ~groups.isnan()
+    means = torch.where(scored, groups, 0.0).sum(1, keepdim=True) / scored.sum(1, keepdim=True).clamp(min=1)
+    return torch.where(scored, groups, means).view(-1)
+
+
 def flat_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """Which groups' rewards are all equal [prompts]: their advantages are 0 and give no gradient (DAPO's dynamic
     sampling, arXiv:2503.14476, drops them). rewards [N] lie group by group, as group_advantages takes them."""

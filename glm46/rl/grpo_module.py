@@ -5,8 +5,10 @@ in slime (github.com/THUDM/slime). One rollout batch per training step:
 1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` with the model's
    KV-cache `generate` (prompts of different lengths left-padded in one batch); a completion ends at
    GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
-2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0); advantages are normalised
-   within each prompt's group (glm46.rl.core_algos.group_advantages).
+2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0), or for a code prompt from
+   glm46.rl.code_reward (the share of its tests passed in the sandbox; a row the sandbox could not score takes its
+   group's mean reward and is left out of the loss); advantages are normalised within each prompt's group
+   (glm46.rl.core_algos.group_advantages).
 3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
    against the rollout policy's log-probs (glm46.rl.core_algos.policy_loss), token mean over completion tokens.
 
@@ -60,6 +62,7 @@ from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank
 from glm46.peft import adapters_disabled
 from glm46.peft.merge import merged_weights
 from glm46.peft.settings import TRAINED_WHOLE
+from glm46.rl.code_reward import Verifier
 from glm46.rl.core_algos import (
     AGGREGATIONS,
     flat_groups,
@@ -67,16 +70,17 @@ from glm46.rl.core_algos import (
     policy_loss,
     token_logprobs,
     truncated_importance_weights,
+    unscored_filled,
     width_groups,
 )
 from glm46.rl.dynamic_sampling import Refill
 from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
 from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
-from glm46.rl.rewards import verify
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
 from glm46.rl.rollout_batch import Rollout
 from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
+from glm46.sandbox import Sandbox
 
 
 def starting_policy(config, init_from: str | None, device: torch.device) -> GLM46ForCausalLM:
@@ -90,6 +94,11 @@ def starting_policy(config, init_from: str | None, device: torch.device) -> GLM4
 
 
 log = rank_zero_logger(__name__)
+
+
+def unscored_as_nan(rewards: list[float | None], device: torch.device) -> torch.Tensor:
+    """A verifier's rewards [N], NaN where it could not score (None)."""
+    return torch.tensor([float("nan") if r is None else r for r in rewards], dtype=torch.float32, device=device)
 
 
 @dataclass
@@ -143,13 +152,14 @@ class GRPOLitModule(GLM46LitModule):
         gradient_clip_val: float | None = None,
         seed: int = 0,
         reward_mix: RewardSettings | None = None,
-        reward: Callable[[Mapping, str], float] = verify,
+        reward: Callable[[Mapping, str], float | None] | None = None,
         **kwargs,
     ):
         """The GLM46LitModule arguments, plus the RL phase's GRPO settings (`phase.grpo`; conf/module/grpo.yaml),
         where its rollouts are sampled (`phase.rollout`; None: the model's own generate) and how they are scored
         (`phase.reward`: the verifier, and a reward model when set; glm46.rl.rlhf). reward(record, completion text)
-        is the verifier of a completion of a prompt record {"answer": int}."""
+        is the verifier of a completion of a prompt record {"answer": int, "tests": [...]} (None: glm46.rl.code_reward's
+        Verifier, code prompts in phase.reward.sandbox); it returns None where it could not score."""
         super().__init__(*args, **kwargs)
         self.model.mtp_layers.requires_grad_(False)  # not trained in RL (DDP would find them unused in the loss)
         self.automatic_optimization = False
@@ -161,8 +171,8 @@ class GRPOLitModule(GLM46LitModule):
         self.engine: VLLMRolloutEngine | None = None  # on global rank 0, with engine=vllm
         self.engine_step = -1  # the global step whose weights the engine holds
         self.gradient_clip_val, self.seed = gradient_clip_val, seed
-        self.reward = reward
         self.reward_mix = reward_mix or RewardSettings()
+        self.reward = reward or Verifier(Sandbox(self.reward_mix.sandbox))
         self.mixed_reward = MixedReward(self.reward_mix, Path(tokenizer_path), torch.device("cpu"))  # not a submodule
         self.monitor = get_method(self.reward_mix.monitor) if self.reward_mix.monitor else None
         self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
@@ -272,11 +282,20 @@ class GRPOLitModule(GLM46LitModule):
             self.completion_lengths(completions),
         )
 
-    def rewards(self, completions: torch.Tensor, lengths: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    def records(self, batch: dict[str, torch.Tensor], samples: int = 1) -> list[dict]:
+        """Each prompt's record for the verifier, `samples` times in a row: {"answer": int, "tests": [a code
+        prompt's tests] or []}."""
+        tests = [
+            self.tokenizer.decode(ids[:n].tolist()).split("\n") if n else []
+            for ids, n in zip(batch["tests_ids"].tolist(), batch["tests_length"].tolist())
+        ]
+        records = [{"answer": a, "tests": t} for a, t in zip(batch["answer"].tolist(), tests)]
+        return [record for record in records for _ in range(samples)]
+
+    def rewards(self, completions: torch.Tensor, lengths: torch.Tensor, records: list[dict]) -> torch.Tensor:
+        """The verifier's reward of each completion [N] (NaN where it could not score)."""
         texts = [self.tokenizer.decode(c[:n].tolist()) for c, n in zip(completions, lengths.tolist())]
-        return torch.tensor(
-            [self.reward({"answer": a}, t) for a, t in zip(answers.tolist(), texts)], device=self.device
-        )
+        return unscored_as_nan([self.reward(r, t) for r, t in zip(records, texts)], self.device)
 
     def layout(
         self, batch: dict[str, torch.Tensor], prompt_lengths: torch.Tensor, completions: torch.Tensor, lengths
@@ -363,7 +382,7 @@ class GRPOLitModule(GLM46LitModule):
             prompt_lengths, completions, lengths = self.sample(
                 batch, samples, self.temperature, self.generators(batch, samples)
             )
-        rewards = self.rewards(completions, lengths, batch["answer"].repeat_interleave(samples))
+        rewards = self.rewards(completions, lengths, self.records(batch, samples))
         rollout = Rollout(*self.layout(batch, prompt_lengths, completions, lengths), advantages=None)
         if engine_logprobs is not None:  # at the positions of their targets, as the trainer's log-probs
             rollout.engine_logprobs = torch.zeros_like(rollout.mask)
@@ -373,7 +392,7 @@ class GRPOLitModule(GLM46LitModule):
 
     def play(self, batch: dict[str, torch.Tensor], samples: int, turns: TurnGenerator) -> list[Episode]:
         """Every prompt's `samples` episodes: a prompt that lists tools may call them (the calculator)."""
-        records = [{"answer": a} for a in batch["answer"].repeat_interleave(samples).tolist()]
+        records = self.records(batch, samples)
         tools = batch["tools"].repeat_interleave(samples).tolist()
         environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
         return run_episodes(
@@ -403,7 +422,7 @@ class GRPOLitModule(GLM46LitModule):
         for ending in ENDINGS:
             self.log(f"rl/ended_{ending}", sum(e.ended == ending for e in played) / len(played), sync_dist=True)
         rollout = Rollout(input_ids, targets, mask, None, engine_logprobs=logprobs if engine else None)
-        return rollout, torch.tensor([e.reward for e in played], device=self.device)
+        return rollout, unscored_as_nan([e.reward for e in played], self.device)
 
     def agree(self, budget: int, done: bool) -> tuple[int, bool]:
         """run_episodes' step across ranks: the largest turn budget, and whether every rank's episodes have ended."""
@@ -417,6 +436,11 @@ class GRPOLitModule(GLM46LitModule):
         started = time.perf_counter()
         rollout, verified = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
         seconds = time.perf_counter() - started
+        unscored = verified.isnan()  # the sandbox could not score them: no reward, and out of the loss
+        self.log("rl/unscored", unscored.float().mean(), sync_dist=True)
+        if unscored.any():
+            verified = unscored_filled(verified, self.grpo.samples_per_prompt)
+            rollout.mask[unscored] = 0.0
         rewards, parts = self.mixed_reward(verified, rollout.input_ids, row_lengths(rollout.mask))
         rollout.rewards, rollout.advantages = rewards, self.estimate_advantages(rollout, rewards)
         lengths = rollout.mask.sum(1)  # the model's own tokens
@@ -621,9 +645,9 @@ class GRPOLitModule(GLM46LitModule):
             turns = ModelTurns(
                 self.model, self.stop_ids, self.pad_id, self.device, temperature, generators, self.all_finished
             )
-            return torch.tensor([e.reward for e in self.play(batch, 1, turns)], device=self.device)
+            return unscored_as_nan([e.reward for e in self.play(batch, 1, turns)], self.device)
         _, completions, lengths = self.sample(batch, 1, temperature, generators)
-        return self.rewards(completions, lengths, batch["answer"])
+        return self.rewards(completions, lengths, self.records(batch))
 
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -631,7 +655,7 @@ class GRPOLitModule(GLM46LitModule):
             self.val_rewards.append(self.verified(batch, 0.0, None))
             return
         prompt_lengths, completions, lengths = self.sample(batch, 1, 0.0, None)
-        self.val_rewards.append(self.rewards(completions, lengths, batch["answer"]))
+        self.val_rewards.append(self.rewards(completions, lengths, self.records(batch)))
         if self.monitor is not None or self.mixed_reward.model is not None:
             input_ids, _, mask = self.layout(batch, prompt_lengths, completions, lengths)
             if self.monitor is not None:

@@ -2,11 +2,13 @@
 with a reference assistant reply): each sample is the conversation's ids up to and including the
 `<|assistant|>` that opens the reply to its last user turn (where the policy starts; a reply with tool calls
 goes on after their results), right-padded to seq_len, with its length, the reference answer (the integer of
-the reference's last turn, which glm46.rl.rewards.verify checks completions against), whether the prompt lists
-tools (GLM's tools block: the episode may call them, glm46.rl.episodes) and its global sample
+the reference's last turn, which glm46.rl.rewards.verify checks completions against), a code prompt's tests (the
+lines of the reference's ```tests block, glm46.rl.code_reward, as their ids; a code prompt's answer is 0 and unread),
+whether the prompt lists tools (GLM's tools block: the episode may call them, glm46.rl.episodes) and its global sample
 index (which seeds its completions' sampling, so that a prompt draws the same completions on any rank of any layout).
 
-    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B], "tools": [B], "index": [B]}
+    batch = {"prompt_ids": [B, seq_len], "prompt_length": [B], "answer": [B], "tests_ids": [B, seq_len],
+             "tests_length": [B], "tools": [B], "index": [B]}
     prompt = batch["prompt_ids"][i, : batch["prompt_length"][i]]        # ends with <|assistant|>
     reward = verify({"answer": batch["answer"][i]}, tokenizer.decode(completion))
 
@@ -26,6 +28,7 @@ from glm46.data.chat import ChatTokens, reply_span, reply_starts
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.data.windows import MixtureWindows
 from glm46.lit.shard_data import ShardDataModule
+from glm46.rl.code_reward import extract_tests
 from glm46.rl.rewards import extract_answer
 
 
@@ -41,13 +44,27 @@ class Prompts(MixtureWindows):
         document = np.asarray(self.streams[domain][start : start + length], dtype=np.int64)
         end, last = reply_span(document, self.chat)
         reply = self.tokenizer.decode(document[last:-1].tolist())  # the reference's last turn, without <|endoftext|>
-        answer = extract_answer(reply)
-        if answer is None:
-            raise ValueError(f"the reference reply {reply!r} has no final 'Answer: <integer>' (glm46.rl.rewards)")
-        prompt = np.full(self.seq_len, self.pad_id, dtype=np.int64)
+        answer, tests = extract_answer(reply), extract_tests(reply)
+        if answer is None and not tests:
+            raise ValueError(
+                f"the reference reply {reply!r} has neither a final 'Answer: <integer>' (glm46.rl.rewards) nor a "
+                "```tests block (glm46.rl.code_reward)"
+            )
+        prompt, tests_ids = np.full((2, self.seq_len), self.pad_id, dtype=np.int64)
         prompt[:end] = document[:end]
+        encoded = self.tokenizer.encode("\n".join(tests)) if tests else []
+        if len(encoded) > self.seq_len:
+            raise ValueError(f"the tests of {reply!r} are {len(encoded)} tokens, more than seq_len={self.seq_len}")
+        tests_ids[: len(encoded)] = encoded
         tools = np.bool_(self.chat.tool_call is not None and (document[:end] == self.chat.tool_call).any())
-        return {"prompt_ids": prompt, "prompt_length": np.int64(end), "answer": np.int64(answer), "tools": tools}
+        return {
+            "prompt_ids": prompt,
+            "prompt_length": np.int64(end),
+            "answer": np.int64(0 if tests else answer),
+            "tests_ids": tests_ids,
+            "tests_length": np.int64(len(encoded)),
+            "tools": tools,
+        }
 
     def batch(self, number: int) -> dict[str, torch.Tensor]:
         return super().batch(number) | {"index": torch.from_numpy(self.indices(number))}

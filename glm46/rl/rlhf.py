@@ -24,6 +24,7 @@ from glm46.checkpoint import find_weights
 from glm46.data.tokenizer import check_same_tokenizer
 from glm46.errors import ConfigError
 from glm46.rl.reward_export import INFO_FILE, RewardModel, load_reward_model
+from glm46.sandbox import KINDS
 
 
 @dataclass
@@ -33,6 +34,7 @@ class RewardSettings:
     model: Optional[str] = None  # a reward model's run directory or export (module=reward_model); None: the verifier
     verifier_weight: float = 1.0
     model_weight: float = 1.0
+    sandbox: str = "bubblewrap"  # where code prompts' programs run (glm46.rl.code_reward): bubblewrap, or none
     # `module.function(prompt text, completion text) -> float`: a rule the policy is not trained on, logged beside the
     # rewards (rl/monitor, val/monitor) to see whether it over-optimises the reward model; None: none
     monitor: Optional[str] = None
@@ -47,6 +49,8 @@ class RewardSettings:
             raise ConfigError(
                 "phase.reward.verifier_weight=0 and no phase.reward.model: nothing would score a completion"
             )
+        if self.sandbox not in KINDS:
+            raise ConfigError(f"phase.reward.sandbox={self.sandbox!r}: expected one of {list(KINDS)}")
         if self.monitor is not None:
             try:
                 get_method(self.monitor)

@@ -7,8 +7,9 @@ Each run gets a process tree of its own inside bubblewrap (Debian's `bubblewrap`
   with), a private /tmp, and a working directory of its own (/work) holding the files given; nothing else of this
   machine (the user's files, the repository, the data) exists inside;
 - limits (util-linux's prlimit, inherited by everything the program starts): CPU seconds, address space, processes,
-  the size of a file written, open files; run as `nobody` when started by root (a root caller's process count has
-  no bound otherwise);
+  the size of a file written, open files; when started by root, run as a user id of its own with no capabilities
+  (`sandbox_uid`: a root caller's process count has no bound, and a process bound counts all of a user's processes,
+  so concurrent sandboxes (RL ranks, an evaluation's requests) sharing `nobody` would count each other's);
 - a wall-clock bound, at which the whole tree is killed (the process group, and bubblewrap's PID namespace with it),
   and a bound on the output read back (beyond it the tree is killed as well).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 KINDS = ("bubblewrap", "none")
-NOBODY = 65534
+UID_BASE = 1_000_000_000  # sandbox user ids: this + the calling thread's id (below pid_max, 2**22), no passwd entry
 WORKDIR = "/work"  # the program's working directory inside the sandbox
 # How a run ended: the program's own outcome, a bound it hit, or the sandbox's failure (not the program's)
 PASSED, FAILED, TIMEOUT, OUTPUT_LIMIT, SANDBOX_ERROR = "passed", "failed", "timeout", "output_limit", "sandbox_error"
@@ -95,23 +96,23 @@ class Sandbox:
                 path = Path(folder) / name
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(text)
-            as_nobody = os.geteuid() == 0 and self.kind == "bubblewrap"
-            if as_nobody:  # the program's own files and directory, writable by it alone
+            uid = sandbox_uid() if os.geteuid() == 0 and self.kind == "bubblewrap" else None
+            if uid is not None:  # the program's own files and directory, writable by it alone
                 for path in [Path(folder), *Path(folder).rglob("*")]:
-                    os.chown(path, NOBODY, NOBODY)
+                    os.chown(path, uid, uid)
             # -E -s: no PYTHON* variables, no user site (the script's own directory stays importable)
-            return self._execute(Path(folder), [self.python, "-E", "-s", *argv], stdin, as_nobody)
+            return self._execute(Path(folder), [self.python, "-E", "-s", *argv], stdin, uid)
 
-    def _command(self, folder: Path, program: list[str], start_fd: int, as_nobody: bool) -> list[str]:
-        """prlimit's bounds, then bubblewrap (as root: privileged, then `nobody` with no capabilities by setpriv;
+    def _command(self, folder: Path, program: list[str], start_fd: int, uid: int | None) -> list[str]:
+        """prlimit's bounds, then bubblewrap (as root: privileged, then user `uid` with no capabilities by setpriv;
         otherwise unprivileged, in a user namespace of its own), then bash, which writes to `start_fd` once the
         sandbox stands (its failure to stand is then told from the program's) and becomes the program."""
-        limits = self.limits
+        as_root, limits = uid is not None, self.limits
         prlimit = [
             "prlimit",
             f"--cpu={limits.cpu_seconds}",
             f"--as={limits.memory_bytes}",
-            f"--nproc={limits.processes if as_nobody else limits.processes + _processes_of_this_user()}",
+            f"--nproc={limits.processes if as_root else limits.processes + _processes_of_this_user()}",
             f"--fsize={limits.file_bytes}",
             f"--nofile={limits.open_files}",
             "--core=0",
@@ -131,12 +132,12 @@ class Sandbox:
         for parent in reversed(python_home.parents[:-1]):  # traversable, holding nothing else (/root is 0700)
             system += ["--perms", "0755", "--dir", str(parent)]
         namespaces = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
-        drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all"]
+        drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all"]
         drop.append("--bounding-set=-all")
         return [
             *prlimit,
             "bwrap",
-            *(namespaces if as_nobody else ["--unshare-all"]),
+            *(namespaces if as_root else ["--unshare-all"]),
             "--die-with-parent",
             "--new-session",
             "--clearenv",
@@ -153,17 +154,17 @@ class Sandbox:
             "--perms", "1777", "--tmpfs", "/tmp",
             "--bind", str(folder), WORKDIR,
             "--chdir", WORKDIR,
-            *(drop if as_nobody else []),
+            *(drop if as_root else []),
             *started,
             *program,
         ]  # fmt: skip
 
-    def _execute(self, folder: Path, program: list[str], stdin: str, as_nobody: bool) -> Outcome:
+    def _execute(self, folder: Path, program: list[str], stdin: str, uid: int | None) -> Outcome:
         started = time.monotonic()
         start_read, start_write = os.pipe()
         try:
             process = subprocess.Popen(
-                self._command(folder, program, start_write, as_nobody),
+                self._command(folder, program, start_write, uid),
                 cwd=folder,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -236,6 +237,12 @@ def _kill_group(process: subprocess.Popen) -> None:
         os.killpg(process.pid, 9)
     except ProcessLookupError:
         pass
+
+
+def sandbox_uid() -> int:
+    """The user id a root caller's sandbox runs as: UID_BASE + the calling thread's id, which no other live thread
+    of this machine holds, so no two sandboxes running at once share one (nor their process bound)."""
+    return UID_BASE + threading.get_native_id()
 
 
 def _processes_of_this_user() -> int:
