@@ -67,8 +67,9 @@ def test_prompts_end_with_the_assistant_token_and_carry_the_reference_answer(dat
     tokenizer = dm.tokenizer
     tokens = dm.streams["rl"].train
     batch = next(iter(dm.train_dataloader()))
-    assert set(batch) == {"prompt_ids", "prompt_length", "answer", "tools", "index"}
+    assert set(batch) == {"prompt_ids", "prompt_length", "answer", "tests_ids", "tests_length", "tools", "index"}
     assert batch["prompt_ids"].shape == (8, 128) and not batch["tools"].any()  # no tools block in these prompts
+    assert not batch["tests_length"].any()  # integer answers, no code prompt's tests (tests/test_code_rl.py)
     assert batch["index"].tolist() == list(range(8))  # the global sample indices: they seed each prompt's sampling
     for ids, length, answer in zip(batch["prompt_ids"], batch["prompt_length"], batch["answer"]):
         prompt = tokenizer.decode(ids[:length].tolist())

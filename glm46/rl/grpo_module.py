@@ -286,7 +286,7 @@ class GRPOLitModule(GLM46LitModule):
         """Each prompt's record for the verifier, `samples` times in a row: {"answer": int, "tests": [a code
         prompt's tests] or []}."""
         tests = [
-            self.tokenizer.decode(ids[:n].tolist()).split("\n") if n else []
+            self.tokenizer.decode(ids[:n]).split("\n") if n else []
             for ids, n in zip(batch["tests_ids"].tolist(), batch["tests_length"].tolist())
         ]
         records = [{"answer": a, "tests": t} for a, t in zip(batch["answer"].tolist(), tests)]
