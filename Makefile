@@ -11,6 +11,8 @@ PIP := $(PYTHON) -m pip
 # and tests/test_bench_peers.py, comes without its declared dependencies (those of its own trainer and data loaders);
 # then what importing its models needs: tyro (its config), torchdata, triton (its MoE's padding kernel). First, Debian's
 # bubblewrap, the sandbox of model-written code (glm46.sandbox), where it is missing and apt-get can install it.
+# bfcl-eval (BFCL's questions and AST checker, glm46.eval.bfcl) comes without its dependencies: they pin NumPy 1.26
+# and bring the API clients of its model handlers, which scoring does not use.
 install:
 	@command -v bwrap >/dev/null || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap; } \
@@ -19,6 +21,7 @@ install:
 	$(PIP) install --quiet --no-build-isolation "deepspeed>=0.19,<0.20"
 	$(PIP) install --quiet -e ".[dev,deepspeed]"
 	$(PIP) install --quiet --no-deps torchtitan==0.2.2
+	$(PIP) install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PIP) install --quiet "tyro>=1,<2" triton==3.9.0 torchdata==0.11.0
 
 run: install

@@ -45,14 +45,16 @@ MATH = [
 ]  # fmt: skip
 AIME = [{"id": i, "problem": f"Find the remainder when ${a}^2$ is divided by 1000.", "answer": str(a * a % 1000)}
         for i, a in enumerate([37, 101, 999])]  # fmt: skip
+# Not change_case:english_lowercase: its check asks langdetect, which draws at random (lm-eval does not seed it), and
+# on a random model's words two runs disagree
 IFEVAL = [
     {"key": 1, "prompt": "Write about apples in fewer than 3 sentences.",
      "instruction_id_list": ["length_constraints:number_sentences"],
      "kwargs": [{"relation": "less than", "num_sentences": 3}]},
     {"key": 2, "prompt": "Describe a river. Do not use any commas.", "instruction_id_list": ["punctuation:no_comma"],
      "kwargs": [{}]},
-    {"key": 3, "prompt": "Name a colour, in lowercase letters only.",
-     "instruction_id_list": ["change_case:english_lowercase", "detectable_format:title"], "kwargs": [{}, {}]},
+    {"key": 3, "prompt": "Name a colour, with a title, in double quotes.",
+     "instruction_id_list": ["startend:quotation", "detectable_format:title"], "kwargs": [{}, {}]},
 ]  # fmt: skip
 
 

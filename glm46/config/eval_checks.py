@@ -16,12 +16,15 @@ def check_benchmarks(cfg: DictConfig) -> None:
     if cfg.task not in ("eval", "train") or (cfg.task == "train" and not cfg.eval.after_train):
         return
     from glm46.eval.benchmarks import bundled_entry, local_sources  # lm-eval's index: only for an evaluation
+    from glm46.eval.bfcl import GROUP, bfcl_names, check_bfcl
     from glm46.eval.code_tasks import is_code_task
     from glm46.sandbox import KINDS, Sandbox
 
     settings = cfg.eval
     names = [name for name in settings.tasks if not str(name).startswith("glm46")]
     own = [p.stem for p in Path(settings.include_path).rglob("*.yaml")] if settings.get("include_path") else []
+    check_bfcl(names)
+    own += bfcl_names(names) + [GROUP]
     local_sources(names, settings.get("benchmark_dir"), own)
     if settings.sandbox not in KINDS:
         raise ConfigError(f"eval.sandbox={settings.sandbox!r}: expected one of {list(KINDS)}")

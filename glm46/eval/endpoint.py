@@ -24,6 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from glm46.errors import ConfigError
+from glm46.eval.bfcl import CATEGORIES as BFCL_TASKS
 
 LOGLIKELIHOOD = ("loglikelihood", "multiple_choice", "loglikelihood_rolling")
 APIS = {"completions": ("local-completions", "completions"), "chat": ("local-chat-completions", "chat/completions")}
@@ -78,6 +79,11 @@ def check_endpoint_tasks(tasks: Iterable, api: str) -> None:
             raise ConfigError(
                 f"eval.tasks: {name} scores log-likelihoods ({task.OUTPUT_TYPE}), which the chat API does not return: "
                 "use eval.endpoint_api=completions (its echoed prompt log-probs), or drop the task"
+            )
+        if api == "chat" and name in BFCL_TASKS:
+            raise ConfigError(
+                f"eval.tasks: {name}'s prompts are GLM's template with the functions as its tools, which the chat API "
+                "would wrap in another: use eval.endpoint_api=completions"
             )
         if (config.generation_kwargs or {}).get("tools"):
             raise ConfigError(

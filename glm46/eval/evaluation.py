@@ -23,6 +23,8 @@ from omegaconf import DictConfig
 from glm46.checkpoint.hub_files import find_weights
 from glm46.errors import ConfigError
 from glm46.eval.benchmarks import benchmark_folder, bundled_entry, local_copies, local_sources
+from glm46.eval.bfcl import GROUP as BFCL_GROUP
+from glm46.eval.bfcl import write_bfcl_tasks
 from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
 from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model
 from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
@@ -207,6 +209,8 @@ def evaluate(
 
     start, folder = time.perf_counter(), Path(output_dir) / "eval"
     ours = write_tasks(settings, folder / "tasks")
+    ours += write_bfcl_tasks(settings.tasks, folder / "tasks", settings.max_gen_toks)  # glm46's tasks of BFCL's data
+    ours += [BFCL_GROUP] if BFCL_GROUP in settings.tasks else []
     sources = local_sources([t for t in settings.tasks if t not in ours], settings.get("benchmark_dir"))
     code = write_code_tasks([t for t in settings.tasks if t not in ours], folder / "tasks")
     folders = [benchmark_folder(t) for t in settings.tasks if t not in ours + code]
