@@ -9,18 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from glm46.data.chat import EOS, render_chat
 from glm46.data.documents import Ledger
 from glm46.data.pipeline import DEDUP_DEFAULTS, prepare_dataset, run_preparation
 from glm46.data.preference import SIDES, read_preference
-from glm46.data.preference_task import STYLES, preference_pairs, write_task
+from glm46.data.preference_task import STYLES, preference_pairs, style_prompts, write_task
 from glm46.data.quality import QualityRules
 from glm46.data.tokenizer import GLMTokenizer
 from glm46.lit.preference_data import REFERENCE, PreferenceDataModule, split_pair
 from glm46.rl.style_rule import follows_style
 
 VOCAB = 400
+ROOT = Path(__file__).resolve().parents[1]
 
 GOOD = {"prompt": "What is 2 + 2?", "chosen": "Answer: 4", "rejected": "Answer: 5"}
 BAD_LINES = [  # (line, reason)
@@ -215,3 +217,12 @@ def test_shuffled_labels_swap_every_other_training_draw_and_no_held_out_pair(pre
         assert torch.equal(shuffled[chosen][odd], plain[rejected][odd])
         assert torch.equal(shuffled[chosen][~odd], plain[chosen][~odd])
     assert all(torch.equal(val[key], shuffled_val[key]) for key in val)
+
+
+def test_no_rl_or_held_out_prompt_is_a_prompt_the_reward_model_and_dpo_train_on():
+    """The style prompts (RL's, and the held-out skill) and the pairs' prompts come from two halves of the prompt
+    space: at the toy run's counts none is shared (drawn from one space, 31% of the distinct style prompts were)."""
+    options = OmegaConf.load(ROOT / "conf/source/embedded_preference.yaml").options
+    pairs = {json.dumps(r["prompt"]) for r in preference_pairs(options.preference_pairs, 0)}
+    prompts = {json.dumps(r["messages"][:-1]) for r in style_prompts(options.style_prompts, 0)}
+    assert len(pairs) > 2000 and len(prompts) > 1500 and not pairs & prompts

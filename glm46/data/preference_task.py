@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import random
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -40,21 +41,35 @@ def styled_reply(step: str, answer: int, style: str) -> str:
     return f"Answer: {answer}" if style == "brief" else f"{step}\nAnswer: {answer}"
 
 
-def style_problem(rng: random.Random) -> tuple[list[dict], str, str, int]:
-    """(the prompt's messages, the requested style, the worked step, the answer)."""
-    expression, step, answer = expression_problem(rng)
-    style = rng.choice(sorted(STYLES))
-    system = rng.choice(SYSTEM_PROMPTS[:3])  # none or the neutral one: no system prompt that asks for a style
-    question = rng.choice(QUESTIONS).format(expression) + f" End with a line 'Answer: <integer>'. {STYLES[style]}"
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
-    return messages, style, step, answer
+SIDES = ("pairs", "prompts")
+
+
+def side_of(messages: list[dict]) -> str:
+    """The half of the prompt space a prompt belongs to, by a stable hash of its messages: the pairs draw from one,
+    RL's prompts and the held-out skill from the other, so that no held-out prompt is ever a pair's (the reward
+    model and DPO train on the pairs; drawn from one space, 31% of the distinct prompts were also pairs')."""
+    return SIDES[zlib.crc32(json.dumps(messages).encode()) % 2]
+
+
+def style_problem(rng: random.Random, side: str) -> tuple[list[dict], str, str, int]:
+    """(the prompt's messages, the requested style, the worked step, the answer), from `side`'s half of the
+    prompt space."""
+    while True:
+        expression, step, answer = expression_problem(rng)
+        style = rng.choice(sorted(STYLES))
+        system = rng.choice(SYSTEM_PROMPTS[:3])  # none or the neutral one: no system prompt that asks for a style
+        question = rng.choice(QUESTIONS).format(expression) + f" End with a line 'Answer: <integer>'. {STYLES[style]}"
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": question})
+        if side_of(messages) == side:
+            return messages, style, step, answer
 
 
 def preference_pairs(count: int, seed: int, style_share: float = 0.8) -> Iterator[dict]:
     """`count` pairs in TRL's conversational preference format."""
     rng = random.Random(f"{seed}:preference")
     for i in range(count):
-        messages, style, step, answer = style_problem(rng)
+        messages, style, step, answer = style_problem(rng, "pairs")
         chosen = styled_reply(step, answer, style)
         if rng.random() < style_share:
             rejected = styled_reply(step, answer, "worked" if style == "brief" else "brief")
@@ -71,10 +86,10 @@ def preference_pairs(count: int, seed: int, style_share: float = 0.8) -> Iterato
 
 def style_prompts(count: int, seed: int) -> Iterator[dict]:
     """`count` prompts as chat documents with their chosen reply (source=chat): the RL stages' prompts and the
-    held-out skill; drawn apart from the pairs' (another random stream)."""
+    held-out skill, none of them a pair's prompt (side_of)."""
     rng = random.Random(f"{seed}:prompts")
     for i in range(count):
-        messages, style, step, answer = style_problem(rng)
+        messages, style, step, answer = style_problem(rng, "prompts")
         reply = {"role": "assistant", "content": styled_reply(step, answer, style)}
         yield {"messages": [*messages, reply], "domain": DOMAIN, "id": f"style-{i}"}
 
