@@ -278,6 +278,13 @@ TABLE = [
      [r"phase\.grpo\.max_draws=0 must be >= 1 \(rollout batches per update\)"]),
     ("ppo-dynamic-sampling", RL, ["module=ppo", "phase.grpo.dynamic_sampling=true"], VALIDATE,
      [r"phase\.grpo\.dynamic_sampling=true with module=ppo: PPO's advantages come from its critic's values"]),
+    ("ppo-two-kl-penalties", RL, ["module=ppo", "phase.grpo.kl_coef=0.05", "phase.ppo.kl_coef=0.05"], VALIDATE,
+     [r"phase\.grpo\.kl_coef=0\.05 with module=ppo: PPO's KL is its penalty in the token rewards"]),
+    ("ppo-adaptive-kl-from-zero", RL, ["module=ppo", "phase.ppo.kl_target=0.01"], VALIDATE,
+     [r"phase\.ppo\.kl_target=0\.01: an adaptive KL needs kl_target > 0, kl_horizon > 0 \(got 10000\) and a "
+      r"starting kl_coef > 0 \(got 0\.0\)"]),
+    ("rl-dual-clip-below-one", RL, ["phase.grpo.eps_clip_c=0.5"], VALIDATE,
+     [r"phase\.grpo\.eps_clip_c=0\.5 must be > 1 \(dual clip\), or null"]),
     ("rl-a-group-of-one", RL, ["phase.grpo.samples_per_prompt=1"], VALIDATE,
      [r"phase\.grpo\.samples_per_prompt=1 leaves no group to normalise over"]),
     # -- RL rollouts from an inference engine (phase.rollout)

@@ -162,13 +162,14 @@ def test_later_updates_of_a_rollout_compare_against_the_policy_that_sampled(data
     update moved it; the first update's are its own (ratio 1), so no forward is spent on them."""
     model = module(dataset, updates_per_rollout=2)
     before, losses, forwards = {}, [], []
-    take_old_logprobs, policy_loss, logprobs = model.old_logprobs, grpo_module.policy_loss, model.logprobs
+    take_minibatches, policy_loss, logprobs = model.minibatches, grpo_module.policy_loss, model.logprobs
 
-    def old_logprobs(parts):
+    def minibatches(rollout):
+        parts = rollout.split(2)
         with torch.no_grad():
             before["logprobs"] = [logprobs(part.input_ids, part.targets)[0] for part in parts]
         before["masks"] = [part.mask.bool() for part in parts]
-        take_old_logprobs(parts)
+        yield from take_minibatches(rollout)
 
     def counted_logprobs(*args):
         forwards.append(len(args[0]))
@@ -178,7 +179,7 @@ def test_later_updates_of_a_rollout_compare_against_the_policy_that_sampled(data
         losses.append((logprobs.detach(), old))
         return policy_loss(logprobs, old, *args, **kwargs)
 
-    monkeypatch.setattr(model, "old_logprobs", old_logprobs)
+    monkeypatch.setattr(model, "minibatches", minibatches)
     monkeypatch.setattr(model, "logprobs", counted_logprobs)
     monkeypatch.setattr(grpo_module, "policy_loss", recording_policy_loss)
     fit(model, dataset, tmp_path, max_steps=2)  # one rollout, two updates
@@ -189,6 +190,23 @@ def test_later_updates_of_a_rollout_compare_against_the_policy_that_sampled(data
     torch.testing.assert_close(first_old[first_mask], first_before[first_mask])
     torch.testing.assert_close(second_old[second_mask], second_before[second_mask])
     assert (second[second_mask] - second_before[second_mask]).abs().max() > 1e-4  # the first update moved it
+
+
+def test_a_later_epoch_compares_every_row_against_the_policy_that_sampled_it(dataset, tmp_path, monkeypatch):
+    """epochs=2: the second pass (its rows shuffled) takes each row's old log-probs from the first, the first share's
+    included (taken at its own update, before the policy moved), not from the policy the first pass moved."""
+    model = module(dataset, updates_per_rollout=2, epochs=2)
+    olds, update = [], model.update
+
+    def recorded(part):
+        stats = update(part)
+        olds.append({tuple(r.tolist()): o for r, o in zip(part.input_ids, part.old_logprobs)})
+        return stats
+
+    monkeypatch.setattr(model, "update", recorded)
+    fit(model, dataset, tmp_path, max_steps=4)  # one rollout: two passes of two updates
+    first, second = olds[0] | olds[1], olds[2] | olds[3]
+    assert first.keys() == second.keys() and all(torch.equal(first[row], second[row]) for row in first)
 
 
 def test_the_data_position_counts_prompts_over_data_parallel_ranks(dataset):

@@ -113,6 +113,7 @@ def check_training(cfg: DictConfig) -> None:
         (instantiate, cfg.schedule.lr),
         (instantiate, cfg.guard),
         (OmegaConf.to_object, grpo(cfg)),
+        (OmegaConf.to_object, cfg.phase.get("ppo")),
         (OmegaConf.to_object, cfg.phase.get("rollout")),
         (OmegaConf.to_object, cfg.phase.get("reward")),
         (instantiate, cfg.callbacks.get("prometheus")),
@@ -181,6 +182,12 @@ def check_rl(cfg: DictConfig) -> None:
                 f": the evaluation after training would read {domain} prompts RL trained on"
             )
     settings = grpo(cfg)
+    if ppo(cfg) and settings.kl_coef > 0:
+        raise ConfigError(
+            f"phase.grpo.kl_coef={settings.kl_coef} with module=ppo: PPO's KL is its penalty in the token rewards "
+            f"(phase.ppo.kl_coef, adaptive with phase.ppo.kl_target); GRPO's loss term would add a second one. Set "
+            f"phase.grpo.kl_coef=0"
+        )
     kl = {"phase.grpo.kl_coef": settings.kl_coef, "phase.ppo.kl_coef": cfg.phase.ppo.kl_coef if ppo(cfg) else 0}
     for key, value in kl.items():
         if value > 0 and not cfg.get("init_from"):

@@ -269,11 +269,12 @@ class GLM46LitModule(L.LightningModule):
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
         """Lightning's clipping, except for sharded (DTensor) weights, whose global norm glm46.parallel computes over
-        every weight of the module (the model's, and a head's or a critic's beside it)."""
+        every weight the optimizer steps (the model's, and a head's beside it; a critic's has its own optimizer)."""
         group = self.model_step.group
         sharded = has_dtensor_parameters(self.model) or group is not None
         if gradient_clip_val and gradient_clip_algorithm in (None, "norm") and sharded:
-            clip_grad_norm_(self.parameters(), gradient_clip_val, group)
+            stepped = [p for param_group in optimizer.param_groups for p in param_group["params"]]
+            clip_grad_norm_(stepped, gradient_clip_val, group)
             return
         super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 

@@ -136,6 +136,7 @@ def _check_policy_args(
     kl_coef: float,
     ref_logprobs: torch.Tensor | None,
     token_weights: torch.Tensor | None,
+    eps_clip_c: float | None,
 ) -> None:
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {aggregation!r}; allowed: {', '.join(AGGREGATIONS)}")
@@ -145,6 +146,8 @@ def _check_policy_args(
         raise ValueError(f"need 0 <= eps_low < 1 and eps_high >= 0, got eps_low={eps_low}, eps_high={eps_high}")
     if kl_coef < 0:
         raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
+    if eps_clip_c is not None and eps_clip_c <= 1:
+        raise ValueError(f"eps_clip_c (dual clip) must be > 1, got {eps_clip_c}")
     if kl_coef > 0 and ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs, the reference model's log-probs [B, T]")
     if logprobs.dim() != 2:
@@ -174,16 +177,19 @@ def policy_loss(
     kl_coef: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     token_weights: torch.Tensor | None = None,
+    eps_clip_c: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's clipped surrogate: -min(ratio * A, clamp(ratio, 1 - eps_low, 1 + eps_high) * A) per token, aggregated.
 
     logprobs [B, T] (with grad), old_logprobs [B, T] (the rollout policy's), advantages [B] (GRPO's, one per
     sequence) or [B, T] (PPO's, one per token), mask [B, T] (1 on the completion tokens that count). eps_high None
-    is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds TRL's beta term, the k3 estimate
-    exp(ref - logp) - (ref - logp) - 1 of KL(policy || reference); GLM-4.5 trains without it. token_weights [B, T]
+    is eps_low; DAPO's clip-higher uses 0.28. kl_coef > 0 adds TRL's beta term, the k3 estimate of
+    KL(policy || reference) (kl_estimate); GLM-4.5 trains without it. token_weights [B, T]
     (detached) multiply each token's loss before the aggregation: the truncated importance ratios
     min(exp(old_logprobs - engine_logprobs), C) of a rollout sampled by an inference engine (slime's `--use-tis`,
-    TRL's `vllm_importance_sampling_correction`).
+    TRL's `vllm_importance_sampling_correction`). eps_clip_c > 1 is dual-clip PPO's bound (Ye et al. 2020,
+    arXiv:1912.09729; verl's `clip_ratio_c`, slime's `--eps-clip-c`): where the advantage is negative, a token's loss
+    is at most -eps_clip_c x A, however far the ratio has grown; None: no such bound.
     Returns the loss and detached statistics: clip_fraction (the masked tokens whose clip is active,
     TRL's `clip_ratio/region_mean` and slime's clipfrac), ratio_mean, and kl when ref_logprobs is given.
     """
@@ -200,6 +206,7 @@ def policy_loss(
         kl_coef,
         ref_logprobs,
         token_weights,
+        eps_clip_c,
     )
     valid = mask.bool()
     weights = valid.to(logprobs.dtype)  # [B, T]
@@ -209,6 +216,8 @@ def policy_loss(
     advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages  # [B, 1] or [B, T]
     clipped = ratio.clamp(1 - eps_low, 1 + eps_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)  # [B, T]
+    if eps_clip_c is not None:  # dual clip: a negative advantage's loss is at most -eps_clip_c x A
+        per_token = torch.where(advantages < 0, torch.min(per_token, -eps_clip_c * advantages), per_token)
     if token_weights is not None:
         per_token = per_token * token_weights
     clip_active = ((ratio < 1 - eps_low) & (advantages < 0)) | ((ratio > 1 + eps_high) & (advantages > 0))
@@ -217,8 +226,7 @@ def policy_loss(
         "ratio_mean": _masked_mean(ratio, weights),
     }
     if ref_logprobs is not None:
-        log_ref_ratio = (ref_logprobs - logprobs).masked_fill(~valid, 0.0)  # [B, T]
-        kl = log_ref_ratio.exp() - log_ref_ratio - 1
+        kl = kl_estimate(logprobs, ref_logprobs, "k3").masked_fill(~valid, 0.0)  # [B, T]
         stats["kl"] = _masked_mean(kl, weights)
         if kl_coef > 0:
             per_token = per_token + kl_coef * kl
@@ -330,3 +338,20 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: s
         log_ratio = (ref_logprobs - logprobs).clamp(-20, 20)
         return (log_ratio.exp() - log_ratio - 1).clamp(-10, 10)
     raise ValueError(f"unknown KL estimator {estimator!r}; allowed: {', '.join(KL_ESTIMATORS)}")
+
+
+class KLController:
+    """The coefficient of a KL penalty: fixed (target None), or adapted to a target KL as Ziegler et al. 2019
+    (arXiv:1909.08593) do, and verl's and TRL's `AdaptiveKLController`: after each rollout batch,
+    value *= 1 + clip(kl / target - 1, -0.2, 0.2) x n_steps / horizon, kl the batch's KL estimate and n_steps its
+    sequences, so the coefficient moves by at most 20% per horizon's worth of sequences."""
+
+    def __init__(self, value: float, target: float | None = None, horizon: int = 10000):
+        if target is not None and (target <= 0 or horizon <= 0):
+            raise ValueError(f"an adaptive KL needs target > 0 and horizon > 0, got {target} and {horizon}")
+        self.value, self.target, self.horizon = value, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if self.target is not None:
+            error = min(max(current_kl / self.target - 1, -0.2), 0.2)
+            self.value *= 1 + error * n_steps / self.horizon

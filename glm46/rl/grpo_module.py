@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,11 +109,13 @@ class GRPOSettings:
     samples_per_prompt: int = 16  # the group size
     max_new_tokens: int = 65536
     temperature: float = 1.0
-    updates_per_rollout: int = 1  # optimizer updates per rollout batch, each on its share of the groups
+    updates_per_rollout: int = 1  # optimizer updates per rollout batch and epoch, each on its share of the rows
+    epochs: int = 1  # passes over each rollout batch (PPO's epochs); after the first, the rows in a seeded shuffle
     max_turns: int = 1  # > 1: multi-turn episodes, in which prompts that list tools call them (glm46.rl.episodes)
     max_turn_tokens: int | None = None  # each turn's bound in multi-turn episodes; None: max_new_tokens
     eps_clip: float = 0.2
     eps_clip_high: float | None = None  # None: eps_clip
+    eps_clip_c: float | None = None  # dual-clip PPO's bound on a negative advantage's loss (> 1); None: none
     scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
     loss_aggregation: str = "token_mean"  # token_mean | seq_mean
     kl_coef: float = 0.0  # > 0: TRL's k3 KL term against the starting policy (init_from), held whole on each rank
@@ -132,8 +134,13 @@ class GRPOSettings:
             raise ConfigError(
                 "phase.grpo.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)"
             )
-        if self.updates_per_rollout < 1:
-            raise ConfigError(f"phase.grpo.updates_per_rollout={self.updates_per_rollout} must be >= 1")
+        if self.updates_per_rollout < 1 or self.epochs < 1:
+            raise ConfigError(
+                f"phase.grpo.updates_per_rollout={self.updates_per_rollout} and phase.grpo.epochs={self.epochs} "
+                f"must be >= 1"
+            )
+        if self.eps_clip_c is not None and self.eps_clip_c <= 1:
+            raise ConfigError(f"phase.grpo.eps_clip_c={self.eps_clip_c} must be > 1 (dual clip), or null")
         if self.max_turns < 1:
             raise ConfigError(f"phase.grpo.max_turns={self.max_turns} must be >= 1")
         if self.max_draws < 1:
@@ -479,12 +486,22 @@ class GRPOLitModule(GLM46LitModule):
         """GRPO's: each reward against its prompt's group [N]."""
         return group_advantages(rewards, self.grpo.samples_per_prompt, self.grpo.scale_rewards)
 
-    def old_logprobs(self, parts: list[Rollout]) -> None:
-        """The sampling policy's log-probs of the parts after the first, taken before the first update moves it. The
-        first update's are its own log-probs, detached: the policy has not moved yet (a forward saved)."""
+    def minibatches(self, rollout: Rollout) -> Iterator[Rollout]:
+        """The rollout's updates: `epochs` passes, each in `updates_per_rollout` shares of its rows, the first pass in
+        order (whole groups), the later ones in a shuffle seeded by (seed, step, epoch), as verl and TRL shuffle
+        their PPO epochs. The sampling policy's log-probs of every share but the first are taken before the first
+        update moves it; the first share's are its own at its update, detached (a forward saved)."""
+        parts = rollout.split(self.grpo.updates_per_rollout)
         with torch.no_grad():
             for part in parts[1:]:
-                part.old_logprobs = self.logprobs(part.input_ids, part.targets)[0]
+                if part.old_logprobs is None:
+                    part.old_logprobs = self.logprobs(part.input_ids, part.targets)[0]
+        yield from parts
+        whole = Rollout.concatenated(parts, self.pad_id) if self.grpo.epochs > 1 else rollout
+        for epoch in range(1, self.grpo.epochs):
+            generator = torch.Generator().manual_seed(completion_seed(self.seed, self.trainer.global_step, epoch))
+            order = torch.randperm(len(whole.input_ids), generator=generator).to(whole.input_ids.device)
+            yield from whole.select(order).split(self.grpo.updates_per_rollout)
 
     # -- update
     def logprobs(self, input_ids: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -526,7 +543,9 @@ class GRPOLitModule(GLM46LitModule):
     def policy_objective(self, part: Rollout) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The clipped policy loss of a share of the rollout, and its statistics (the entropy, the engine's gap)."""
         logprobs, entropy = self.logprobs(part.input_ids, part.targets)
-        old = part.old_logprobs if part.old_logprobs is not None else logprobs.detach()
+        if part.old_logprobs is None:  # the first update of the rollout: the policy has not moved yet
+            part.old_logprobs = logprobs.detach()
+        old = part.old_logprobs
         weights, engine_stats = None, {}
         if part.engine_logprobs is not None:
             gap = (old - part.engine_logprobs).abs() * part.mask  # the trainer's vs the engine's, same policy
@@ -546,14 +565,27 @@ class GRPOLitModule(GLM46LitModule):
             kl_coef=self.grpo.kl_coef,
             ref_logprobs=self.reference_logprobs(part.input_ids, part.targets) if self.grpo.kl_coef else None,
             token_weights=weights,
+            eps_clip_c=self.grpo.eps_clip_c,
         )
         entropy = (entropy * part.mask).sum() / part.mask.sum().clamp(min=1)
         return loss, {"entropy": entropy, **stats, **engine_stats}
 
+    def policy_optimizer(self):
+        """The policy's optimizer (Lightning's wrapper: each of its steps is a global step) and its LR schedule: the
+        module's only ones, or the first of several (PPO's critic has its own)."""
+        optimizers, schedulers = self.optimizers(), self.lr_schedulers()
+        if isinstance(optimizers, list):
+            return optimizers[0], schedulers[0]
+        return optimizers, schedulers
+
     def step_optimizer(self, loss: torch.Tensor) -> None:
-        """Backward, the gradients clipped, one optimizer step and its LR schedule."""
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
+        """Backward, then the policy's step."""
         self.manual_backward(loss)  # then Lightning's on_after_backward hook
+        self.step_policy()
+
+    def step_policy(self) -> None:
+        """The policy's gradients clipped, one optimizer step and its LR schedule."""
+        optimizer, scheduler = self.policy_optimizer()
         if self.gradient_clip_val:
             self.configure_gradient_clipping(optimizer, self.gradient_clip_val, "norm")
         optimizer.step()
@@ -575,13 +607,13 @@ class GRPOLitModule(GLM46LitModule):
             rollout = self.refilled(rollout, len(batch["prompt_ids"]))
             if rollout is None:
                 return  # too few varied groups yet: the next rollout batch refills
-        started = time.perf_counter()
-        parts = rollout.split(self.grpo.updates_per_rollout)
-        self.old_logprobs(parts)
-        for part in parts:
+        started, trained = time.perf_counter(), 0.0
+        updates = self.grpo.updates_per_rollout * self.grpo.epochs
+        for part in self.minibatches(rollout):
             stats = self.update(part)
+            trained += float(part.mask.sum())
             # The schedules advance by the prompt rows of the update, as global_batch_tokens counts them.
-            self.tokens_seen += batch["prompt_ids"].numel() * ranks // self.grpo.updates_per_rollout
+            self.tokens_seen += batch["prompt_ids"].numel() * ranks // updates
         seconds = time.perf_counter() - started
         self.prompts_seen, self.prompts_drawn = self.prompts_seen + self.prompts_drawn, 0
         self.reward_history, self.drawn_rewards = self.reward_history + self.drawn_rewards, []  # as the data position
@@ -594,10 +626,9 @@ class GRPOLitModule(GLM46LitModule):
         if self.grpo.dynamic_temperature.enabled:
             self.adjust_temperature()
         self.log("rl/temperature", self.temperature)
-        self.log("optim/lr", self.optimizers().param_groups[0]["lr"])
+        self.log("optim/lr", self.policy_optimizer()[0].param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
-        tokens_per_sec = float(rollout.mask.sum() * self.grpo.updates_per_rollout) / seconds
-        self.log("perf/train_tokens_per_sec", tokens_per_sec, sync_dist=True, reduce_fx="sum")
+        self.log("perf/train_tokens_per_sec", trained / seconds, sync_dist=True, reduce_fx="sum")
 
     # -- dynamic temperature
     def rank_mean(self, value: torch.Tensor) -> float:

@@ -12,9 +12,14 @@ Each rollout batch:
    token (glm46.rl.core_algos.kl_estimate), as verl's `use_kl_in_reward` and TRL's PPO shape them.
 3. GAE with gamma and lambda over the model's tokens (a multi-turn episode's tool results are skipped, not a cut),
    the advantages whitened over every data-parallel rank's tokens; returns = advantages + values.
-4. `updates_per_rollout` updates, each on its share: the clipped policy loss with per-token advantages plus the
-   clipped value loss, in one optimizer whose critic groups run at critic_lr_scale x the actor's LR. For the first
-   `critic_warmup_steps` steps only the critic learns (its values start far from the returns of a new reward).
+4. `epochs` passes over the rollout, each in `updates_per_rollout` minibatches (phase.grpo; the later passes in a
+   seeded shuffle): the clipped policy loss with per-token advantages plus the clipped value loss, one backward,
+   then each model's own gradient clip and optimizer (the critic's at critic_lr_scale x the actor's LR, as verl's
+   and TRL's separate actor and critic optimizers). For the first `critic_warmup_steps` steps only the critic learns
+   (its values start far from the returns of a new reward).
+5. With `kl_target`, the penalty's coefficient adapts after each rollout batch (glm46.rl.core_algos.KLController,
+   Ziegler et al. 2019); without it, it stays at kl_coef. PPO's KL is this penalty alone: phase.grpo.kl_coef, GRPO's
+   loss term, is refused with module=ppo.
 
 The critic takes the actor's layout (FSDP2, EP: sharded, its head replicated and its gradient averaged); the
 reference is held whole on every rank, as the reward model is (glm46.rl.rlhf says why). The critic is in the
@@ -29,6 +34,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+from torch.optim.lr_scheduler import LambdaLR
 
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.weights import load_weights
@@ -41,7 +47,7 @@ from glm46.parallel.data_parallel import (
     data_parallel_rank_and_size,
 )
 from glm46.parallel.materialize import has_meta_tensors, materialize
-from glm46.rl.core_algos import KL_ESTIMATORS, gae_advantages, kl_estimate, masked_whiten, value_loss
+from glm46.rl.core_algos import KL_ESTIMATORS, KLController, gae_advantages, kl_estimate, masked_whiten, value_loss
 from glm46.rl.grpo_module import GRPOLitModule
 from glm46.rl.reward_export import reward_head
 from glm46.rl.rollout_batch import Rollout
@@ -57,8 +63,11 @@ class PPOSettings:
     critic_lr_scale: float = 1.0  # the critic's LR over the actor's
     critic_warmup_steps: int = 0  # steps that train the critic alone (verl's critic_warmup)
     critic_init: Optional[str] = None  # a reward model's export (its head too), or any export; None: the policy's
+    critic_grad_clip: Optional[float] = None  # the critic's gradient-norm clip; None: the actor's value
     kl_coef: float = 0.0  # the KL penalty in the token rewards against the starting policy; 0: no reference held
     kl_estimator: str = "k1"  # k1 | k3 (glm46.rl.core_algos.kl_estimate)
+    kl_target: Optional[float] = None  # the KL the coefficient adapts to (verl's and TRL's adaptive controller)
+    kl_horizon: int = 10000  # sequences over which the coefficient moves by at most 20%
     whiten_advantages: bool = True
 
     def __post_init__(self):
@@ -69,6 +78,13 @@ class PPOSettings:
                 f"phase.ppo: value_clip={self.value_clip} and critic_lr_scale={self.critic_lr_scale} must be > 0, "
                 f"critic_warmup_steps={self.critic_warmup_steps} and kl_coef={self.kl_coef} >= 0"
             )
+        if self.kl_target is not None and (self.kl_target <= 0 or self.kl_horizon <= 0 or self.kl_coef <= 0):
+            raise ConfigError(
+                f"phase.ppo.kl_target={self.kl_target}: an adaptive KL needs kl_target > 0, kl_horizon > 0 "
+                f"(got {self.kl_horizon}) and a starting kl_coef > 0 (got {self.kl_coef})"
+            )
+        if self.critic_grad_clip is not None and self.critic_grad_clip <= 0:
+            raise ConfigError(f"phase.ppo.critic_grad_clip={self.critic_grad_clip} must be > 0, or null")
         if self.kl_estimator not in KL_ESTIMATORS:
             raise ConfigError(f"phase.ppo.kl_estimator={self.kl_estimator!r}: expected {' or '.join(KL_ESTIMATORS)}")
 
@@ -102,6 +118,7 @@ class PPOLitModule(GRPOLitModule):
         """GRPOLitModule's arguments, plus the RL phase's PPO settings (`phase.ppo`; conf/module/ppo.yaml)."""
         super().__init__(*args, **kwargs)
         self.ppo = ppo
+        self.kl = KLController(ppo.kl_coef, ppo.kl_target, ppo.kl_horizon)
         meta = has_meta_tensors(self.model)
         with torch.device("meta") if meta else torch.device("cpu"):
             self.critic = ValueModel(GLM46ForCausalLM(self.config))
@@ -133,21 +150,31 @@ class PPOLitModule(GRPOLitModule):
         """GRPO's KL term, or PPO's KL penalty in the token rewards."""
         return super().uses_reference or self.ppo.kl_coef > 0
 
-    def param_groups(self) -> list[dict]:
-        """The actor's groups, then the critic's at critic_lr_scale x their LR (set in configure_optimizers)."""
-        critic = muon_param_groups(self.critic.backbone)
-        next(group for group in critic if not group["use_muon"])["params"].append(self.critic.head.weight)
-        return super().param_groups() + [group | {"critic": True} for group in critic]
-
     def configure_optimizers(self):
-        configured = super().configure_optimizers()
-        for group in configured["optimizer"].param_groups:
-            if group.get("critic"):
-                group["lr"] *= self.ppo.critic_lr_scale
-                group["initial_lr"] *= self.ppo.critic_lr_scale
-        groups = configured["optimizer"].param_groups
-        configured["lr_scheduler"]["scheduler"].base_lrs = [group["initial_lr"] for group in groups]
-        return configured
+        """The actor's optimizer and schedule, then the critic's: the same optimizer and schedule over its own groups,
+        at critic_lr_scale x the LR."""
+        actor = super().configure_optimizers()
+        groups = muon_param_groups(self.critic.backbone)
+        next(group for group in groups if not group["use_muon"])["params"].append(self.critic.head.weight)
+        optimizer = self.optimizer_factory(groups)
+        for group in optimizer.param_groups:
+            group["lr"] *= self.ppo.critic_lr_scale
+        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens))
+        return [actor, {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}]
+
+    def step_optimizer(self, loss: torch.Tensor) -> None:
+        """One backward of the summed losses, then each model's own clip and step: the critic's first, stepped as
+        torch's optimizer (Lightning counts every step of its wrapped optimizers as a global step: the actor's is
+        the update's one)."""
+        critic, schedule = self.optimizers(use_pl_optimizer=False)[1], self.lr_schedulers()[1]
+        self.manual_backward(loss)
+        clip = self.ppo.critic_grad_clip or self.gradient_clip_val
+        if clip:
+            self.configure_gradient_clipping(critic, clip, "norm")
+        critic.step()
+        critic.zero_grad(set_to_none=True)
+        schedule.step()
+        self.step_policy()
 
     # -- advantages
     @torch.no_grad()
@@ -163,8 +190,11 @@ class PPOLitModule(GRPOLitModule):
         if self.ppo.kl_coef > 0:
             reference = self.reference_logprobs(rollout.input_ids, rollout.targets)
             kl = kl_estimate(rollout.old_logprobs, reference, self.ppo.kl_estimator) * mask
-            token_rewards = token_rewards - self.ppo.kl_coef * kl
+            token_rewards = token_rewards - self.kl.value * kl
             self.log("rl/kl", (kl.sum() / mask.sum().clamp(min=1)), sync_dist=True)
+            self.log("rl/kl_coef", self.kl.value)
+            sequence_kl = (kl.sum(1) / mask.sum(1).clamp(min=1)).mean()  # verl's: the mean of each reply's mean
+            self.kl.update(self.rank_mean(sequence_kl), len(mask) * data_parallel_rank_and_size(self.trainer)[1])
         advantages, rollout.returns = gae_advantages(
             token_rewards, rollout.old_values, mask, self.ppo.gamma, self.ppo.lam
         )
@@ -183,9 +213,6 @@ class PPOLitModule(GRPOLitModule):
         spread = (((advantages - mean) ** 2) * mask).sum()
         torch.distributed.all_reduce(spread, group=group)
         return masked_whiten(advantages, mask, mean, spread / (totals[1] + 1e-8) * totals[1] / (totals[1] - 1))
-
-    def old_logprobs(self, parts: list[Rollout]) -> None:
-        """Set for the whole rollout before its split (estimate_advantages)."""
 
     # -- the update
     def update(self, part: Rollout) -> dict[str, torch.Tensor]:
@@ -209,3 +236,12 @@ class PPOLitModule(GRPOLitModule):
         for name in ("value_loss", "value_clip_fraction"):
             self.log(f"rl/{name}", stats[name], sync_dist=True)
         return {"loss": loss.detach(), **stats}
+
+    # -- checkpoint
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["rl"]["kl_coef"] = self.kl.value
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.kl.value = checkpoint["rl"].get("kl_coef", self.ppo.kl_coef)  # older checkpoints: the fixed one
