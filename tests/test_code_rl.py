@@ -73,7 +73,7 @@ def batch_of(dataset) -> dict:
 
 def completions(model, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     ids = [model.tokenizer.encode(text) for text in texts]
-    padded = torch.full((len(ids), max(map(len, ids))), model.pad_id)
+    padded = torch.full((len(ids), max(map(len, ids))), model.worker.pad_id)
     for row, encoded in zip(padded, ids):
         row[: len(encoded)] = torch.tensor(encoded)
     return padded, torch.tensor([len(encoded) for encoded in ids])
@@ -82,7 +82,7 @@ def completions(model, texts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
 def test_a_code_prompt_carries_its_tests_and_not_its_reference(dataset):
     model = module(dataset, Sandbox())
     batch = batch_of(dataset)
-    records = model.records(batch, samples=2)
+    records = model.worker.records(batch, samples=2)
     code = [r for r in records if r["tests"]]
     assert code and len(code) < len(records) and records[0] == records[1]  # `samples` copies in a row
     for record, (ids, length) in zip(records[::2], zip(batch["prompt_ids"], batch["prompt_length"])):
@@ -100,24 +100,24 @@ def test_code_completions_score_the_share_of_tests_passed_and_integers_their_ans
     model = module(dataset, Sandbox(limits=Limits(wall_seconds=3.0, cpu_seconds=1)))
     records = [{"answer": 0, "tests": TESTS + ["assert add(5, 0) == 5"]}] * 3 + [{"answer": 7, "tests": []}] * 2
     ids, lengths = completions(model, [RIGHT, HALF, BROKEN, "Answer: 7", "Answer: 8"])
-    assert model.rewards(ids, lengths, records).tolist() == pytest.approx([1.0, 0.5, 0.0, 1.0, 0.0])
+    assert model.worker.rewards(ids, lengths, records).tolist() == pytest.approx([1.0, 0.5, 0.0, 1.0, 0.0])
 
 
 def test_a_row_the_sandbox_cannot_score_is_left_out_of_the_loss_not_scored_zero(dataset, monkeypatch):
     model = module(dataset, Sandbox())
-    model.reward.checked = True  # it could start at the first code prompt; then it cannot
+    model.worker.reward.checked = True  # it could start at the first code prompt; then it cannot
     batch = batch_of(dataset)
-    records = model.records(batch, 3)
+    records = model.worker.records(batch, 3)
     ids, lengths = completions(model, [RIGHT] * len(records))
     monkeypatch.setenv("PATH", "/nonexistent")  # bwrap and prlimit are not found: every run a sandbox error
-    verified = model.rewards(ids, lengths, records)
+    verified = model.worker.rewards(ids, lengths, records)
     code = torch.tensor([bool(r["tests"]) for r in records])
     assert verified[code].isnan().all() and not verified[~code].isnan().any()
 
     rows = len(records)
     rollout = Rollout(torch.zeros(rows, 6, dtype=torch.long), torch.zeros(rows, 6, dtype=torch.long),
                       torch.ones(rows, 6), None)  # fmt: skip
-    monkeypatch.setattr(model, "single_turns", lambda batch: (rollout, verified.clone()))
+    monkeypatch.setattr(model.worker, "collect", lambda batch, temperature: (rollout, verified.clone(), {}))
     monkeypatch.setattr(model, "log", lambda *args, **kwargs: None)
     out = model.rollout(batch)
     assert (out.mask[code] == 0).all() and (out.mask[~code] == 1).all()

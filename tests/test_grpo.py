@@ -92,8 +92,8 @@ def test_rollout_rows_hold_prompt_then_completion_with_targets_on_the_completion
     datamodule = prompts(dataset, batch_size=3)
     datamodule.setup()
     batch = next(iter(datamodule.train_dataloader()))
-    prompt_lengths, completions, lengths = model.sample(batch, 2, 1.0, torch.Generator().manual_seed(0))
-    input_ids, targets, mask = model.layout(batch, prompt_lengths, completions, lengths)
+    prompt_lengths, completions, lengths = model.worker.sample(batch, 2, 1.0, torch.Generator().manual_seed(0))
+    input_ids, targets, mask = model.worker.layout(batch, prompt_lengths, completions, lengths)
     for i in range(6):
         p, n = int(prompt_lengths[i]), int(lengths[i])
         assert p == batch["prompt_length"][i // 2]  # rows group by group
@@ -102,7 +102,7 @@ def test_rollout_rows_hold_prompt_then_completion_with_targets_on_the_completion
         assert torch.equal(targets[i, p - 1 : p + n - 1], completions[i, :n])  # position t predicts token t + 1
         assert (targets[i, : p - 1] == IGNORE_INDEX).all() and (targets[i, p + n - 1 :] == IGNORE_INDEX).all()
         assert mask[i].sum() == n
-        stops = torch.isin(completions[i, :n], torch.tensor(model.stop_ids))
+        stops = torch.isin(completions[i, :n], torch.tensor(model.worker.stop_ids))
         assert not stops[:-1].any(), "a completion ends at its first stop token"
 
 
@@ -113,10 +113,10 @@ def test_left_padded_rollouts_equal_each_prompt_sampled_alone(dataset):
     datamodule.setup()
     batch = next(iter(datamodule.train_dataloader()))
     assert len(set(batch["prompt_length"].tolist())) > 1
-    _, together, _ = model.sample(batch, 1, 0.0, None)
+    _, together, _ = model.worker.sample(batch, 1, 0.0, None)
     for i in range(4):
         alone = batch["prompt_ids"][i : i + 1, : batch["prompt_length"][i]]
-        expected = model.model.generate(alone, 5, eos_token_id=model.stop_ids)[0, alone.shape[1] :]
+        expected = model.model.generate(alone, 5, eos_token_id=model.worker.stop_ids)[0, alone.shape[1] :]
         assert torch.equal(together[i, : len(expected)], expected)
 
 
@@ -228,8 +228,8 @@ def test_multi_turn_episodes_of_prompts_without_tools_are_the_single_turn_rollou
     datamodule.setup()
     batch = next(iter(datamodule.train_dataloader()))
     assert not batch["tools"].any()
-    single, single_rewards = model.single_turns(batch)
-    multi, multi_rewards = model.episodes(batch)
+    single, single_rewards = model.worker.single_turns(batch, model.temperature)
+    multi, multi_rewards, _ = model.worker.episodes(batch, model.temperature)
     observation = model.tokenizer.token_id("<|observation|>")
     alike = [i for i in range(len(single_rewards)) if observation not in single.input_ids[i].tolist()]
     assert len(alike) >= len(single_rewards) - 2
@@ -249,10 +249,11 @@ def test_max_turn_tokens_bounds_each_turn_of_an_episode(dataset):
     datamodule = prompts(dataset, batch_size=3)
     datamodule.setup()
     batch = next(iter(datamodule.train_dataloader()))
-    turns = ModelTurns(model.model, model.stop_ids, model.pad_id, model.device, 1.0, model.generators(batch, 8))
-    played = model.play(batch, 8, turns)
+    worker = model.worker
+    turns = ModelTurns(model.model, worker.stop_ids, worker.pad_id, model.device, 1.0, worker.generators(batch, 8))
+    played = worker.play(batch, 8, turns)
     assert all(len(e.tokens) <= 2 for e in played)
-    assert {e.ended for e in played if len(e.tokens) == 2 and e.tokens[-1] not in model.stop_ids} == {"out_of_tokens"}
+    assert {e.ended for e in played if len(e.tokens) == 2 and e.tokens[-1] not in worker.stop_ids} == {"out_of_tokens"}
     with pytest.raises(ConfigError, match=r"^phase\.grpo\.max_turn_tokens=0 must be >= 1 \(or null\)$"):
         GRPOSettings(max_turn_tokens=0)
 
@@ -308,7 +309,7 @@ def scripted(model: GRPOLitModule) -> tuple[list, list]:
         trained.append(part)
         return update(part)
 
-    model.rewards, model.rollout, model.update = rewards, recorded_rollout, recorded_update
+    model.worker.rewards, model.rollout, model.update = rewards, recorded_rollout, recorded_update
     return drawn, trained
 
 
@@ -408,8 +409,8 @@ def test_dynamic_temperature_rises_at_a_plateau_and_resumes_with_its_history(dat
 
     def scripted_run(root, max_steps, ckpt_path=None, every=None):
         model = module(dataset, temperature=0.7, dynamic_temperature=settings)
-        probed, sampled, sample = [], [], model.sample
-        model.rewards = lambda completions, lengths, answers: torch.zeros(len(answers))
+        probed, sampled, sample = [], [], model.worker.sample
+        model.worker.rewards = lambda completions, lengths, answers: torch.zeros(len(answers))
 
         def held_out_accuracy(temperature, prompts):
             probed.append((model.global_step, temperature, prompts))
@@ -419,7 +420,7 @@ def test_dynamic_temperature_rises_at_a_plateau_and_resumes_with_its_history(dat
             sampled.append(temperature)
             return sample(batch, samples, temperature, generator)
 
-        model.held_out_accuracy, model.sample = held_out_accuracy, recorded_sample
+        model.held_out_accuracy, model.worker.sample = held_out_accuracy, recorded_sample
         fit(model, dataset, root, max_steps, ckpt_path=ckpt_path, every=every)
         return model, probed, sampled
 
@@ -438,13 +439,13 @@ def test_dynamic_temperature_rises_at_a_plateau_and_resumes_with_its_history(dat
 def test_held_out_accuracy_samples_the_first_held_out_prompts_alike_at_every_temperature(dataset, tmp_path):
     model = module(dataset)
     fit(model, dataset, tmp_path, max_steps=1)
-    seen, verified = [], model.verified
+    seen, verified = [], model.worker.verified
 
     def counted(batch, temperature, generators):
         seen.append((len(batch["answer"]), [g.initial_seed() for g in generators]))
         return verified(batch, temperature, generators)
 
-    model.verified, model.reward = counted, lambda record, text: float(len(text) % 2 == 0)  # about half
+    model.worker.verified, model.worker.reward = counted, lambda record, text: float(len(text) % 2 == 0)  # about half
     first, again = model.held_out_accuracy(1.0, 10), model.held_out_accuracy(1.0, 10)
     model.held_out_accuracy(1.5, 10)
     model.held_out_accuracy(1.0, 3)

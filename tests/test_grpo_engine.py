@@ -51,18 +51,18 @@ def test_the_engines_logprobs_equal_the_trainers_before_an_update(dataset, tmp_p
     engine = VLLMRolloutEngine(vllm_settings(), export, tmp_path / "engine.log", "float32")
     try:
         prompt = grpo.tokenizer.encode("<|user|>What is 3 + 4?<|assistant|>")
-        answer = engine.generate([prompt] * 4, [7, 8, 9, 7], 1.0, 12, grpo.stop_ids)
+        answer = engine.generate([prompt] * 4, [7, 8, 9, 7], 1.0, 12, grpo.worker.stop_ids)
         # multi-turn episodes' turns from the engine (glm46.rl.turns.EngineTurns): its log-probs land on the model's
         # tokens of the training rows, where the trainer's equal them
-        grpo.engine = engine
-        turns = EngineTurns(grpo, seeds=[7, 8, 9], temperature=1.0)
+        grpo.worker.engine = engine
+        turns = EngineTurns(grpo.worker, seeds=[7, 8, 9], temperature=1.0)
         environments = [ToolEnvironment()] * 3
         played = run_episodes([prompt] * 3, [{"answer": 7}] * 3, turns, grpo.tokenizer, verify, environments, 2, 12)
         sockets = list(Path(engine.ipc.name).iterdir())  # vLLM's ZMQ sockets, in the engine's own folder
     finally:
         engine.close()
     assert sockets and not Path(engine.ipc.name).exists(), "the engine's sockets go with it, never left in /tmp"
-    input_ids, targets, mask, episode_logprobs = episode_rows(played, grpo.pad_id)
+    input_ids, targets, mask, episode_logprobs = episode_rows(played, grpo.worker.pad_id)
     with torch.no_grad():
         ours = grpo.logprobs(input_ids, targets)[0]
     assert mask.sum() > 0 and ((ours - episode_logprobs).abs() * mask).max() < LOGPROB_TOLERANCE
@@ -140,8 +140,8 @@ class KillEngineAt(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         if trainer.global_step == self.step:
-            self.started = descendants(pl_module.engine.process.pid)  # vLLM's engine core and workers
-            pl_module.engine.process.kill()  # the script only, as a crash would: what it started lives on
+            self.started = descendants(pl_module.worker.engine.process.pid)  # vLLM's engine core and workers
+            pl_module.worker.engine.process.kill()  # the script only, as a crash would: what it started lives on
 
 
 @pytest.mark.serving

@@ -80,16 +80,15 @@ def main(spec: dict) -> None:
 
     record = Record()
 
-    def recorded(rollout):  # single turns or episodes: the rewards of a training step's completions
-        def rollout_and_record(batch):
-            result, rewards = rollout(batch)
-            if module.training:
-                record.rewards.append(sorted(rewards.tolist()))
-            return result, rewards
+    collect = module.worker.collect
 
-        return rollout_and_record
+    def recorded(batch, temperature):  # single turns or episodes: the rewards of a training step's completions
+        result, rewards, stats = collect(batch, temperature)
+        if module.training:
+            record.rewards.append(sorted(rewards.tolist()))
+        return result, rewards, stats
 
-    module.single_turns, module.episodes = recorded(module.single_turns), recorded(module.episodes)
+    module.worker.collect = recorded
     data = PromptDataModule(
         spec["dataset"], seq_len=128, batch_size=PROMPTS // devices, mixture={"rl": 1.0}, seed=1, val_windows=8
     )

@@ -49,7 +49,7 @@ def test_ppo_learns_an_easy_task(dataset, tmp_path):
 
 def test_the_critic_warms_up_alone(dataset, tmp_path):
     module = ppo_module(dataset, critic_warmup_steps=2)
-    module.reward = lambda record, completion: 1.0  # returns of 1 for a critic that starts at 0
+    module.worker.reward = lambda record, completion: 1.0  # returns of 1 for a critic that starts at 0
     policy = {name: p.detach().clone() for name, p in module.model.named_parameters()}
     critic = {name: p.detach().clone() for name, p in module.critic.named_parameters() if p.requires_grad}
     fit(module, dataset, tmp_path, max_steps=2)
@@ -117,7 +117,7 @@ def test_actor_and_critic_step_their_own_optimizers_under_their_own_clips(datase
     under one clip over both, both would stay."""
     module = ppo_module(dataset, critic_grad_clip=critic_clip)
     module.gradient_clip_val = actor_clip
-    module.reward = lambda record, completion: 1.0  # returns of 1 for a critic that starts at 0
+    module.worker.reward = lambda record, completion: 1.0  # returns of 1 for a critic that starts at 0
     policy = {name: p.detach().clone() for name, p in module.model.named_parameters()}
     trainer = fit(module, dataset, tmp_path, max_steps=2)
     actor, critic = trainer.optimizers
@@ -166,7 +166,7 @@ def test_the_adaptive_kl_coefficient_follows_its_formula_and_is_in_the_checkpoin
     start = save_hf(random_model(tiny_config(vocab_size=400), seed=0), tmp_path / "start")
     settings = dict(kl_coef=0.1, kl_estimator="k1", kl_target=1e-3, kl_horizon=40)
     module = ppo_module(dataset, init_from=str(start), **settings)
-    module.reward = lambda record, completion: 1.0
+    module.worker.reward = lambda record, completion: 1.0
     masks = []
     estimate = PPOLitModule.estimate_advantages
     monkeypatch.setattr(PPOLitModule, "estimate_advantages",

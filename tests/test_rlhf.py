@@ -39,8 +39,8 @@ def test_the_reward_mixes_the_verifier_with_the_normalised_score_at_each_rows_en
     data = prompts(dataset, batch_size=3)
     data.setup()
     batch = next(iter(data.train_dataloader()))
-    prompt_lengths, completions, lengths = policy.sample(batch, 2, 1.0, torch.Generator().manual_seed(0))
-    input_ids, _, mask = policy.layout(batch, prompt_lengths, completions, lengths)
+    prompt_lengths, completions, lengths = policy.worker.sample(batch, 2, 1.0, torch.Generator().manual_seed(0))
+    input_ids, _, mask = policy.worker.layout(batch, prompt_lengths, completions, lengths)
     rows = row_lengths(mask)
     assert torch.equal(rows, prompt_lengths + lengths) and len(set(rows.tolist())) > 1
     settings = RewardSettings(model=str(reward_model), verifier_weight=1.0, model_weight=0.5)

@@ -2,15 +2,16 @@
 
 GLM-4.5 (arXiv:2508.06471, section 3.2) runs GRPO without the KL term on prompts whose answers are checked,
 in slime (github.com/THUDM/slime). One rollout batch per training step:
-1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` with the model's
-   KV-cache `generate` (prompts of different lengths left-padded in one batch); a completion ends at
-   GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
+1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` by the rollout worker
+   (glm46.rl.rollout: the model's KV-cache `generate` or a vLLM engine, single completions or tool episodes); a
+   completion ends at GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
 2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0), or for a code prompt from
    glm46.rl.code_reward (the share of its tests passed in the sandbox; a row the sandbox could not score takes its
-   group's mean reward and is left out of the loss); advantages are normalised within each prompt's group
-   (glm46.rl.core_algos.group_advantages).
-3. `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped policy-ratio loss
-   against the rollout policy's log-probs (glm46.rl.core_algos.policy_loss), token mean over completion tokens.
+   group's mean reward and is left out of the loss), and a reward model where set (glm46.rl.rlhf); advantages are
+   normalised within each prompt's group (glm46.rl.core_algos.group_advantages).
+3. `epochs` passes of `updates_per_rollout` optimizer updates, each on its share of the rollout: the clipped
+   policy-ratio loss against the rollout policy's log-probs (glm46.rl.core_algos.policy_loss), token mean over
+   completion tokens.
 
 With `phase.grpo.dynamic_sampling=true` (DAPO's dynamic sampling, glm46.rl.dynamic_sampling), groups whose rewards
 are all equal are dropped and refilled from the next rollout batches before an update: a batch that only draws
@@ -21,22 +22,18 @@ Rollouts and updates alternate within a step, so the module optimizes manually (
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
 router's correction bias stays frozen (balancer rate 0) and the sequence-aux loss is off during RL: the
 experiment sets both. The MTP layers are not trained here (slime trains them only with
---enable-mtp-training). Each completion's sampling is seeded by (seed, its prompt's global sample index, its
-number in the group), so a resumed run draws the same completions as an uninterrupted one, and N data-parallel
-processes (ddp, fsdp2, the expert layouts; each rolls out its share of the prompts, whole groups) the same as one.
-The token mean of the loss counts every rank's completion tokens, and ranks generate in step (a sharded model's
-forwards are collective).
+--enable-mtp-training). Sampling is seeded per completion (glm46.rl.rollout), so a resumed run draws the same
+completions as an uninterrupted one, and N data-parallel processes (ddp, fsdp2, the expert layouts; each rolls out
+its share of the prompts, whole groups) the same as one. The token mean of the loss counts every rank's completion
+tokens.
 
-With `phase.rollout.engine=vllm` the training rollouts are sampled by a vLLM engine instead (glm46.rl.engine): the
-first rank gathers every rank's prompts, the engine samples them (each completion with the same seed as above) and
-returns each token's log-prob, and the loss weighs each token by the truncated importance ratio between the
-trainer's and the engine's log-probs. The policy's weights are pushed to the engine before each rollout that follows
+With `phase.rollout.engine=vllm` the loss weighs each token by the truncated importance ratio between the
+trainer's and the engine's log-probs; the policy's weights are pushed to the engine before each rollout that follows
 an update. Validation stays greedy through `generate`.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -47,20 +44,15 @@ import torch.nn.functional as F
 from hydra.utils import get_method
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
-from glm46.checkpoint.hf_write import save_hf
 from glm46.checkpoint.weights import load_weights
-from glm46.data.chat import STOP_TOKENS, ChatTokens
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.data.tools import ToolEnvironment
 from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.logs import rank_zero_logger
 from glm46.modules import GLM46ForCausalLM
-from glm46.modules.loss import IGNORE_INDEX
 from glm46.parallel.data_parallel import data_parallel_group, data_parallel_rank_and_size
 from glm46.peft import adapters_disabled
-from glm46.peft.merge import merged_weights
 from glm46.peft.settings import TRAINED_WHOLE
 from glm46.rl.code_reward import Verifier
 from glm46.rl.core_algos import (
@@ -75,11 +67,11 @@ from glm46.rl.core_algos import (
 )
 from glm46.rl.dynamic_sampling import Refill
 from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
-from glm46.rl.engine import RolloutEngineError, RolloutSettings, VLLMRolloutEngine, from_first_rank
-from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
+from glm46.rl.engine import RolloutEngineError, RolloutSettings
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
+from glm46.rl.rollout import RolloutWorker
 from glm46.rl.rollout_batch import Rollout
-from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
+from glm46.rl.turns import completion_seed
 from glm46.sandbox import Sandbox
 
 
@@ -94,11 +86,6 @@ def starting_policy(config, init_from: str | None, device: torch.device) -> GLM4
 
 
 log = rank_zero_logger(__name__)
-
-
-def unscored_as_nan(rewards: list[float | None], device: torch.device) -> torch.Tensor:
-    """A verifier's rewards [N], NaN where it could not score (None)."""
-    return torch.tensor([float("nan") if r is None else r for r in rewards], dtype=torch.float32, device=device)
 
 
 @dataclass
@@ -171,21 +158,20 @@ class GRPOLitModule(GLM46LitModule):
         self.model.mtp_layers.requires_grad_(False)  # not trained in RL (DDP would find them unused in the loss)
         self.automatic_optimization = False
         self.tokenizer = GLMTokenizer.from_file(tokenizer_path)
-        self.stop_ids = [self.tokenizer.token_id(t) for t in STOP_TOKENS]
-        self.pad_id = ChatTokens(self.tokenizer).eos
         self.grpo = grpo
         self.rollout_settings = rollout or RolloutSettings()
-        self.engine: VLLMRolloutEngine | None = None  # on global rank 0, with engine=vllm
-        self.engine_step = -1  # the global step whose weights the engine holds
         self.gradient_clip_val, self.seed = gradient_clip_val, seed
         self.reward_mix = reward_mix or RewardSettings()
-        self.reward = reward or Verifier(Sandbox(self.reward_mix.sandbox))
+        verifier = reward or Verifier(Sandbox(self.reward_mix.sandbox))
+        self.worker = RolloutWorker(
+            self.model, self.tokenizer, grpo, self.rollout_settings, verifier, seed, lambda: self.device
+        )
         self.mixed_reward = MixedReward(self.reward_mix, Path(tokenizer_path), torch.device("cpu"))  # not a submodule
         self.monitor = get_method(self.reward_mix.monitor) if self.reward_mix.monitor else None
         self.reference: list[GLM46ForCausalLM] = []  # a list: held, not registered (not trained, not checkpointed)
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.prompts_drawn = 0  # since the last update, over all ranks: added to prompts_seen at the next update
-        self.refill = Refill(grpo.samples_per_prompt, self.pad_id) if grpo.dynamic_sampling else None
+        self.refill = Refill(grpo.samples_per_prompt, self.worker.pad_id) if grpo.dynamic_sampling else None
         self.temperature = grpo.temperature  # raised at a plateau by dynamic_temperature
         self.reward_history: list[float] = []  # each rollout batch's mean reward since the last plateau's probe
         self.drawn_rewards: list[float] = []  # those since the last update: added to the history at the next update
@@ -233,135 +219,11 @@ class GRPOLitModule(GLM46LitModule):
         hidden = model.hidden_states(input_ids, positions)
         return token_logprobs(hidden, model.lm_head.weight, targets, self.temperature, self.model.loss_chunk_size)
 
-    # -- rollout
-    def prompts(self, batch: dict[str, torch.Tensor], samples: int) -> list[list[int]]:
-        """Each prompt's ids, `samples` times in a row (rows group by group, prompt-major)."""
-        lengths = batch["prompt_length"].tolist()
-        return [batch["prompt_ids"][i, :n].tolist() for i, n in enumerate(lengths) for _ in range(samples)]
-
-    def completion_lengths(self, completions: torch.Tensor) -> torch.Tensor:
-        """Tokens of each completion up to and including its first stop token [N]."""
-        stops = torch.isin(completions, torch.tensor(self.stop_ids, device=completions.device))
-        first = torch.where(stops.any(1), stops.int().argmax(1) + 1, completions.shape[1])
-        return first
-
-    def sample_seeds(self, batch: dict[str, torch.Tensor], samples: int) -> list[int]:
-        """One seed per completion, from (seed, the prompt's global sample index, the sample's number): a prompt draws
-        the same completions whichever rank, batch or layout samples it, and again after a resume."""
-        return [completion_seed(self.seed, index, j) for index in batch["index"].tolist() for j in range(samples)]
-
-    def generators(self, batch: dict[str, torch.Tensor], samples: int) -> list[torch.Generator]:
-        return [torch.Generator(self.device).manual_seed(seed) for seed in self.sample_seeds(batch, samples)]
-
-    def all_finished(self, done: bool) -> bool:
-        """Whether every rank's completions have ended: ranks generate in step, as a sharded model's forwards gather
-        weights (FSDP2) or exchange tokens (EP) collectively."""
-        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-            return done
-        flag = torch.tensor(float(done), device=self.device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
-        return bool(flag)
-
-    @torch.no_grad()
-    def sample(
-        self,
-        batch: dict[str, torch.Tensor],
-        samples: int,
-        temperature: float,
-        generator: torch.Generator | list[torch.Generator] | None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Completions of every prompt `samples` times -> (prompt lengths [N], completions [N, M], lengths [N]),
-        rows group by group (prompt-major)."""
-        ids, mask = left_padded(self.prompts(batch, samples), self.pad_id, self.device)
-        out = self.model.generate(
-            ids,
-            self.grpo.max_new_tokens,
-            temperature,
-            eos_token_id=self.stop_ids,
-            generator=generator,
-            attention_mask=mask,
-            all_finished=self.all_finished,
-        )
-        completions = out[:, ids.shape[1] :]
-        return (
-            batch["prompt_length"].to(self.device).repeat_interleave(samples),
-            completions,
-            self.completion_lengths(completions),
-        )
-
-    def records(self, batch: dict[str, torch.Tensor], samples: int = 1) -> list[dict]:
-        """Each prompt's record for the verifier, `samples` times in a row: {"answer": int, "tests": [a code
-        prompt's tests] or []}."""
-        tests = [
-            self.tokenizer.decode(ids[:n]).split("\n") if n else []
-            for ids, n in zip(batch["tests_ids"].tolist(), batch["tests_length"].tolist())
-        ]
-        records = [{"answer": a, "tests": t} for a, t in zip(batch["answer"].tolist(), tests)]
-        return [record for record in records for _ in range(samples)]
-
-    def rewards(self, completions: torch.Tensor, lengths: torch.Tensor, records: list[dict]) -> torch.Tensor:
-        """The verifier's reward of each completion [N] (NaN where it could not score)."""
-        texts = [self.tokenizer.decode(c[:n].tolist()) for c, n in zip(completions, lengths.tolist())]
-        return unscored_as_nan([self.reward(r, t) for r, t in zip(records, texts)], self.device)
-
-    def layout(
-        self, batch: dict[str, torch.Tensor], prompt_lengths: torch.Tensor, completions: torch.Tensor, lengths
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[prompt | completion] rows right-padded (causal attention never lets a real token see the padding),
-        the targets of the positions before each completion token, and their mask."""
-        rows, width = len(completions), int((prompt_lengths + lengths).max())
-        input_ids = torch.full((rows, width), self.pad_id, dtype=torch.long, device=self.device)
-        targets = torch.full_like(input_ids, IGNORE_INDEX)
-        samples = rows // len(batch["prompt_ids"])
-        prompts = batch["prompt_ids"].to(self.device).repeat_interleave(samples, 0)
-        for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
-            input_ids[i, :p] = prompts[i, :p]
-            input_ids[i, p : p + n] = completions[i, :n]
-            targets[i, p - 1 : p + n - 1] = completions[i, :n]  # position t predicts token t + 1
-        return input_ids, targets, (targets != IGNORE_INDEX).float()
-
-    # -- rollouts through an inference engine (phase.rollout.engine=vllm)
+    # -- rollout (glm46.rl.rollout)
     def push_weights(self) -> None:
-        """Write the policy as an HF directory (every rank: a sharded model is written slice by slice) and load it into
-        the engine, which the first push starts; the previous directory is then removed."""
+        """The policy's weights into the engine (the first push starts it)."""
         root = Path(self.trainer.default_root_dir) / "rollout"
-        directory = root / f"policy-step{self.trainer.global_step}"
-        started = time.perf_counter()
-        with merged_weights(self.model):  # adapters (peft=lora|dora) folded in for the engine, then back as they were
-            save_hf(self.model, directory, tokenizer=self.tokenizer)
-
-        def load():
-            if self.engine is None:
-                dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
-                log = root / "engine.log"
-                self.engine = VLLMRolloutEngine(self.rollout_settings, directory, log, dtype, seed=self.seed)
-            else:
-                self.engine.load_weights(directory)
-            for previous in root.glob("policy-step*"):
-                if previous != directory:
-                    shutil.rmtree(previous, ignore_errors=True)
-            return [None] * self.trainer.world_size
-
-        from_first_rank(load)
-        self.engine_step = self.trainer.global_step
-        self.log("perf/weight_push_s", time.perf_counter() - started)
-
-    def engine_sample(
-        self, batch: dict[str, torch.Tensor], samples: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """`sample`'s (prompt lengths, completions, lengths) from the engine, with its log-probs of the completion
-        tokens [N, M]: the first turn of each sample's episode (glm46.rl.turns.EngineTurns)."""
-        rows = len(batch["prompt_ids"]) * samples
-        turns = EngineTurns(self, self.sample_seeds(batch, samples), self.temperature)
-        completions, logprobs = zip(*turns(self.prompts(batch, samples), self.grpo.max_new_tokens, list(range(rows))))
-        width = max(map(len, completions))
-        tokens = torch.full((len(completions), width), self.pad_id, dtype=torch.long)
-        values = torch.zeros(len(completions), width)
-        for i, (ids, lps) in enumerate(zip(completions, logprobs)):
-            tokens[i, : len(ids)], values[i, : len(ids)] = torch.tensor(ids), torch.tensor(lps)
-        tokens = tokens.to(self.device)
-        prompt_lengths = batch["prompt_length"].to(self.device).repeat_interleave(samples)
-        return prompt_lengths, tokens, self.completion_lengths(tokens), values.to(self.device)
+        self.log("perf/weight_push_s", self.worker.push_weights(root, self.trainer.global_step))
 
     def checkpointed(self, error: RolloutEngineError) -> RolloutEngineError:
         """Save the state before this step (nothing of it has been trained) as `last.ckpt`, and the error to raise."""
@@ -372,77 +234,15 @@ class GRPOLitModule(GLM46LitModule):
         )
 
     def teardown(self, stage: str) -> None:
-        """The engine ends with the run, and the last weights pushed to it (the final export holds them) go."""
-        if self.engine is not None:
-            self.engine.close()
-            self.engine = None
-            for pushed in (Path(self.trainer.default_root_dir) / "rollout").glob("policy-step*"):
-                shutil.rmtree(pushed, ignore_errors=True)
-
-    def single_turns(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
-        """One completion per sample, scored as it ends: (the rollout without advantages, the rewards)."""
-        samples = self.grpo.samples_per_prompt
-        engine_logprobs = None
-        if self.rollout_settings.engine == "vllm":
-            prompt_lengths, completions, lengths, engine_logprobs = self.engine_sample(batch, samples)
-        else:
-            prompt_lengths, completions, lengths = self.sample(
-                batch, samples, self.temperature, self.generators(batch, samples)
-            )
-        rewards = self.rewards(completions, lengths, self.records(batch, samples))
-        rollout = Rollout(*self.layout(batch, prompt_lengths, completions, lengths), advantages=None)
-        if engine_logprobs is not None:  # at the positions of their targets, as the trainer's log-probs
-            rollout.engine_logprobs = torch.zeros_like(rollout.mask)
-            for i, (p, n) in enumerate(zip(prompt_lengths.tolist(), lengths.tolist())):
-                rollout.engine_logprobs[i, p - 1 : p + n - 1] = engine_logprobs[i, :n]
-        return rollout, rewards
-
-    def play(self, batch: dict[str, torch.Tensor], samples: int, turns: TurnGenerator) -> list[Episode]:
-        """Every prompt's `samples` episodes: a prompt that lists tools may call them (the calculator)."""
-        records = self.records(batch, samples)
-        tools = batch["tools"].repeat_interleave(samples).tolist()
-        environments = [ToolEnvironment() if offers else ToolEnvironment(tools=[]) for offers in tools]
-        return run_episodes(
-            self.prompts(batch, samples), records, turns, self.tokenizer, self.reward, environments,
-            self.grpo.max_turns, self.grpo.max_new_tokens, agree=self.agree, turn_tokens=self.grpo.max_turn_tokens,
-        )  # fmt: skip
-
-    def episodes(self, batch: dict[str, torch.Tensor]) -> tuple[Rollout, torch.Tensor]:
-        """Multi-turn episodes (phase.grpo.max_turns > 1), their tool results context: only the model's tokens are
-        trained (glm46.rl.episodes)."""
-        samples, engine, temperature = (
-            self.grpo.samples_per_prompt,
-            self.rollout_settings.engine == "vllm",
-            self.temperature,
-        )
-        if engine:
-            turns = EngineTurns(self, self.sample_seeds(batch, samples), temperature)
-        else:
-            generators = self.generators(batch, samples)
-            turns = ModelTurns(
-                self.model, self.stop_ids, self.pad_id, self.device, temperature, generators, self.all_finished
-            )
-        played = self.play(batch, samples, turns)
-        input_ids, targets, mask, logprobs = episode_rows(played, self.pad_id, self.device)
-        self.log("rl/turns", sum(e.turns for e in played) / len(played), sync_dist=True)
-        self.log("rl/tool_calls", sum(e.tool_calls for e in played) / len(played), sync_dist=True)
-        for ending in ENDINGS:
-            self.log(f"rl/ended_{ending}", sum(e.ended == ending for e in played) / len(played), sync_dist=True)
-        rollout = Rollout(input_ids, targets, mask, None, engine_logprobs=logprobs if engine else None)
-        return rollout, unscored_as_nan([e.reward for e in played], self.device)
-
-    def agree(self, budget: int, done: bool) -> tuple[int, bool]:
-        """run_episodes' step across ranks: the largest turn budget, and whether every rank's episodes have ended."""
-        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
-            return budget, done
-        values = torch.tensor([budget, int(not done)], device=self.device)
-        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
-        return int(values[0]), not bool(values[1])
+        """The engine ends with the run (glm46.rl.rollout.RolloutWorker.close)."""
+        self.worker.close(Path(self.trainer.default_root_dir) / "rollout")
 
     def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:
         started = time.perf_counter()
-        rollout, verified = self.episodes(batch) if self.grpo.max_turns > 1 else self.single_turns(batch)
+        rollout, verified, episodes = self.worker.collect(batch, self.temperature)
         seconds = time.perf_counter() - started
+        for name, value in episodes.items():
+            self.log(f"rl/{name}", value, sync_dist=True)
         unscored = verified.isnan()  # the sandbox could not score them: no reward, and out of the loss
         self.log("rl/unscored", unscored.float().mean(), sync_dist=True)
         if unscored.any():
@@ -497,7 +297,7 @@ class GRPOLitModule(GLM46LitModule):
                 if part.old_logprobs is None:
                     part.old_logprobs = self.logprobs(part.input_ids, part.targets)[0]
         yield from parts
-        whole = Rollout.concatenated(parts, self.pad_id) if self.grpo.epochs > 1 else rollout
+        whole = Rollout.concatenated(parts, self.worker.pad_id) if self.grpo.epochs > 1 else rollout
         for epoch in range(1, self.grpo.epochs):
             generator = torch.Generator().manual_seed(completion_seed(self.seed, self.trainer.global_step, epoch))
             order = torch.randperm(len(whole.input_ids), generator=generator).to(whole.input_ids.device)
@@ -595,7 +395,7 @@ class GRPOLitModule(GLM46LitModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         _, ranks = data_parallel_rank_and_size(self.trainer)
         try:
-            if self.rollout_settings.engine == "vllm" and self.engine_step != self.trainer.global_step:
+            if self.worker.uses_engine and self.worker.engine_step != self.trainer.global_step:
                 self.push_weights()
             rollout = self.rollout(batch)
         except RolloutEngineError as error:
@@ -664,31 +464,22 @@ class GRPOLitModule(GLM46LitModule):
             batch = {key: value[: prompts - done].to(self.device) for key, value in batch.items()}
             seeds = range(done, done + len(batch["answer"]))
             generators = [torch.Generator(self.device).manual_seed(completion_seed(self.seed, i, 0)) for i in seeds]
-            rewards.append(self.verified(batch, temperature, generators))
+            rewards.append(self.worker.verified(batch, temperature, generators))
             done += len(batch["answer"])
             if done >= prompts:
                 break
         return self.rank_mean(torch.cat(rewards).float().mean())
 
-    def verified(self, batch: dict[str, torch.Tensor], temperature: float, generators) -> torch.Tensor:
-        """One completion (or episode, tool calls served) per prompt at `temperature`, and the verifier's rewards."""
-        if self.grpo.max_turns > 1:
-            turns = ModelTurns(
-                self.model, self.stop_ids, self.pad_id, self.device, temperature, generators, self.all_finished
-            )
-            return unscored_as_nan([e.reward for e in self.play(batch, 1, turns)], self.device)
-        _, completions, lengths = self.sample(batch, 1, temperature, generators)
-        return self.rewards(completions, lengths, self.records(batch))
-
     # -- held-out prompts: greedy accuracy
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        worker = self.worker
         if self.grpo.max_turns > 1:  # tool calls served, as in training
-            self.val_rewards.append(self.verified(batch, 0.0, None))
+            self.val_rewards.append(worker.verified(batch, 0.0, None))
             return
-        prompt_lengths, completions, lengths = self.sample(batch, 1, 0.0, None)
-        self.val_rewards.append(self.rewards(completions, lengths, self.records(batch)))
+        prompt_lengths, completions, lengths = worker.sample(batch, 1, 0.0, None)
+        self.val_rewards.append(worker.rewards(completions, lengths, worker.records(batch)))
         if self.monitor is not None or self.mixed_reward.model is not None:
-            input_ids, _, mask = self.layout(batch, prompt_lengths, completions, lengths)
+            input_ids, _, mask = worker.layout(batch, prompt_lengths, completions, lengths)
             if self.monitor is not None:
                 self.val_watched["monitor"].append(monitor_scores(self.monitor, self.tokenizer, input_ids, mask))
             if self.mixed_reward.model is not None:

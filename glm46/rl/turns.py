@@ -14,7 +14,6 @@ import torch
 from .engine import from_first_rank, to_first_rank
 
 if TYPE_CHECKING:
-    from glm46.lit.module import GLM46LitModule
     from glm46.modules import GLM46ForCausalLM
 
 
@@ -42,7 +41,7 @@ def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
 
 class ModelTurns:
     """Turns from a model's `generate`, the contexts left-padded into one batch: greedy at temperature 0, else each
-    episode samples with its own generator (glm46.rl.grpo_module.GRPOLitModule.generators), the same one every turn,
+    episode samples with its own generator (glm46.rl.rollout.RolloutWorker.generators), the same one every turn,
     so that an episode draws the same tokens whatever rank or batch plays it, and again after a resume.
     all_finished: generate's, for a model sharded over ranks."""
 
@@ -83,12 +82,13 @@ class EngineTurns:
     is sampled with its seed, its k-th after that with the seed (its seed, k); the engine returns each sampled
     token's log-prob."""
 
-    def __init__(self, module: GLM46LitModule, seeds: list[int], temperature: float):
-        self.module, self.seeds, self.temperature = module, seeds, temperature
+    def __init__(self, worker, seeds: list[int], temperature: float):
+        """worker: the glm46.rl.rollout.RolloutWorker whose engine samples."""
+        self.worker, self.seeds, self.temperature = worker, seeds, temperature
         self.turns = [0] * len(seeds)
 
     def __call__(self, contexts: list[list[int]], max_new_tokens: int, active: list[int]) -> list:
-        module = self.module
+        worker = self.worker
         seeds = [self.seeds[i] if not self.turns[i] else hash((self.seeds[i], self.turns[i])) % 2**63 for i in active]
         for i in active:
             self.turns[i] += 1
@@ -99,9 +99,9 @@ class EngineTurns:
             answer = {"completions": [], "logprobs": []}
             if prompts:
                 seeds = [seed for _, mine in requests for seed in mine]
-                answer = module.engine.generate(prompts, seeds, self.temperature, max_new_tokens, module.stop_ids)
+                answer = worker.engine.generate(prompts, seeds, self.temperature, max_new_tokens, worker.stop_ids)
             starts = list(accumulate((len(mine) for mine, _ in requests), initial=0))
             return [list(zip(answer["completions"][a:b], answer["logprobs"][a:b])) for a, b in zip(starts, starts[1:])]
 
         turns = from_first_rank(generate)
-        return [(turn[:n], logprobs[:n]) for turn, logprobs in turns for n in [cut_at_stop(turn, module.stop_ids)]]
+        return [(turn[:n], logprobs[:n]) for turn, logprobs in turns for n in [cut_at_stop(turn, worker.stop_ids)]]
