@@ -16,7 +16,8 @@ from glm46.data.tokenizer import GLMTokenizer, train_tokenizer
 from glm46.errors import ConfigError
 from glm46.rl.code_reward import Verifier, extract_tests
 from glm46.rl.core_algos import unscored_filled
-from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
+from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.grpo_settings import GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.rollout_batch import Rollout
 from glm46.sandbox import Limits, Sandbox

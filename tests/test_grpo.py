@@ -15,7 +15,8 @@ from glm46.peft import AdapterSettings, is_adapter_name
 from glm46.rl import grpo_module
 from glm46.rl.core_algos import token_logprobs, width_groups
 from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
-from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
+from glm46.rl.grpo_module import GRPOLitModule
+from glm46.rl.grpo_settings import GRPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.turns import ModelTurns
 

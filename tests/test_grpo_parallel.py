@@ -32,7 +32,8 @@ def main(spec: dict) -> None:
     from glm46.parallel.grads import total_grad_norm
     from glm46.parallel.state import full_state_items, is_writer
     from glm46.rl.engine import RolloutSettings
-    from glm46.rl.grpo_module import GRPOLitModule, GRPOSettings
+    from glm46.rl.grpo_module import GRPOLitModule
+    from glm46.rl.grpo_settings import GRPOSettings
     from glm46.rl.ppo_module import PPOLitModule, PPOSettings
     from glm46.rl.prompts import PromptDataModule
     from tests.helpers import tiny_config

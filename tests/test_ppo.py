@@ -12,7 +12,7 @@ import torch
 from glm46.checkpoint import save_hf
 from glm46.peft import AdapterSettings
 from glm46.rl.core_algos import kl_estimate, policy_loss
-from glm46.rl.grpo_module import GRPOSettings
+from glm46.rl.grpo_settings import GRPOSettings
 from glm46.rl.ppo_module import PPOLitModule, PPOSettings
 
 from .helpers import random_model, tiny_config

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -44,9 +43,7 @@ import torch.nn.functional as F
 from hydra.utils import get_method
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
-from glm46.checkpoint.weights import load_weights
 from glm46.data.tokenizer import GLMTokenizer
-from glm46.errors import ConfigError
 from glm46.lit.callbacks.preemption import Preemption
 from glm46.lit.module import GLM46LitModule
 from glm46.logs import rank_zero_logger
@@ -56,7 +53,6 @@ from glm46.peft import adapters_disabled
 from glm46.peft.settings import TRAINED_WHOLE
 from glm46.rl.code_reward import Verifier
 from glm46.rl.core_algos import (
-    AGGREGATIONS,
     flat_groups,
     group_advantages,
     policy_loss,
@@ -66,74 +62,17 @@ from glm46.rl.core_algos import (
     width_groups,
 )
 from glm46.rl.dynamic_sampling import Refill
-from glm46.rl.dynamic_temperature import TemperatureSettings, highest_within, plateaued
+from glm46.rl.dynamic_temperature import DynamicTemperature
 from glm46.rl.engine import RolloutEngineError, RolloutSettings
+from glm46.rl.grpo_settings import GRPOSettings
+from glm46.rl.reference import starting_policy
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
 from glm46.rl.rollout import RolloutWorker
 from glm46.rl.rollout_batch import Rollout
 from glm46.rl.turns import completion_seed
 from glm46.sandbox import Sandbox
 
-
-def starting_policy(config, init_from: str | None, device: torch.device) -> GLM46ForCausalLM:
-    """A frozen copy of the policy a run starts from (`init_from`), whole: the reference of a KL term or penalty.
-    Refused without init_from (it would be the random initialisation)."""
-    if not init_from:
-        raise ConfigError("a KL term against the starting policy needs init_from (the policy the run starts from)")
-    reference = GLM46ForCausalLM(config).to(device)
-    load_weights(reference, init_from)
-    return reference.eval().requires_grad_(False)
-
-
 log = rank_zero_logger(__name__)
-
-
-@dataclass
-class GRPOSettings:
-    """The GRPO settings of an RL phase (`phase.grpo`, conf/phase/rl.yaml), declared once: the phase's schema is this
-    class, and GRPOLitModule takes it whole. Its own rules run when it is built (at composition, by the checks)."""
-
-    samples_per_prompt: int = 16  # the group size
-    max_new_tokens: int = 65536
-    temperature: float = 1.0
-    updates_per_rollout: int = 1  # optimizer updates per rollout batch and epoch, each on its share of the rows
-    epochs: int = 1  # passes over each rollout batch (PPO's epochs); after the first, the rows in a seeded shuffle
-    max_turns: int = 1  # > 1: multi-turn episodes, in which prompts that list tools call them (glm46.rl.episodes)
-    max_turn_tokens: int | None = None  # each turn's bound in multi-turn episodes; None: max_new_tokens
-    eps_clip: float = 0.2
-    eps_clip_high: float | None = None  # None: eps_clip
-    eps_clip_c: float | None = None  # dual-clip PPO's bound on a negative advantage's loss (> 1); None: none
-    scale_rewards: bool = True  # (r - mean) / (std + 1e-6); False: r - mean
-    loss_aggregation: str = "token_mean"  # token_mean | seq_mean
-    kl_coef: float = 0.0  # > 0: TRL's k3 KL term against the starting policy (init_from), held whole on each rank
-    dynamic_sampling: bool = False  # drop groups whose rewards are all equal, refill from the next prompts (DAPO)
-    max_draws: int = 4  # dynamic sampling: rollout batches drawn per update at most, then flat groups fill the batch
-    dynamic_temperature: TemperatureSettings = field(default_factory=TemperatureSettings)  # raised at a plateau
-
-    def __post_init__(self):
-        if self.loss_aggregation not in AGGREGATIONS:
-            raise ConfigError(
-                f"phase.grpo.loss_aggregation={self.loss_aggregation!r}: expected {' or '.join(AGGREGATIONS)}"
-            )
-        if self.kl_coef < 0:
-            raise ConfigError(f"phase.grpo.kl_coef={self.kl_coef} must be >= 0 (0: no KL term, as GLM-4.5 trains)")
-        if self.samples_per_prompt < 2 and self.scale_rewards:
-            raise ConfigError(
-                "phase.grpo.samples_per_prompt=1 leaves no group to normalise over: use >= 2 (GRPO's groups)"
-            )
-        if self.updates_per_rollout < 1 or self.epochs < 1:
-            raise ConfigError(
-                f"phase.grpo.updates_per_rollout={self.updates_per_rollout} and phase.grpo.epochs={self.epochs} "
-                f"must be >= 1"
-            )
-        if self.eps_clip_c is not None and self.eps_clip_c <= 1:
-            raise ConfigError(f"phase.grpo.eps_clip_c={self.eps_clip_c} must be > 1 (dual clip), or null")
-        if self.max_turns < 1:
-            raise ConfigError(f"phase.grpo.max_turns={self.max_turns} must be >= 1")
-        if self.max_draws < 1:
-            raise ConfigError(f"phase.grpo.max_draws={self.max_draws} must be >= 1 (rollout batches per update)")
-        if self.max_turn_tokens is not None and self.max_turn_tokens < 1:
-            raise ConfigError(f"phase.grpo.max_turn_tokens={self.max_turn_tokens} must be >= 1 (or null)")
 
 
 class GRPOLitModule(GLM46LitModule):
@@ -172,11 +111,14 @@ class GRPOLitModule(GLM46LitModule):
         self.prompts_seen = 0  # over all data-parallel ranks: the data position (glm46.rl.prompts)
         self.prompts_drawn = 0  # since the last update, over all ranks: added to prompts_seen at the next update
         self.refill = Refill(grpo.samples_per_prompt, self.worker.pad_id) if grpo.dynamic_sampling else None
-        self.temperature = grpo.temperature  # raised at a plateau by dynamic_temperature
-        self.reward_history: list[float] = []  # each rollout batch's mean reward since the last plateau's probe
-        self.drawn_rewards: list[float] = []  # those since the last update: added to the history at the next update
+        self.dynamic_temperature = DynamicTemperature(grpo.dynamic_temperature, grpo.temperature)
         self.val_rewards: list[torch.Tensor] = []
         self.val_watched: dict[str, list[torch.Tensor]] = {"monitor": [], "rm_reward": []}  # single-turn validation
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature: phase.grpo.temperature, raised at plateaus by dynamic_temperature."""
+        return self.dynamic_temperature.value
 
     @property
     def compiles(self) -> bool:
@@ -402,7 +344,7 @@ class GRPOLitModule(GLM46LitModule):
             raise self.checkpointed(error) from None
         self.prompts_drawn += len(batch["prompt_ids"]) * ranks
         if self.grpo.dynamic_temperature.enabled:
-            self.drawn_rewards.append(self.rank_mean(rollout.rewards.float().mean()))
+            self.dynamic_temperature.drawn.append(self.rank_mean(rollout.rewards.float().mean()))
         if self.refill is not None:
             rollout = self.refilled(rollout, len(batch["prompt_ids"]))
             if rollout is None:
@@ -416,15 +358,14 @@ class GRPOLitModule(GLM46LitModule):
             self.tokens_seen += batch["prompt_ids"].numel() * ranks // updates
         seconds = time.perf_counter() - started
         self.prompts_seen, self.prompts_drawn = self.prompts_seen + self.prompts_drawn, 0
-        self.reward_history, self.drawn_rewards = self.reward_history + self.drawn_rewards, []  # as the data position
+        self.dynamic_temperature.at_update()  # as the data position
         self.log("train/loss", stats["loss"], prog_bar=True, sync_dist=True)
         for name in ("clip_fraction", "entropy", "kl", "engine_logprob_gap", "tis_weight"):  # PPO's warm-up: none
             if name in stats:
                 self.log(f"rl/{name}", stats[name], sync_dist=True)
         if "engine_gap_max" in stats:
             self.log("rl/engine_logprob_gap_max", stats["engine_gap_max"], sync_dist=True, reduce_fx="max")
-        if self.grpo.dynamic_temperature.enabled:
-            self.adjust_temperature()
+        self.adjust_temperature()
         self.log("rl/temperature", self.temperature)
         self.log("optim/lr", self.policy_optimizer()[0].param_groups[0]["lr"])
         self.log("train/tokens_seen", float(self.tokens_seen))
@@ -442,18 +383,14 @@ class GRPOLitModule(GLM46LitModule):
     def adjust_temperature(self) -> None:
         """At a plateau of the mean reward, the highest candidate temperature whose held-out accuracy stays within
         max_drop of the current one's (glm46.rl.dynamic_temperature)."""
-        settings = self.grpo.dynamic_temperature
-        if not plateaued(self.reward_history, settings.window, settings.min_gain):
-            return
-        tried = [self.temperature] + [t for t in settings.candidates if t > self.temperature]
-        accuracies = {t: self.held_out_accuracy(t, settings.prompts) for t in tried}
-        chosen = highest_within(accuracies, self.temperature, settings.max_drop)
-        log.info(
-            f"step {self.global_step}: mean reward plateaued; held-out accuracy by temperature "
-            + ", ".join(f"{t:g}: {a:.3f}" for t, a in accuracies.items())
-            + f" -> temperature {chosen:g}"
-        )
-        self.temperature, self.reward_history = chosen, []
+        prompts = self.grpo.dynamic_temperature.prompts
+        accuracies = self.dynamic_temperature.adjust(lambda t: self.held_out_accuracy(t, prompts))
+        if accuracies is not None:
+            log.info(
+                f"step {self.global_step}: mean reward plateaued; held-out accuracy by temperature "
+                + ", ".join(f"{t:g}: {a:.3f}" for t, a in accuracies.items())
+                + f" -> temperature {self.temperature:g}"
+            )
 
     @torch.no_grad()
     def held_out_accuracy(self, temperature: float, prompts: int) -> float:
@@ -499,14 +436,9 @@ class GRPOLitModule(GLM46LitModule):
     # -- checkpoint
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         super().on_save_checkpoint(checkpoint)
-        checkpoint["rl"] = {
-            "prompts_seen": self.prompts_seen,
-            "temperature": self.temperature,
-            "reward_history": self.reward_history,
-        }
+        checkpoint["rl"] = {"prompts_seen": self.prompts_seen, **self.dynamic_temperature.state_dict()}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         super().on_load_checkpoint(checkpoint)
         self.prompts_seen = checkpoint["rl"]["prompts_seen"]
-        self.temperature = checkpoint["rl"].get("temperature", self.grpo.temperature)  # older checkpoints: none
-        self.reward_history = checkpoint["rl"].get("reward_history", [])
+        self.dynamic_temperature.load_state_dict(checkpoint["rl"], self.grpo.temperature)  # older checkpoints: none

@@ -46,7 +46,7 @@ def distributed() -> bool:
 
 class RolloutWorker:
     """Rollouts of the policy `model` (held, not owned: the learner trains it). `grpo` gives the sampling settings
-    (samples_per_prompt, max_new_tokens, max_turns, max_turn_tokens: glm46.rl.grpo_module.GRPOSettings), `rollout`
+    (samples_per_prompt, max_new_tokens, max_turns, max_turn_tokens: glm46.rl.grpo_settings.GRPOSettings), `rollout`
     where they are sampled; reward(record, completion text) is the verifier (None where it could not score);
     device() the rank's device."""
 

@@ -20,7 +20,7 @@ from glm46.lit import StdlibDataModule
 from glm46.lit.preference_data import PreferenceDataModule
 from glm46.lit.shard_data import ShardDataModule
 from glm46.rl.engine import RolloutSettings
-from glm46.rl.grpo_module import GRPOSettings
+from glm46.rl.grpo_settings import GRPOSettings
 from glm46.rl.ppo_module import PPOSettings
 from glm46.rl.prompts import PromptDataModule
 from glm46.rl.rlhf import RewardSettings
