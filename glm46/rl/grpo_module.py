@@ -3,7 +3,7 @@
 GLM-4.5 (arXiv:2508.06471, section 3.2) runs GRPO without the KL term on prompts whose answers are checked,
 in slime (github.com/THUDM/slime). One rollout batch per training step:
 1. Each of the step's prompts is sampled `samples_per_prompt` times at `temperature` by the rollout worker
-   (glm46.rl.rollout: the model's KV-cache `generate` or a vLLM engine, single completions or tool episodes); a
+   (glm46.rl.rollout_worker: the model's KV-cache `generate` or a vLLM engine, single completions or tool episodes); a
    completion ends at GLM's first stop token (<|endoftext|>, <|user|>, <|observation|>) or after `max_new_tokens`.
 2. Rewards come from glm46.rl.rewards.verify (1 for the right final integer, else 0), or for a code prompt from
    glm46.rl.code_reward (the share of its tests passed in the sandbox; a row the sandbox could not score takes its
@@ -22,7 +22,7 @@ Rollouts and updates alternate within a step, so the module optimizes manually (
 `automatic_optimization = False`); the global step counts optimizer updates. As slime's GLM scripts do, the
 router's correction bias stays frozen (balancer rate 0) and the sequence-aux loss is off during RL: the
 experiment sets both. The MTP layers are not trained here (slime trains them only with
---enable-mtp-training). Sampling is seeded per completion (glm46.rl.rollout), so a resumed run draws the same
+--enable-mtp-training). Sampling is seeded per completion (glm46.rl.rollout_worker), so a resumed run draws the same
 completions as an uninterrupted one, and N data-parallel processes (ddp, fsdp2, the expert layouts; each rolls out
 its share of the prompts, whole groups) the same as one. The token mean of the loss counts every rank's completion
 tokens.
@@ -67,8 +67,8 @@ from glm46.rl.engine import RolloutEngineError, RolloutSettings
 from glm46.rl.grpo_settings import GRPOSettings
 from glm46.rl.reference import starting_policy
 from glm46.rl.rlhf import MixedReward, RewardSettings, monitor_scores, row_lengths
-from glm46.rl.rollout import RolloutWorker
 from glm46.rl.rollout_batch import Rollout
+from glm46.rl.rollout_worker import RolloutWorker
 from glm46.rl.turns import completion_seed
 from glm46.sandbox import Sandbox
 
@@ -161,7 +161,7 @@ class GRPOLitModule(GLM46LitModule):
         hidden = model.hidden_states(input_ids, positions)
         return token_logprobs(hidden, model.lm_head.weight, targets, self.temperature, self.model.loss_chunk_size)
 
-    # -- rollout (glm46.rl.rollout)
+    # -- rollout (glm46.rl.rollout_worker)
     def push_weights(self) -> None:
         """The policy's weights into the engine (the first push starts it)."""
         root = Path(self.trainer.default_root_dir) / "rollout"
@@ -176,7 +176,7 @@ class GRPOLitModule(GLM46LitModule):
         )
 
     def teardown(self, stage: str) -> None:
-        """The engine ends with the run (glm46.rl.rollout.RolloutWorker.close)."""
+        """The engine ends with the run (glm46.rl.rollout_worker.RolloutWorker.close)."""
         self.worker.close(Path(self.trainer.default_root_dir) / "rollout")
 
     def rollout(self, batch: dict[str, torch.Tensor]) -> Rollout:

@@ -1,6 +1,6 @@
 """The GRPO settings of an RL phase (`phase.grpo`, conf/phase/rl.yaml): sampling, the policy loss and its updates,
 dynamic sampling and temperature. GRPOLitModule and PPOLitModule (glm46.rl.grpo_module, glm46.rl.ppo_module) and
-their rollout worker (glm46.rl.rollout) read them."""
+their rollout worker (glm46.rl.rollout_worker) read them."""
 
 from __future__ import annotations
 

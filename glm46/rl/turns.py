@@ -41,7 +41,7 @@ def cut_at_stop(tokens: list[int], stop_ids: list[int]) -> int:
 
 class ModelTurns:
     """Turns from a model's `generate`, the contexts left-padded into one batch: greedy at temperature 0, else each
-    episode samples with its own generator (glm46.rl.rollout.RolloutWorker.generators), the same one every turn,
+    episode samples with its own generator (glm46.rl.rollout_worker.RolloutWorker.generators), the same one every turn,
     so that an episode draws the same tokens whatever rank or batch plays it, and again after a resume.
     all_finished: generate's, for a model sharded over ranks."""
 
@@ -83,7 +83,7 @@ class EngineTurns:
     token's log-prob."""
 
     def __init__(self, worker, seeds: list[int], temperature: float):
-        """worker: the glm46.rl.rollout.RolloutWorker whose engine samples."""
+        """worker: the glm46.rl.rollout_worker.RolloutWorker whose engine samples."""
         self.worker, self.seeds, self.temperature = worker, seeds, temperature
         self.turns = [0] * len(seeds)
 
