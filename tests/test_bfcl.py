@@ -70,7 +70,10 @@ def test_a_wrong_argument_a_missing_call_and_a_call_where_none_fits_are_wrong():
 
 @pytest.mark.slow
 def test_bfcl_tasks_evaluate_an_export(dataset, model_dir, tmp_path):  # noqa: F811
-    overrides = [f"eval.dataset={dataset}", "eval.tasks=[bfcl_simple_python,bfcl_irrelevance]", "eval.limit=3"]
+    """Benchmarks alone need no eval.dataset (glm46's own tasks are written from it only when named)."""
+    missing = tmp_path / "no-dataset"
+    overrides = [f"eval.dataset={missing}", f"eval.tokenizer={dataset}/tokenizer.json", "eval.limit=3",
+                 "eval.tasks=[bfcl_simple_python,bfcl_irrelevance]"]  # fmt: skip
     cfg = compose_run(tmp_path, *overrides, "eval.max_gen_toks=8", "eval.max_length=1024", "eval.batch_size=3")
     with redirect_stdout(io.StringIO()) as printed:
         results = evaluate(cfg.eval, model_dir, tmp_path)
@@ -80,6 +83,8 @@ def test_bfcl_tasks_evaluate_an_export(dataset, model_dir, tmp_path):  # noqa: F
     }
     assert "bfcl_simple_python accuracy: 0.0000 (95% CI [" in printed.getvalue()  # a random model calls nothing
     assert results["results"]["bfcl_irrelevance"]["accuracy,none"] == 1.0  # and so answers these right
+    with pytest.raises(ConfigError, match=rf"names glm46's own tasks, written from eval.dataset={missing}, which is"):
+        validate(compose_run(tmp_path, f"eval.model={model_dir}", f"eval.dataset={missing}", "eval.tasks=[glm46]"))
 
 
 def test_bfcl_without_bfcl_eval_is_refused_at_composition(dataset, model_dir, tmp_path, monkeypatch):  # noqa: F811

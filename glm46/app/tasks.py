@@ -16,7 +16,6 @@ from glm46.checkpoint import find_weights
 from glm46.checkpoint.fp8 import export_fp8
 from glm46.checkpoint.gguf_export import export_gguf
 from glm46.config.checks import validate
-from glm46.errors import ConfigError
 from glm46.eval import evaluate, summarize
 from glm46.logs import quiet_dependencies, rank_zero_logger
 from glm46.modules import GLM46Config
@@ -85,11 +84,6 @@ def train(cfg: DictConfig, config: GLM46Config) -> dict:
 def eval_model(cfg: DictConfig, config: GLM46Config) -> dict[str, float]:
     """lm-evaluation-harness on eval.model's weights, offline, or on the server at eval.endpoint (glm46.eval):
     results in <run dir>/eval/, metrics in the composition's loggers."""
-    if cfg.eval.model is None and cfg.eval.get("endpoint") is None:
-        raise ConfigError(
-            "eval.model: no model to evaluate; set eval.model=<a run directory or an HF directory>, or "
-            "eval.endpoint=<a server's URL ending in /v1>"
-        )
     loggers = [instantiate(c) for c in cfg.logger.values() if c is not None]
     results = evaluate(cfg.eval, cfg.eval.model, Path(HydraConfig.get().runtime.output_dir), loggers)
     for logger in loggers:

@@ -27,7 +27,7 @@ from glm46.eval.bfcl import GROUP as BFCL_GROUP
 from glm46.eval.bfcl import write_bfcl_tasks
 from glm46.eval.code_tasks import code_task_config, is_code_task, sandboxed
 from glm46.eval.endpoint import EndpointError, check_endpoint_tasks, endpoint_model
-from glm46.eval.lm_eval_tasks import write_task_yaml, write_tasks
+from glm46.eval.lm_eval_tasks import names_own, prepared, write_task_yaml, write_tasks
 from glm46.intervals import interval
 from glm46.logs import rank_zero_logger
 from glm46.sandbox import Sandbox
@@ -208,7 +208,9 @@ def evaluate(
     import glm46.eval.harness  # noqa: F401 - registers the `glm46` model
 
     start, folder = time.perf_counter(), Path(output_dir) / "eval"
-    ours = write_tasks(settings, folder / "tasks")
+    (folder / "tasks").mkdir(parents=True, exist_ok=True)
+    # glm46's own tasks, where named or where their dataset is there (an unknown task's error lists them)
+    ours = write_tasks(settings, folder / "tasks") if names_own(settings.tasks) or prepared(settings.dataset) else []
     ours += write_bfcl_tasks(settings.tasks, folder / "tasks", settings.max_gen_toks)  # glm46's tasks of BFCL's data
     ours += [BFCL_GROUP] if BFCL_GROUP in settings.tasks else []
     sources = local_sources([t for t in settings.tasks if t not in ours], settings.get("benchmark_dir"))

@@ -82,6 +82,16 @@ class TaskDumper(yaml.SafeDumper):
 TaskDumper.add_representer(Function, lambda dumper, value: dumper.represent_scalar("!function", str(value)))
 
 
+def names_own(tasks) -> bool:
+    """Whether eval.tasks names any of glm46's own tasks (the group `glm46` or a `glm46_*` task), which are written
+    from eval.dataset."""
+    return any(str(name) == GROUP or str(name).startswith(f"{GROUP}_") for name in tasks)
+
+
+def prepared(dataset: str | Path) -> bool:
+    return (Path(dataset) / "tokens" / "shards.json").is_file()
+
+
 def write_task_yaml(path: Path, task: dict) -> None:
     path.write_text(yaml.dump(task, Dumper=TaskDumper, sort_keys=False, allow_unicode=True))
 
@@ -143,7 +153,7 @@ def write_tasks(settings: DictConfig, folder: Path) -> list[str]:
     Reads settings.val_fraction (domain_val_fraction by domain), ppl_documents, ppl_chars, max_gen_toks and seed (of
     the distractors)."""
     tokens_dir = Path(settings.dataset) / "tokens"
-    if not (tokens_dir / "shards.json").is_file():
+    if not prepared(settings.dataset):
         raise FileNotFoundError(
             f"eval.dataset={settings.dataset} is not a prepared dataset ({tokens_dir / 'shards.json'} not found): "
             f"prepare it with `python run.py task=prepare source=embedded`, or set eval.dataset"
