@@ -125,8 +125,8 @@ def test_actor_and_critic_step_their_own_optimizers_under_their_own_clips(datase
     assert stepped[0] == {id(p) for p in module.model.parameters() if p.requires_grad}
     assert stepped[1] == {id(p) for p in module.critic.parameters() if p.requires_grad}
     assert trainer.global_step == 2 and {int(s["step"]) for s in critic.state.values()} == {2}
-    actor_moved = max(float((p - policy[name]).abs().max()) for name, p in module.model.named_parameters())
-    critic_moved = float(module.critic.head.weight.abs().max())  # the head starts at 0
+    actor_moved = max(float((p.detach() - policy[name]).abs().max()) for name, p in module.model.named_parameters())
+    critic_moved = float(module.critic.head.weight.detach().abs().max())  # the head starts at 0
     moved, still = (critic_moved, actor_moved) if actor_clip < critic_clip else (actor_moved, critic_moved)
     assert moved > 1e-3 and still < 1e-4, (actor_moved, critic_moved)
 
