@@ -192,7 +192,7 @@ def with_files(overrides: list[str], files: dict[str, Path]) -> list[str]:
         if bare in paths and sign and placeholder and not value.startswith("@"):
             value = "/ckpt/missing" if full_scale and bare in ("init_from", "data.path") else str(paths[bare])
         given.append(f"{key}{sign}{value}")
-    if values.get("task") == "eval" and "eval.dataset" not in values:  # its default: the corpus the default run prepares
+    if values.get("task") == "eval" and "eval.dataset" not in values:  # its default: the default run's corpus
         given.append(f"eval.dataset={paths['eval.dataset']}")
     return given
 
