@@ -301,7 +301,11 @@ class GLM46LitModule(L.LightningModule):
         return self.peft is None
 
     def configure_optimizers(self):
-        optimizer = self.optimizer_factory(self.param_groups())
+        return self.scheduled(self.optimizer_factory(self.param_groups()))
+
+    def scheduled(self, optimizer: torch.optim.Optimizer) -> dict:
+        """An optimizer with the recipe's LR schedule, stepped every optimizer step, as configure_optimizers returns
+        it."""
         scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens))  # a factor of each group's lr
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 

@@ -77,15 +77,16 @@ class RolloutEngineError(RuntimeError):
     """The rollout engine failed to start, died, answered an error or did not answer in time."""
 
 
-def _world() -> int:
+def world_size() -> int:
+    """The processes of the default group (1 without torch.distributed)."""
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def to_first_rank(value) -> list | None:
     """Every rank's `value`, in rank order, on global rank 0 (None on the others)."""
-    if _world() == 1:
+    if world_size() == 1:
         return [value]
-    values = [None] * _world() if dist.get_rank() == 0 else None
+    values = [None] * world_size() if dist.get_rank() == 0 else None
     dist.gather_object(value, values, dst=0)
     return values
 
@@ -93,7 +94,7 @@ def to_first_rank(value) -> list | None:
 def from_first_rank(work: Callable[[], list]):
     """work() on global rank 0 returns one item per rank; each rank gets its own. A RolloutEngineError there is
     raised on every rank (so that they all write the checkpoint and stop)."""
-    world = _world()
+    world = world_size()
     items = None
     if world == 1 or dist.get_rank() == 0:
         try:

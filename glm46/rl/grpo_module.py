@@ -239,7 +239,9 @@ class GRPOLitModule(GLM46LitModule):
                 if part.old_logprobs is None:
                     part.old_logprobs = self.logprobs(part.input_ids, part.targets)[0]
         yield from parts
-        whole = Rollout.concatenated(parts, self.worker.pad_id) if self.grpo.epochs > 1 else rollout
+        if self.grpo.epochs == 1:
+            return
+        whole = Rollout.concatenated(parts, self.worker.pad_id)  # the first share's old log-probs taken at its update
         for epoch in range(1, self.grpo.epochs):
             generator = torch.Generator().manual_seed(completion_seed(self.seed, self.trainer.global_step, epoch))
             order = torch.randperm(len(whole.input_ids), generator=generator).to(whole.input_ids.device)

@@ -34,7 +34,6 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-from torch.optim.lr_scheduler import LambdaLR
 
 from glm46.checkpoint import find_weights
 from glm46.checkpoint.weights import load_weights
@@ -159,8 +158,7 @@ class PPOLitModule(GRPOLitModule):
         optimizer = self.optimizer_factory(groups)
         for group in optimizer.param_groups:
             group["lr"] *= self.ppo.critic_lr_scale
-        scheduler = LambdaLR(optimizer, lambda _: self.lr_schedule(self.recipe_tokens))
-        return [actor, {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}]
+        return [actor, self.scheduled(optimizer)]
 
     def step_optimizer(self, loss: torch.Tensor) -> None:
         """One backward of the summed losses, then each model's own clip and step: the critic's first, stepped as
@@ -193,8 +191,9 @@ class PPOLitModule(GRPOLitModule):
             token_rewards = token_rewards - self.kl.value * kl
             self.log("rl/kl", (kl.sum() / mask.sum().clamp(min=1)), sync_dist=True)
             self.log("rl/kl_coef", self.kl.value)
-            sequence_kl = (kl.sum(1) / mask.sum(1).clamp(min=1)).mean()  # verl's: the mean of each reply's mean
-            self.kl.update(self.rank_mean(sequence_kl), len(mask) * data_parallel_rank_and_size(self.trainer)[1])
+            if self.ppo.kl_target is not None:  # adaptive: the mean of each reply's mean KL (verl's), over the ranks
+                sequence_kl = (kl.sum(1) / mask.sum(1).clamp(min=1)).mean()
+                self.kl.update(self.rank_mean(sequence_kl), len(mask) * data_parallel_rank_and_size(self.trainer)[1])
         advantages, rollout.returns = gae_advantages(
             token_rewards, rollout.old_values, mask, self.ppo.gamma, self.ppo.lam
         )

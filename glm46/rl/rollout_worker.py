@@ -29,7 +29,7 @@ from glm46.data.tools import ToolEnvironment
 from glm46.modules import GLM46ForCausalLM
 from glm46.modules.loss import IGNORE_INDEX
 from glm46.peft.merge import merged_weights
-from glm46.rl.engine import RolloutSettings, VLLMRolloutEngine, from_first_rank
+from glm46.rl.engine import RolloutSettings, VLLMRolloutEngine, from_first_rank, world_size
 from glm46.rl.episodes import ENDINGS, Episode, TurnGenerator, episode_rows, run_episodes
 from glm46.rl.rollout_batch import Rollout
 from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
@@ -38,10 +38,6 @@ from glm46.rl.turns import EngineTurns, ModelTurns, completion_seed, left_padded
 def unscored_as_nan(rewards: list[float | None], device: torch.device) -> torch.Tensor:
     """A verifier's rewards [N], NaN where it could not score (None)."""
     return torch.tensor([float("nan") if r is None else r for r in rewards], dtype=torch.float32, device=device)
-
-
-def distributed() -> bool:
-    return torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
 
 
 class RolloutWorker:
@@ -103,7 +99,7 @@ class RolloutWorker:
     def all_finished(self, done: bool) -> bool:
         """Whether every rank's completions have ended: ranks generate in step, as a sharded model's forwards gather
         weights (FSDP2) or exchange tokens (EP) collectively."""
-        if not distributed():
+        if world_size() == 1:
             return done
         flag = torch.tensor(float(done), device=self.device)
         torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN)
@@ -111,7 +107,7 @@ class RolloutWorker:
 
     def agree(self, budget: int, done: bool) -> tuple[int, bool]:
         """run_episodes' step across ranks: the largest turn budget, and whether every rank's episodes have ended."""
-        if not distributed():
+        if world_size() == 1:
             return budget, done
         values = torch.tensor([budget, int(not done)], device=self.device)
         torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.MAX)
@@ -264,7 +260,7 @@ class RolloutWorker:
         started = time.perf_counter()
         with merged_weights(self.model):  # adapters (peft=lora|dora) folded in for the engine, then back as they were
             save_hf(self.model, directory, tokenizer=self.tokenizer)
-        world = torch.distributed.get_world_size() if distributed() else 1
+        world = world_size()
 
         def load():
             if self.engine is None:
